@@ -1,0 +1,29 @@
+"""Registers the torchao backends with aitune; imports no runtime."""
+
+from __future__ import annotations
+
+from aitune import hookimpl
+from aitune.registry import BackendRegistry, BackendSpec
+
+
+def _probe(device: str) -> str | None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device is visible to torch"
+    return None
+
+
+@hookimpl
+def aitune_register_backends(registry: BackendRegistry) -> None:
+    registry.add(
+        BackendSpec(
+            name="torchao",
+            backend_class="aitune_backend_torchao.backend:TorchAOBackend",
+            config_class="aitune_backend_torchao.config:TorchAOBackendConfig",
+            requirements=('torchao>=0.12',),
+            devices=("cpu", "cuda"),
+            probe=_probe,
+            description="TorchAO quantization (int8 weight-only, int8 dynamic, int4, float8), optionally compiled",
+        )
+    )

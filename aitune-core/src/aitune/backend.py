@@ -1,0 +1,142 @@
+"""The Backend contract: what a backend author writes.
+
+A backend is one way to run a module for one graph. Its author writes a :class:`Backend`
+subclass (``build``, ``infer``, ``save``, ``load``), a frozen attrs :class:`BackendConfig`
+subclass, and a registration hook. The engine creates one backend object per (module, graph) by
+cloning the object the user handed to a strategy, so user-facing objects stay reusable templates.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from .errors import BackendNotImplementedError, SerializationError
+from .graph import GraphSpec, Sample
+
+
+@attrs.frozen(kw_only=True)
+class BackendConfig:
+    """Base class of every backend's configuration: frozen attrs, validated, JSON through cattrs."""
+
+
+@attrs.frozen(kw_only=True)
+class Tolerance:
+    """How far a candidate's outputs may be from eager's and still count as correct.
+
+    An output passes when ``max|y - y_eager| <= atol + rtol * max|y_eager|`` and its cosine
+    similarity with eager is at least ``min_cosine``. The error is measured against the scale of
+    the whole output, so near-zero elements do not make a correct result look wrong.
+    """
+
+    atol: float = attrs.field(validator=attrs.validators.ge(0.0))
+    rtol: float = attrs.field(validator=attrs.validators.ge(0.0))
+    min_cosine: float = attrs.field(default=0.999, validator=[attrs.validators.ge(-1.0), attrs.validators.le(1.0)])
+
+
+@attrs.define
+class BuildContext:
+    """What a backend gets to build one graph of one module."""
+
+    graph: GraphSpec
+    samples: list[Sample]
+    """Real recorded calls of this graph, on ``device``: for tracing, calibration and warm-up."""
+    device: torch.device
+    workdir: Path
+    """A scratch folder for this build; it is removed afterwards."""
+    cache_dir: Path
+    """aitune's cache folder, for compiler caches that should outlive one build."""
+    module_name: str = ""
+
+
+@attrs.define
+class LoadContext:
+    """What a backend gets to load a saved payload."""
+
+    graph: GraphSpec
+    device: torch.device
+    metadata: dict[str, Any]
+    """What :meth:`Backend.save` returned when the payload was written."""
+    cache_dir: Path
+    module_name: str = ""
+
+
+class Backend(abc.ABC):
+    """One way to run a module for one graph.
+
+    Subclasses set ``name`` (the registry name) and ``config_class``, and implement ``build``,
+    ``infer``, ``save`` and ``load``. ``build`` must leave the module it is given unchanged: copy
+    it first if a transformation works in place. ``build_info`` is for JSON-able facts the backend
+    wants in the tuning report (graph breaks, providers, whether a load compiled anything).
+    """
+
+    name: ClassVar[str] = ""
+    config_class: ClassVar[type[BackendConfig]] = BackendConfig
+    native_build: ClassVar[bool] = False
+    """True when building compiles native code that may crash the process (isolated by default)."""
+
+    def __init__(self, config: BackendConfig | None = None) -> None:
+        if config is None:
+            config = self.config_class()
+        if not isinstance(config, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(config).__name__}"
+            )
+        self.config = config
+        self.build_info: dict[str, Any] = {}
+
+    def clone(self) -> Backend:
+        """A fresh, unbuilt backend with the same configuration."""
+        return type(self)(self.config)
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
+        """This backend's own bound for outputs of ``dtype``, or None for the dtype's default.
+
+        Quantizing backends return a looser bound here.
+        """
+        return None
+
+    def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
+        """Why this backend cannot handle ``graph`` on ``device``, checked before any build."""
+        return None
+
+    @abc.abstractmethod
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        """Compile or convert ``module`` for ``context.graph``; afterwards ``infer`` works."""
+
+    @abc.abstractmethod
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        """Run one call, with the module's own calling convention and output structure."""
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        """Write the payload into ``directory``; return JSON-able metadata that ``load`` gets back."""
+        raise SerializationError(f"backend {self.name!r} cannot be saved")
+
+    def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
+        """Restore from a payload written by ``save``; afterwards ``infer`` works without a build."""
+        raise SerializationError(f"backend {self.name!r} cannot be loaded")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.infer(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config!r})"
+
+
+class PendingBackend(Backend):
+    """A backend whose distribution is installed but not implemented yet: it refuses honestly."""
+
+    planned: ClassVar[str] = "a later release"
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        raise BackendNotImplementedError(
+            f"backend {self.name!r} is not implemented yet (planned for {self.planned}); "
+            "choose another backend for now"
+        )
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        raise BackendNotImplementedError(f"backend {self.name!r} is not implemented yet")

@@ -1,0 +1,62 @@
+"""TorchEagerBackend: the module as it is, the baseline every candidate must beat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from .. import hookimpl
+from ..backend import Backend, BackendConfig, BuildContext, LoadContext
+from ..registry import BackendRegistry, BackendSpec
+
+
+@attrs.frozen(kw_only=True)
+class TorchEagerBackendConfig(BackendConfig):
+    """The eager backend has nothing to configure."""
+
+
+class TorchEagerBackend(Backend):
+    """Runs the original module; the baseline and the fallback."""
+
+    name = "torch_eager"
+    config_class = TorchEagerBackendConfig
+
+    def __init__(self, config: TorchEagerBackendConfig | None = None) -> None:
+        super().__init__(config)
+        self._module: torch.nn.Module | None = None
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        self._module = module
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        assert self._module is not None, "TorchEagerBackend used before build()"
+        return self._module(*args, **kwargs)
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        return {}  # the artifact carries the module's weights for every module already
+
+    def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
+        self._module = module
+
+
+@hookimpl
+def aitune_register_backends(registry: BackendRegistry) -> None:
+    registry.add(
+        BackendSpec(
+            name=TorchEagerBackend.name,
+            backend_class="aitune.builtin.eager:TorchEagerBackend",
+            config_class="aitune.builtin.eager:TorchEagerBackendConfig",
+            devices=("cpu", "cuda"),
+            probe=_probe,
+            description="the module as it is (baseline and fallback)",
+        )
+    )
+
+
+def _probe(device: str) -> str | None:
+    if device == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device is visible to torch"
+    return None

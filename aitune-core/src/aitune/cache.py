@@ -1,0 +1,18 @@
+"""Where aitune keeps what outlives one run: compiler caches and (later) built candidates."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """``AITUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/aitune``, else ``~/.cache/aitune``; created on use."""
+    explicit = os.environ.get("AITUNE_CACHE_DIR")
+    if explicit:
+        path = Path(explicit)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path = Path(base) / "aitune"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

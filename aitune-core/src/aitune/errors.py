@@ -1,0 +1,67 @@
+"""Every error aitune raises derives from :class:`AituneError`.
+
+Each message says what went wrong and what to do about it, so callers can catch one base class and
+users can act on the text alone.
+"""
+
+from __future__ import annotations
+
+
+class AituneError(Exception):
+    """Base class of every aitune error."""
+
+
+class PluginError(AituneError):
+    """A plugin could not be loaded or registered."""
+
+
+class PluginLoadError(PluginError):
+    """A plugin's entry point failed to import (raised under strict mode or when asked for)."""
+
+
+class DuplicateBackendError(PluginError):
+    """Two distributions registered a backend under the same name."""
+
+
+class BackendNotFoundError(AituneError, LookupError):
+    """No installed plugin provides the backend that was asked for."""
+
+
+class BackendUnavailableError(AituneError):
+    """The backend is installed but cannot run here (missing runtime, no device...)."""
+
+
+class BackendNotImplementedError(AituneError, NotImplementedError):
+    """The backend's distribution exists but this operation is not implemented yet."""
+
+
+class ConfigError(AituneError, ValueError):
+    """A configuration is invalid; the message names the offending path."""
+
+
+class InputError(AituneError, ValueError):
+    """Inputs given to aitune (dataset, samples, dynamic dims) are unusable."""
+
+
+class BuildError(AituneError):
+    """A backend failed to build a candidate."""
+
+
+class ValidationError(AituneError):
+    """A candidate's outputs do not match eager PyTorch."""
+
+
+class TuningError(AituneError):
+    """Tuning could not produce a result the user asked for."""
+
+
+class UnsupportedCallError(AituneError):
+    """A tuned module in strict mode was called with inputs it was not tuned for."""
+
+
+class ArtifactError(AituneError):
+    """An artifact cannot be written or read (corrupt, tampered, incompatible...)."""
+
+
+class SerializationError(ArtifactError):
+    """A backend cannot save or load its payload."""

@@ -1,0 +1,401 @@
+"""Graphs: one input structure of a module, with the ranges its axes take.
+
+A *graph* is what one backend build covers: the tree of inputs (tensor paths, ranks, dtypes,
+devices, non-tensor values) plus, for every axis that varies, a named symbolic dimension with
+min/opt/max. ``batch`` is the shared batch dimension; other varying axes are grouped into ``d0``,
+``d1``... (axes that always take the same value share a name, as sequence length does across
+``input_ids`` and ``attention_mask``). Exporters turn names into ``torch.export.Dim`` s and
+TensorRT optimisation profiles; the dispatcher checks calls against the ranges.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from . import tree
+from .errors import InputError
+
+
+@attrs.frozen
+class DynamicDim:
+    """Declares an axis dynamic, optionally bounded: ``{"x": {1: DynamicDim(min=1, max=512)}}``.
+
+    ``name`` lets several axes share one symbolic dimension (two inputs with one sequence length).
+    """
+
+    min: int | None = None
+    max: int | None = None
+    opt: int | None = None
+    name: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        _check_bounds(self.min, self.opt, self.max, type(self).__name__)
+
+
+@attrs.frozen
+class BatchDim:
+    """Declares the batch axis of an input, optionally with the batch range to build for."""
+
+    min: int | None = None
+    max: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        _check_bounds(self.min, None, self.max, type(self).__name__)
+
+
+def _check_bounds(lo: int | None, opt: int | None, hi: int | None, what: str) -> None:
+    for label, v in (("min", lo), ("opt", opt), ("max", hi)):
+        if v is not None and v < 0:
+            raise InputError(f"{what}({label}={v}): bounds must be >= 0")
+    if lo is not None and hi is not None and lo > hi:
+        raise InputError(f"{what}(min={lo}, max={hi}): min is larger than max")
+    if opt is not None and ((lo is not None and opt < lo) or (hi is not None and opt > hi)):
+        raise InputError(f"{what}(min={lo}, opt={opt}, max={hi}): opt lies outside [min, max]")
+
+
+DynamicShapes = Mapping[str, Mapping[int, "DynamicDim | BatchDim"]]
+BATCH = "batch"
+
+
+@attrs.frozen
+class DimRange:
+    """The range one symbolic dimension takes."""
+
+    min: int
+    opt: int
+    max: int
+
+    def __contains__(self, value: int) -> bool:
+        return self.min <= value <= self.max
+
+
+@attrs.frozen
+class TensorSpec:
+    """One tensor input or output of a graph."""
+
+    path: str
+    dtype: str
+    device: str
+    shape: tuple[int, ...]
+    """Sizes of static axes; for a dynamic axis, its opt value."""
+    dims: tuple[str | None, ...]
+    """Per axis: the symbolic dimension's name, or None when the axis is static."""
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+    @property
+    def batch_axis(self) -> int | None:
+        return self.dims.index(BATCH) if BATCH in self.dims else None
+
+    @property
+    def dynamic_axes(self) -> tuple[int, ...]:
+        return tuple(i for i, d in enumerate(self.dims) if d is not None)
+
+
+@attrs.frozen
+class Sample:
+    """One recorded call, canonical form: positional parameters in ``args``, the rest in ``kwargs``."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = attrs.field(factory=dict)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return tree.flatten((self.args, self.kwargs))[0]
+
+
+@attrs.frozen
+class GraphSpec:
+    """One input structure of a module and the ranges of its dynamic axes."""
+
+    arg_names: tuple[str, ...]
+    """Names of the positional parameters, used to name tensor paths."""
+    structure: dict[str, Any]
+    """Tree of ``(args, kwargs)`` as :mod:`aitune.tree` writes it."""
+    inputs: tuple[TensorSpec, ...]
+    dims: dict[str, DimRange] = attrs.field(factory=dict)
+    output_structure: dict[str, Any] | None = None
+    outputs: tuple[TensorSpec, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """A short stable digest of the structure, dtypes, devices and static sizes."""
+        payload = json.dumps(
+            [self.structure, [(t.path, t.dtype, t.device, t.shape, t.dims) for t in self.inputs]],
+            sort_keys=True,
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+    @property
+    def batch(self) -> DimRange | None:
+        return self.dims.get(BATCH)
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(r.min != r.max for r in self.dims.values()) or BATCH in self.dims
+
+    def flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+        return tree.flatten((tuple(args), dict(kwargs)))[0]
+
+    def unflatten(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        args, kwargs = tree.unflatten(self.structure, list(tensors))
+        return tuple(args), dict(kwargs)
+
+    def unflatten_outputs(self, tensors: Sequence[torch.Tensor]) -> Any:
+        if self.output_structure is None:
+            raise InputError("graph has no recorded output structure")
+        return tree.unflatten(self.output_structure, list(tensors))
+
+    def shape_at(self, spec: TensorSpec, which: str) -> tuple[int, ...]:
+        """The shape of ``spec`` with every dynamic axis at its ``min``, ``opt`` or ``max``."""
+        return tuple(
+            size if name is None else getattr(self.dims[name], which) for size, name in zip(spec.shape, spec.dims)
+        )
+
+    def mismatch(self, tensors: Sequence[torch.Tensor]) -> str | None:
+        """Why these flat input tensors fall outside this graph, or None when they fit."""
+        if len(tensors) != len(self.inputs):
+            return f"expected {len(self.inputs)} tensors, got {len(tensors)}"
+        seen: dict[str, int] = {}
+        for t, spec in zip(tensors, self.inputs):
+            if t.dim() != spec.rank:
+                return f"{spec.path}: rank {t.dim()}, tuned for rank {spec.rank}"
+            for axis, (size, static, name) in enumerate(zip(t.shape, spec.shape, spec.dims)):
+                if name is None:
+                    if size != static:
+                        return f"{spec.path}: axis {axis} is {size}, tuned for the static size {static}"
+                    continue
+                rng = self.dims[name]
+                if size not in rng:
+                    return f"{spec.path}: axis {axis} ({name}) is {size}, tuned for {rng.min}..{rng.max}"
+                if seen.setdefault(name, size) != size:
+                    return f"{spec.path}: axis {axis} ({name}) is {size} but another input has {seen[name]}"
+        return None
+
+    def example(self, which: str = "opt", batch_size: int | None = None) -> Sample:
+        """Random inputs of this graph with every dynamic axis at ``which`` (or a given batch size)."""
+        tensors = []
+        for spec in self.inputs:
+            shape = list(self.shape_at(spec, which))
+            if batch_size is not None and spec.batch_axis is not None:
+                shape[spec.batch_axis] = batch_size
+            tensors.append(_random(spec, tuple(shape)))
+        args, kwargs = self.unflatten(tensors)
+        return Sample(args, kwargs)
+
+
+def _random(spec: TensorSpec, shape: tuple[int, ...]) -> torch.Tensor:
+    dtype = spec.torch_dtype
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(shape, dtype=dtype, device=spec.device)
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=dtype, device=spec.device)
+    return torch.zeros(shape, dtype=dtype, device=spec.device)
+
+
+def leaf_paths(arg_names: Sequence[str], structure: dict[str, Any]) -> list[str]:
+    """Tensor paths named after parameters: ``x``, ``inputs.mask``, ``args.2`` for unnamed ones."""
+    args_node, kwargs_node = structure["items"]
+    paths: list[str] = []
+    for i, node in enumerate(args_node["items"]):
+        name = arg_names[i] if i < len(arg_names) else f"args.{i}"
+        paths += [f"{name}.{q}" if q else name for q in tree.leaf_paths(node)]
+    for key, node in zip(kwargs_node["keys"], kwargs_node["items"]):
+        paths += [f"{key}.{q}" if q else key for q in tree.leaf_paths(node)]
+    return paths
+
+
+def infer_graph(
+    samples: Sequence[Sample],
+    arg_names: Sequence[str] = (),
+    dynamic_shapes: DynamicShapes | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    outputs: Sequence[Any] | None = None,
+) -> GraphSpec:
+    """Build the graph that covers ``samples`` (all of one structure).
+
+    The batch axis is axis 0 of the inputs whose leading size varies together across samples
+    (or, with one recorded batch size and ``batch_sizes`` given, of the inputs sharing the leading
+    size). Other varying axes become dynamic; ``dynamic_shapes`` states axes explicitly and is
+    checked against every sample.
+    """
+    if not samples:
+        raise InputError("no samples recorded for this graph; run the model on at least one input")
+    flat = [tree.flatten((s.args, s.kwargs)) for s in samples]
+    structure = flat[0][1]
+    for i, (_, st) in enumerate(flat[1:], 1):
+        if st != structure:
+            raise InputError(f"sample {i} has another input structure than sample 0; group samples by structure")
+    leaves = [f[0] for f in flat]
+    paths = leaf_paths(arg_names, structure)
+    declared = _declared(dynamic_shapes or {}, paths, leaves[0])
+    sizes = [[tuple(t.shape) for t in sample] for sample in leaves]  # [sample][leaf] -> shape
+    n_leaves = len(paths)
+
+    batch_leaves = _batch_leaves(sizes, n_leaves, declared, bool(batch_sizes))
+    names: list[list[str | None]] = [[None] * len(sizes[0][i]) for i in range(n_leaves)]
+    ranges: dict[str, list[int]] = {}
+    bounds: dict[str, tuple[int | None, int | None, int | None]] = {}
+
+    for i in batch_leaves:
+        names[i][0] = BATCH
+    if batch_leaves:
+        ranges[BATCH] = [sizes[s][batch_leaves[0]][0] for s in range(len(samples))]
+
+    groups: dict[tuple[int, ...], str] = {}
+    for i in range(n_leaves):
+        for axis in range(len(sizes[0][i])):
+            values = [sizes[s][i][axis] for s in range(len(samples))]
+            decl = declared.get((i, axis))
+            if isinstance(decl, BatchDim):
+                names[i][axis] = BATCH
+                ranges.setdefault(BATCH, values)
+                bounds[BATCH] = (decl.min, None, decl.max)
+                continue
+            if names[i][axis] == BATCH:
+                continue
+            if decl is None and len(set(values)) == 1:
+                continue
+            if decl is not None and decl.name:
+                name = decl.name
+            else:
+                name = groups.setdefault(tuple(values), f"d{len(groups)}")
+            names[i][axis] = name
+            ranges.setdefault(name, values)
+            if decl is not None:
+                bounds[name] = (decl.min, decl.opt, decl.max)
+
+    if batch_sizes and BATCH in ranges:
+        ranges[BATCH] = ranges[BATCH] + list(batch_sizes)
+    dims: dict[str, DimRange] = {}
+    for name, values in ranges.items():
+        lo, opt, hi = bounds.get(name, (None, None, None))
+        rec_lo, rec_hi = min(values), max(values)
+        for i in range(n_leaves):
+            for axis, n in enumerate(names[i]):
+                if n == name:
+                    for v in (sizes[s][i][axis] for s in range(len(samples))):
+                        if (lo is not None and v < lo) or (hi is not None and v > hi):
+                            raise InputError(
+                                f"input {paths[i]!r} axis {axis} took the value {v} in a recorded sample, "
+                                f"outside the declared bounds [{lo}, {hi}] of {name!r}: widen the bounds "
+                                "or record samples inside them"
+                            )
+        common = collections.Counter(values).most_common(1)[0][0]
+        dims[name] = DimRange(
+            min=rec_lo if lo is None else lo, opt=common if opt is None else opt, max=rec_hi if hi is None else hi
+        )
+
+    inputs = tuple(
+        TensorSpec(
+            path=paths[i],
+            dtype=str(leaves[0][i].dtype).removeprefix("torch."),
+            device=leaves[0][i].device.type,
+            shape=tuple(
+                dims[n].opt if n is not None else size for size, n in zip(sizes[0][i], names[i])
+            ),
+            dims=tuple(names[i]),
+        )
+        for i in range(n_leaves)
+    )
+    out_structure, out_specs = (None, ())
+    if outputs:
+        out_structure, out_specs = _output_specs(outputs)
+    return GraphSpec(
+        arg_names=tuple(arg_names),
+        structure=structure,
+        inputs=inputs,
+        dims=dims,
+        output_structure=out_structure,
+        outputs=out_specs,
+    )
+
+
+def _declared(
+    dynamic_shapes: DynamicShapes, paths: list[str], first: list[torch.Tensor]
+) -> dict[tuple[int, int], DynamicDim | BatchDim]:
+    out: dict[tuple[int, int], DynamicDim | BatchDim] = {}
+    for path, axes in dynamic_shapes.items():
+        if path not in paths:
+            raise InputError(f"dynamic_shapes names the input {path!r}, but the recorded inputs are {paths}")
+        i = paths.index(path)
+        for axis, dim in axes.items():
+            if not isinstance(dim, (DynamicDim, BatchDim)):
+                raise InputError(f"dynamic_shapes[{path!r}][{axis}] must be a DynamicDim or BatchDim, got {dim!r}")
+            rank = first[i].dim()
+            if not -rank <= axis < rank:
+                raise InputError(f"dynamic_shapes[{path!r}] names axis {axis}, but {path!r} has rank {rank}")
+            out[(i, axis % rank)] = dim
+    return out
+
+
+def _batch_leaves(
+    sizes: list[list[tuple[int, ...]]],
+    n_leaves: int,
+    declared: Mapping[tuple[int, int], DynamicDim | BatchDim],
+    batch_requested: bool,
+) -> list[int]:
+    if any(isinstance(d, BatchDim) for d in declared.values()):
+        return []  # explicit batch axes are applied leaf by leaf
+    ranked = [i for i in range(n_leaves) if len(sizes[0][i]) >= 1 and (i, 0) not in declared]
+    varying = [i for i in ranked if len({s[i][0] for s in sizes}) > 1]
+    if varying:
+        if all(len({s[i][0] for i in varying}) == 1 for s in sizes):
+            return varying
+        return []
+    if batch_requested and ranked:
+        lead = sizes[0][ranked[0]][0]
+        return [i for i in ranked if all(s[i][0] == s[ranked[0]][0] for s in sizes) and sizes[0][i][0] == lead]
+    return []
+
+
+def _output_specs(outputs: Sequence[Any]) -> tuple[dict[str, Any], tuple[TensorSpec, ...]]:
+    flat = [tree.flatten(o) for o in outputs]
+    structure = flat[0][1]
+    paths = [p or "output" for p in tree.leaf_paths(structure)]
+    specs = []
+    for i, path in enumerate(paths):
+        shapes = [tuple(f[0][i].shape) for f in flat if len(f[0]) > i]
+        first = flat[0][0][i]
+        dims = tuple(None if len({s[a] for s in shapes}) == 1 else "dynamic" for a in range(first.dim()))
+        specs.append(
+            TensorSpec(
+                path=path,
+                dtype=str(first.dtype).removeprefix("torch."),
+                device=first.device.type,
+                shape=tuple(first.shape),
+                dims=dims,
+            )
+        )
+    return structure, tuple(specs)
+
+
+def resize(graph: GraphSpec, sample: Sample, sizes: Mapping[str, int]) -> Sample:
+    """``sample`` with the named dynamic dimensions set to ``sizes``, reusing its real values.
+
+    Each axis is cycled (``index % old_size``) or cut, so a batch of 8 built from a batch of 3
+    holds rows 0, 1, 2, 0, 1, 2, 0, 1: real data, not noise, at the shape a check needs.
+    """
+    tensors = graph.flatten(sample.args, sample.kwargs)
+    out = []
+    for t, spec in zip(tensors, graph.inputs):
+        for axis, name in enumerate(spec.dims):
+            if name is None or name not in sizes or t.shape[axis] == sizes[name]:
+                continue
+            index = torch.arange(sizes[name], device=t.device) % max(t.shape[axis], 1)
+            t = t.index_select(axis, index)
+        out.append(t)
+    args, kwargs = graph.unflatten(out)
+    return Sample(args, kwargs)

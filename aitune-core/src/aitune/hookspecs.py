@@ -1,0 +1,129 @@
+"""Hook specifications: the whole contract between aitune-core and its plugins.
+
+Plugins are modules named by entry points in the ``aitune`` group; they implement some of these
+hooks with the :data:`aitune.hookimpl` marker. Core ships its own defaults as the plugin
+:mod:`aitune.builtin.operations`, registered ``trylast``, so a plugin can pre-empt an operation
+(return a result first) or wrap it (``@hookimpl(wrapper=True)``).
+
+There are three kinds of hooks:
+
+* **registration**: ``aitune_register_backends``, historic, so late plugins are still heard;
+* **operations**: ``aitune_build``, ``aitune_validate``, ``aitune_profile``, ``aitune_serialize``,
+  ``aitune_deserialize``; each is *firstresult*: the first non-None result wins and the rest are
+  not called;
+* **observers**: ``aitune_build_error``, ``aitune_candidate_result``, ``aitune_tune_finished``;
+  for reports, logging and progress; their return values are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import torch
+
+    from .backend import Backend, BuildContext, LoadContext
+    from .graph import GraphSpec, Sample
+    from .registry import BackendRegistry
+    from .report import CandidateReport, TuneReport, ValidationReport
+    from .torch.task.profiling import ProfilingConfig, ProfileResult
+
+hookspec = pluggy.HookspecMarker("aitune")
+
+
+# -- registration -------------------------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def aitune_register_backends(registry: BackendRegistry) -> None:
+    """Declare this plugin's backends with ``registry.add(BackendSpec(...))``.
+
+    Historic: a plugin registered after discovery is still called. A name another distribution
+    already registered raises :class:`~aitune.errors.DuplicateBackendError` naming both.
+    """
+
+
+# -- operations ---------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def aitune_build(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
+    """Build ``backend`` for ``context.graph`` of ``module`` and return the backend ready to infer.
+
+    Return None to leave the build to the next implementation. Stops at the first non-None
+    result. The default calls ``backend.build(module, context)``. Build caches and isolated
+    worker processes wrap this hook.
+    """
+
+
+@hookspec(firstresult=True)
+def aitune_validate(
+    backend: Backend,
+    reference: Callable[..., Any],
+    samples: Sequence[Sample],
+    graph: GraphSpec,
+    tolerances: Mapping[str, Any] | None,
+) -> ValidationReport | None:
+    """Compare ``backend``'s outputs with ``reference`` (eager) on ``samples`` and report.
+
+    ``tolerances`` maps a dtype name (``"float16"``) to a user override of the bound. Return None
+    to leave validation to the next implementation. Stops at the first non-None result. The
+    default checks structure, shape, dtype, NaN/Inf, closeness, input mutation and the min/max of
+    every dynamic axis.
+    """
+
+
+@hookspec(firstresult=True)
+def aitune_profile(
+    runners: Mapping[str, Callable[[], Any]],
+    batch_size: int,
+    config: ProfilingConfig,
+    device: torch.device,
+) -> Mapping[str, ProfileResult] | None:
+    """Measure every runner (a call on prepared inputs of ``batch_size``) and return its figures.
+
+    The runners are measured in alternating windows so machine drift hits them alike. Return None
+    to leave profiling to the next implementation. Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def aitune_serialize(backend: Backend, directory: Path) -> dict[str, Any] | None:
+    """Write ``backend``'s payload into ``directory`` and return its JSON-able metadata.
+
+    Return None to leave it to the next implementation. Stops at the first non-None result. The
+    default calls ``backend.save(directory)``.
+    """
+
+
+@hookspec(firstresult=True)
+def aitune_deserialize(
+    backend: Backend, module: torch.nn.Module, directory: Path, context: LoadContext
+) -> Backend | None:
+    """Restore ``backend`` (fresh, from its saved config) from ``directory``; return it ready to infer.
+
+    Return None to leave it to the next implementation. Stops at the first non-None result. The
+    default calls ``backend.load(module, directory, context)``.
+    """
+
+
+# -- observers ----------------------------------------------------------------------------------
+
+
+@hookspec
+def aitune_build_error(module_name: str, graph: GraphSpec, backend: Backend, error: BaseException) -> None:
+    """A candidate failed to build; called before the strategy moves on. Return value ignored."""
+
+
+@hookspec
+def aitune_candidate_result(module_name: str, graph: GraphSpec, candidate: CandidateReport) -> None:
+    """A candidate finished (built, validated and profiled, or failed). Return value ignored."""
+
+
+@hookspec
+def aitune_tune_finished(report: TuneReport) -> None:
+    """``ait.tune`` finished; ``report`` holds every module, graph and candidate. Return value ignored."""

@@ -1,0 +1,153 @@
+"""Finding and loading plugins: explicit, idempotent, one entry point at a time.
+
+``load_plugins()`` registers core's built-in plugin, then each entry point of the ``aitune``
+group. A plugin that fails to import is skipped with a warning naming its distribution, version
+and error (or raises under ``AITUNE_STRICT_PLUGINS=1``). ``AITUNE_DISABLE_PLUGINS`` and
+``AITUNE_LOAD_PLUGINS`` (comma-separated entry point or distribution names) filter what loads.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import threading
+import warnings
+from typing import Any
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError, PluginLoadError
+from .registry import BackendRegistry
+
+ENTRY_POINT_GROUP = "aitune"
+CORE_DISTRIBUTION = "aitune-core"
+
+
+@attrs.frozen
+class PluginInfo:
+    """One plugin: where it came from and whether it loaded."""
+
+    name: str
+    distribution: str
+    version: str
+    error: str | None = None
+
+
+def _env_list(name: str) -> set[str] | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    return {item.strip() for item in raw.split(",") if item.strip()}
+
+
+def strict_plugins() -> bool:
+    return os.environ.get("AITUNE_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+class AituneManager:
+    """The plugin manager with aitune's registry; create one per process (see :func:`get_manager`)."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager("aitune")
+        self.pm.add_hookspecs(hookspecs)
+        self.registry = BackendRegistry()
+        self.plugins: dict[str, PluginInfo] = {}
+        self._loaded_entry_points = False
+        self._lock = threading.RLock()
+        self.pm.hook.aitune_register_backends.call_historic(kwargs={"registry": self.registry})
+        from .builtin import eager, operations
+
+        self.register(operations, name="aitune.builtin.operations", distribution=CORE_DISTRIBUTION)
+        self.register(eager, name="aitune.builtin.eager", distribution=CORE_DISTRIBUTION)
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+    def register(self, plugin: object, name: str | None = None, distribution: str = "unknown") -> None:
+        """Register a plugin object; its backends are recorded as coming from ``distribution``."""
+        with self._lock:
+            name = name or getattr(plugin, "__name__", None) or repr(plugin)
+            if self.pm.has_plugin(name) or self.pm.is_registered(plugin):
+                return
+            self.registry._registering = distribution
+            before = dict(self.registry._entries)
+            try:
+                self.pm.register(plugin, name=name)
+            except Exception as exc:
+                if self.pm.is_registered(plugin):
+                    self.pm.unregister(plugin)
+                self.registry._entries = before
+                if isinstance(exc, PluginError):
+                    raise
+                raise PluginError(f"plugin {name!r} from {distribution} failed to register: {exc}") from exc
+            finally:
+                self.registry._registering = "unknown"
+            self.plugins[name] = PluginInfo(name, distribution, _dist_version(distribution))
+
+    def load_entry_points(self) -> None:
+        """Load every entry point of the ``aitune`` group once; later calls do nothing."""
+        with self._lock:
+            if self._loaded_entry_points:
+                return
+            self._loaded_entry_points = True
+            disabled = _env_list("AITUNE_DISABLE_PLUGINS") or set()
+            only = _env_list("AITUNE_LOAD_PLUGINS")
+            for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+                dist = ep.dist.name if ep.dist is not None else "unknown"
+                if {ep.name, dist} & disabled:
+                    continue
+                if only is not None and not {ep.name, dist} & only:
+                    continue
+                self._load_one(ep, dist)
+
+    def _load_one(self, ep: importlib.metadata.EntryPoint, dist: str) -> None:
+        version = _dist_version(dist)
+        try:
+            plugin = ep.load()
+            self.register(plugin, name=ep.name, distribution=dist)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self.plugins[ep.name] = PluginInfo(ep.name, dist, version, error)
+            message = f"aitune plugin {ep.name!r} from {dist} {version} failed to load and is skipped: {error}"
+            if strict_plugins():
+                raise PluginLoadError(message + " (AITUNE_STRICT_PLUGINS is set)") from exc
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+    def failed_plugins(self) -> list[PluginInfo]:
+        return [p for p in self.plugins.values() if p.error]
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_manager: AituneManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_manager() -> AituneManager:
+    """The process-wide manager, with every entry-point plugin loaded."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            manager = AituneManager()
+            manager.load_entry_points()
+            _manager = manager
+        return _manager
+
+
+def set_manager(manager: AituneManager | None) -> AituneManager | None:
+    """Swap the process-wide manager (for tests); returns the previous one."""
+    global _manager
+    with _manager_lock:
+        previous, _manager = _manager, manager
+        from . import converter
+
+        converter.reset()
+        return previous

@@ -1,0 +1,135 @@
+"""The tuning report: one JSON document per tune, written through the cattrs converter.
+
+Every module, graph and candidate is recorded with what happened to it and why, so a person can
+see why a backend won and a script can compare runs. ``SCHEMA_VERSION`` changes whenever a field
+changes meaning.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .converter import structure, unstructure
+
+SCHEMA_VERSION = 1
+
+
+@attrs.define
+class OutputComparison:
+    """How one output tensor of a candidate compares with eager, worst over the samples."""
+
+    path: str
+    max_abs_error: float = 0.0
+    max_rel_error: float = 0.0
+    """``max|y - y_eager| / max|y_eager|``: error against the scale of the output."""
+    cosine_similarity: float = 1.0
+
+
+@attrs.define
+class ValidationReport:
+    passed: bool
+    reason: str | None = None
+    samples_checked: int = 0
+    outputs: list[OutputComparison] = attrs.field(factory=list)
+    checks: list[str] = attrs.field(factory=list)
+    """What was checked beyond the recorded samples, e.g. ``batch=min (1)``."""
+
+    @property
+    def max_rel_error(self) -> float:
+        return max((o.max_rel_error for o in self.outputs), default=0.0)
+
+    @property
+    def min_cosine(self) -> float:
+        return min((o.cosine_similarity for o in self.outputs), default=1.0)
+
+
+@attrs.define
+class ProfileResult:
+    """Latency figures of one runner at one batch size."""
+
+    batch_size: int
+    steps: int
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    std_ms: float
+    min_ms: float
+    throughput: float
+    """Samples per second: ``batch_size / mean latency``."""
+    window_p50_ms: list[float] = attrs.field(factory=list)
+    """Median latency of each measuring window, for judging noise between alternating runners."""
+
+
+@attrs.define
+class CandidateReport:
+    backend: str
+    config: dict[str, Any]
+    status: str = "pending"
+    """``selected``, ``rejected`` (correct but not chosen), ``failed`` or ``skipped``."""
+    stage: str | None = None
+    """Where a failed candidate failed: ``availability``, ``build``, ``validate`` or ``profile``."""
+    reason: str | None = None
+    build_time_s: float | None = None
+    from_cache: bool = False
+    build_info: dict[str, Any] = attrs.field(factory=dict)
+    validation: ValidationReport | None = None
+    profiles: list[ProfileResult] = attrs.field(factory=list)
+    speedup: float | None = None
+    """Eager latency over this candidate's, at the batch size the decision used."""
+
+
+@attrs.define
+class GraphReport:
+    graph_key: str
+    graph: dict[str, Any]
+    candidates: list[CandidateReport] = attrs.field(factory=list)
+    eager_profiles: list[ProfileResult] = attrs.field(factory=list)
+    decision: str | None = None
+    reason: str | None = None
+    selected_batch_size: int | None = None
+
+
+@attrs.define
+class ModuleReport:
+    name: str
+    strategy: str
+    status: str = "pending"
+    """``tuned``, ``eager`` (tuning kept eager) or ``failed`` (tuning raised; the module runs eager)."""
+    error: str | None = None
+    graphs: list[GraphReport] = attrs.field(factory=list)
+    summary: str = ""
+
+
+@attrs.define
+class TuneReport:
+    schema_version: int = SCHEMA_VERSION
+    aitune_version: str = ""
+    device: str = ""
+    started_at: str = ""
+    duration_s: float = 0.0
+    environment: dict[str, Any] = attrs.field(factory=dict)
+    modules: list[ModuleReport] = attrs.field(factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return unstructure(self)  # type: ignore[no-any-return]
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2, default=str))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_json(cls, data: Any) -> TuneReport:
+        return structure(data, cls, "report")
+
+    @classmethod
+    def read(cls, path: str | Path) -> TuneReport:
+        return cls.from_json(json.loads(Path(path).read_text()))

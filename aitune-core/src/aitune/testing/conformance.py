@@ -1,0 +1,165 @@
+"""``BackendConformance``: the contract tests every backend's own test suite inherits.
+
+Subclass it, set ``backend_name`` and, where needed, override ``make_backend``, ``make_module``
+or ``make_samples``::
+
+    class TestMyBackend(BackendConformance):
+        backend_name = "my_backend"
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from .. import tree
+from ..backend import Backend, BuildContext, LoadContext
+from ..errors import BackendNotImplementedError
+from ..graph import GraphSpec, Sample, infer_graph
+
+HEAVY_RUNTIMES = ("tensorrt", "torch_tensorrt", "onnxruntime", "torchao", "modelopt", "triton")
+
+
+class TinyMLP(torch.nn.Module):
+    """A deterministic two-layer MLP: small enough for every test, big enough to be a real graph."""
+
+    def __init__(self, features: int = 16, hidden: int = 32, out: int = 8) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.fc1 = torch.nn.Linear(features, hidden)
+        self.fc2 = torch.nn.Linear(hidden, out)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def tiny_samples(batch_sizes: tuple[int, ...] = (2, 4), features: int = 16, device: str = "cpu") -> list[Sample]:
+    g = torch.Generator().manual_seed(1)
+    return [Sample((torch.randn(b, features, generator=g).to(device),)) for b in batch_sizes]
+
+
+class BackendConformance:
+    """Contract tests for one backend: registration, config JSON, light probe, build/save/load."""
+
+    backend_name: ClassVar[str] = ""
+    device: ClassVar[str] = "cpu"
+
+    # -- what subclasses may override -------------------------------------------------------
+
+    def make_backend(self) -> Backend:
+        from ..plugins import get_manager
+
+        return get_manager().registry.backend_class(self.backend_name)()  # type: ignore[no-any-return]
+
+    def make_module(self) -> torch.nn.Module:
+        return TinyMLP().eval().to(self.device)
+
+    def make_samples(self) -> list[Sample]:
+        return tiny_samples(device=self.device)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _graph(self, module: torch.nn.Module, samples: list[Sample]) -> GraphSpec:
+        with torch.no_grad():
+            outputs = [module(*s.args, **s.kwargs) for s in samples]
+        return infer_graph(samples, ["x"], outputs=outputs)
+
+    def _require_available(self) -> None:
+        from ..plugins import get_manager
+
+        reason = get_manager().registry.status(self.backend_name).reason(self.device)
+        if reason:
+            pytest.skip(f"{self.backend_name} cannot run on {self.device} here: {reason}")
+
+    # -- the contract -----------------------------------------------------------------------
+
+    def test_registered_under_its_name(self) -> None:
+        from ..plugins import get_manager
+
+        registry = get_manager().registry
+        assert self.backend_name in registry.names(), f"{self.backend_name!r} is not registered"
+        backend_class = registry.backend_class(self.backend_name)
+        assert issubclass(backend_class, Backend)
+        assert backend_class.name == self.backend_name
+        assert registry.config_class(self.backend_name) is backend_class.config_class
+
+    def test_config_json_round_trip(self) -> None:
+        from ..converter import config_from_json, config_to_json
+
+        config = self.make_backend().config
+        data = json.loads(json.dumps(config_to_json(config)))
+        assert data["backend"] == self.backend_name
+        assert config_from_json(data) == config
+
+    def test_probe_imports_no_runtime(self) -> None:
+        code = textwrap.dedent(
+            f"""
+            import sys
+            from aitune.plugins import get_manager
+            get_manager().registry.status({self.backend_name!r})
+            print(",".join(m for m in {HEAVY_RUNTIMES!r} if m in sys.modules))
+            """
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "", f"checking availability imported: {out.stdout.strip()}"
+
+    def test_build_infer_save_load(self, tmp_path: Path) -> None:
+        from ..plugins import get_manager
+        from ..validation import validate
+
+        self._require_available()
+        module, samples = self.make_module(), self.make_samples()
+        graph = self._graph(module, samples)
+        backend = self.make_backend()
+        context = BuildContext(graph, samples, torch.device(self.device), tmp_path / "work", tmp_path / "cache")
+        context.workdir.mkdir()
+        context.cache_dir.mkdir()
+        hook = get_manager().hook
+        try:
+            with torch.no_grad():
+                built = hook.aitune_build(backend=backend, module=module, context=context)
+        except BackendNotImplementedError as exc:
+            pytest.skip(str(exc))
+        with torch.no_grad():
+            report = validate(built, module, samples, graph)
+        assert report.passed, report.reason
+
+        payload = tmp_path / "payload"
+        payload.mkdir()
+        metadata = hook.aitune_serialize(backend=built, directory=payload)
+        assert isinstance(json.loads(json.dumps(metadata)), dict), "save() must return JSON-able metadata"
+        fresh = type(built)(built.config)
+        load_ctx = LoadContext(graph, torch.device(self.device), metadata, tmp_path / "cache")
+        with torch.no_grad():
+            loaded = hook.aitune_deserialize(backend=fresh, module=module, directory=payload, context=load_ctx)
+            for s in samples:
+                want = tree.flatten(built.infer(*s.args, **s.kwargs))[0]
+                got = tree.flatten(loaded.infer(*s.args, **s.kwargs))[0]
+                for w, g in zip(want, got):
+                    torch.testing.assert_close(g, w)
+
+
+def run_in_fresh_process(code: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Any:
+    """Run ``code`` in a new interpreter and return what it printed as JSON on its last line."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            cwd=cwd or tmp,
+            env=env,
+        )
+    if result.returncode != 0:
+        raise AssertionError(f"fresh process failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -1,0 +1,62 @@
+"""pytest fixtures for aitune and its plugins (loaded through the ``pytest11`` entry point)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU with CUDA (skipped visibly without one)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible to torch on this machine")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def aitune_manager() -> Iterator[object]:
+    """A fresh plugin manager with every installed plugin loaded, used process-wide during the test."""
+    from aitune.plugins import AituneManager, set_manager
+
+    manager = AituneManager()
+    manager.load_entry_points()
+    previous = set_manager(manager)
+    try:
+        yield manager
+    finally:
+        set_manager(previous)
+
+
+@pytest.fixture
+def register_plugin(aitune_manager: object) -> Callable[..., object]:
+    """Register an inline plugin (a module, class or object with hookimpls) for this test only."""
+
+    def register(plugin: object, name: str | None = None, distribution: str = "test-plugin") -> object:
+        aitune_manager.register(plugin, name=name, distribution=distribution)  # type: ignore[attr-defined]
+        from aitune import converter
+
+        converter.reset()
+        return plugin
+
+    return register
+
+
+@pytest.fixture
+def aitune_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary ``AITUNE_CACHE_DIR`` for this test."""
+    path = tmp_path / "aitune-cache"
+    path.mkdir()
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(path))
+    return path

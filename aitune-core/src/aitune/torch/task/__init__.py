@@ -1,0 +1,1 @@
+"""Tasks the tuner runs on candidates (profiling)."""

@@ -1,0 +1,25 @@
+"""Helpers for core's tests: fake installed distributions with entry points."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Install a throwaway distribution (dist-info + module) on sys.path for one test."""
+
+    def make(dist: str, module: str, source: str, version: str = "9.9.9", ep_name: str | None = None) -> None:
+        site = tmp_path / "site"
+        site.mkdir(exist_ok=True)
+        (site / f"{module}.py").write_text(textwrap.dedent(source))
+        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[aitune]\n{ep_name or module} = {module}\n")
+        monkeypatch.syspath_prepend(str(site))
+
+    return make

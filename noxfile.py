@@ -1,0 +1,71 @@
+"""Sessions generated from the member folders: no hand-kept list of distributions.
+
+* ``tests``: every member installed together, every test (the command CI runs);
+* ``tests-<member>``: one member alone with core, its own tests (proves it installs by itself);
+* ``lint``, ``typecheck``, ``build``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+MEMBERS = sorted(p.parent.name for p in ROOT.glob("aitune-*/pyproject.toml"))
+CORE = "aitune-core"
+TORCH = "torch==2.13.0"  # the CPU wheel; a bare "torch" pulls a multi-GB CUDA build
+DEV = ["pytest>=8", "hypothesis>=6.100"]
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+def _install(session: nox.Session, *members: str) -> None:
+    session.install(TORCH)
+    session.install(*DEV)
+    session.install(*(f"./{m}" for m in dict.fromkeys([CORE, *members])))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Every distribution installed together; every member's tests and the cross-distribution tests."""
+    _install(session, *MEMBERS)
+    paths = [f"{m}/tests" for m in MEMBERS] + ["tests"]
+    session.run("pytest", *paths, *session.posargs)
+
+
+def _member_session(member: str) -> None:
+    @nox.session(name=f"tests-{member}")
+    def member_tests(session: nox.Session) -> None:
+        _install(session, member)
+        session.run("pytest", f"{member}/tests", *session.posargs)
+
+    member_tests.__doc__ = f"{member} installed alone with aitune-core; its own tests."
+
+
+for _member in MEMBERS:
+    _member_session(_member)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and format check over the whole repository."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over aitune-core."""
+    session.install(TORCH, "mypy>=1.10", f"./{CORE}")
+    session.run("mypy", f"{CORE}/src/aitune")
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """A wheel and an sdist of every member, into dist/."""
+    session.install("build>=1.2")
+    for member in MEMBERS:
+        session.run("python", "-m", "build", "--outdir", "dist", member)
