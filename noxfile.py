@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import nox
@@ -21,10 +22,16 @@ nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 
+def _requirement(member: str) -> str:
+    """``./member``, with its ``[test]`` extra when the member declares one."""
+    meta = tomllib.loads((ROOT / member / "pyproject.toml").read_text())["project"]
+    return f"./{member}[test]" if "test" in meta.get("optional-dependencies", {}) else f"./{member}"
+
+
 def _install(session: nox.Session, *members: str) -> None:
     session.install(TORCH)
     session.install(*DEV)
-    session.install(*(f"./{m}" for m in dict.fromkeys([CORE, *members])))
+    session.install(*(_requirement(m) for m in dict.fromkeys([CORE, *members])))
 
 
 @nox.session
