@@ -7,10 +7,15 @@
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from pathlib import Path
 
 import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # nox depends on tomli there
+    import tomli as tomllib
 
 ROOT = Path(__file__).parent
 MEMBERS = sorted(p.parent.name for p in ROOT.glob("aitune-*/pyproject.toml"))
