@@ -49,6 +49,8 @@ class BackendSpec:
     probe: Probe | None = attrs.field(default=None, eq=False)
     """A cheap availability check per device; it must not import heavy runtimes."""
     description: str = ""
+    default_candidate: bool = True
+    """Whether ``ait.tune`` tries this backend when the user names none (False for quantizing backends)."""
     install_hint: str | None = None
     """What to run when a requirement is missing, e.g. ``pip install 'aitune-backend-tensorrt[runtime]'``."""
 
