@@ -62,14 +62,17 @@ def structure(data: Any, cls: type[T], what: str = "$") -> T:
         raise ConfigError(_message(exc, what)) from exc
 
 
-def config_to_json(config: Any) -> dict[str, Any]:
-    """A backend config as a JSON object tagged with its backend name."""
+def config_to_json(config: Any, backend: str | None = None) -> dict[str, Any]:
+    """A backend config as a JSON object tagged with its backend name.
+
+    Pass ``backend`` when several backends share one config class.
+    """
     from .plugins import get_manager
 
     registry = get_manager().registry
-    for name in registry.names():
-        spec = registry.spec(name)
-        if spec.config_class.rpartition(":")[2] == type(config).__name__ and registry.config_class(name) is type(config):
+    names = [backend] if backend is not None else registry.names()
+    for name in names:
+        if name in registry and registry.config_class(name) is type(config):
             return {"backend": name, **unstructure(config)}
     raise ConfigError(f"{type(config).__name__} belongs to no registered backend; is its plugin installed?")
 

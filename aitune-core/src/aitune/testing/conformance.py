@@ -98,7 +98,7 @@ class BackendConformance:
         from ..converter import config_from_json, config_to_json
 
         config = self.make_backend().config
-        data = json.loads(json.dumps(config_to_json(config)))
+        data = json.loads(json.dumps(config_to_json(config, self.backend_name)))
         assert data["backend"] == self.backend_name
         assert config_from_json(data) == config
 

@@ -60,3 +60,11 @@ def aitune_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.mkdir()
     monkeypatch.setenv("AITUNE_CACHE_DIR", str(path))
     return path
+
+
+@pytest.fixture
+def toy_backends(register_plugin: Callable[..., object]) -> object:
+    """The toy backends of :mod:`aitune.testing.backends`, registered for this test."""
+    from aitune.testing import backends
+
+    return register_plugin(backends, name="aitune.testing.backends", distribution="aitune-core")

@@ -1,0 +1,39 @@
+"""The aitune API: ``import aitune.torch as ait``.
+
+    model = ait.Module(model, "encoder", strategy=ait.MaxThroughputStrategy(backends=[...]))
+    ait.tune(model, dataset)
+    y = model(x)
+"""
+
+from __future__ import annotations
+
+from ..graph import BatchDim, DynamicDim
+from ..report import TuneReport
+from .module import Module
+from .strategies import (
+    FirstWinsStrategy,
+    LatencyBudgetStrategy,
+    MaxThroughputStrategy,
+    MinLatencyStrategy,
+    OneBackendStrategy,
+    PerformanceValidationMode,
+    TuneStrategy,
+)
+from .tuner import tune
+from .wrap import wrap
+
+__all__ = [
+    "BatchDim",
+    "DynamicDim",
+    "FirstWinsStrategy",
+    "LatencyBudgetStrategy",
+    "MaxThroughputStrategy",
+    "MinLatencyStrategy",
+    "Module",
+    "OneBackendStrategy",
+    "PerformanceValidationMode",
+    "TuneReport",
+    "TuneStrategy",
+    "tune",
+    "wrap",
+]

@@ -1,0 +1,135 @@
+"""The per-call path of a tuned module: a dict lookup from the call's structure to its winner.
+
+No signature binding for calls already in canonical form, no copies: the structure key is built
+in one pass that also collects the tensors, then each candidate graph's precomputed shape checks
+run on them. Anything outside what was tuned runs eager for that call, with one warning (or, in
+strict mode, raises).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .. import tree
+from ..errors import UnsupportedCallError
+from ..graph import GraphSpec
+
+logger = logging.getLogger("aitune")
+
+Runner = Callable[..., Any]
+
+
+class ShapeCheck:
+    """A graph's shape ranges as flat tuples, checked without building messages."""
+
+    def __init__(self, graph: GraphSpec) -> None:
+        self.graph = graph
+        self.n = len(graph.inputs)
+        self.ranks = tuple(spec.rank for spec in graph.inputs)
+        self.static = tuple(
+            (i, axis, size)
+            for i, spec in enumerate(graph.inputs)
+            for axis, (size, name) in enumerate(zip(spec.shape, spec.dims))
+            if name is None
+        )
+        names = sorted(graph.dims)
+        self.dynamic = tuple(
+            (i, axis, names.index(name), graph.dims[name].min, graph.dims[name].max)
+            for i, spec in enumerate(graph.inputs)
+            for axis, name in enumerate(spec.dims)
+            if name is not None
+        )
+        self.n_dims = len(names)
+
+    def fits(self, leaves: Sequence[torch.Tensor]) -> bool:
+        if len(leaves) != self.n:
+            return False
+        for i, axis, size in self.static:
+            if leaves[i].shape[axis] != size:
+                return False
+        if self.dynamic:
+            seen = [-1] * self.n_dims
+            for i, axis, d, lo, hi in self.dynamic:
+                v = leaves[i].shape[axis]
+                if v < lo or v > hi or (seen[d] != -1 and seen[d] != v):
+                    return False
+                seen[d] = v
+        return True
+
+
+class Dispatcher:
+    """Routes each call of a tuned module to the runner of the graph it fits, else to eager."""
+
+    def __init__(
+        self,
+        name: str,
+        eager: Runner,
+        canonicalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]],
+        routes: Sequence[tuple[GraphSpec, Runner]],
+        strict: bool = False,
+    ) -> None:
+        self.name = name
+        self.eager = eager
+        self.canonicalize = canonicalize
+        self.strict = strict
+        self.routes = [(ShapeCheck(graph), runner) for graph, runner in routes]
+        self._table: dict[Any, tuple[bool, list[tuple[ShapeCheck, Runner]]]] = {}
+        self._warned: set[str] = set()
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        leaves: list[torch.Tensor] = []
+        key = (tree.call_key(args, leaves), tree.call_key(kwargs, leaves))
+        entry = self._table.get(key)
+        if entry is None:
+            entry = self._resolve(key, args, kwargs)
+        needs_canonical, candidates = entry
+        if needs_canonical:
+            args, kwargs = self.canonicalize(args, kwargs)
+            leaves = []
+            tree.call_key((args, kwargs), leaves)
+        for check, runner in candidates:
+            if check.fits(leaves):
+                return runner(*args, **kwargs)
+        return self._fallback(candidates, leaves, args, kwargs)
+
+    def _resolve(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, list[Any]]:
+        try:
+            c_args, c_kwargs = self.canonicalize(args, kwargs)
+            leaves, structure = tree.flatten((c_args, c_kwargs))
+        except Exception:  # not a call the module accepts, or not describable: eager handles it
+            entry: tuple[bool, list[Any]] = (False, [])
+        else:
+            matching = [(c, r) for c, r in self.routes if _same_structure(c.graph, structure, leaves)]
+            needs_canonical = len(c_args) != len(args) or list(c_kwargs) != list(kwargs)
+            entry = (needs_canonical, matching)
+        self._table[key] = entry
+        return entry
+
+    def _fallback(
+        self, candidates: list[tuple[ShapeCheck, Runner]], leaves: list[torch.Tensor], args: Any, kwargs: Any
+    ) -> Any:
+        if candidates:
+            reason = "; ".join(filter(None, (c.graph.mismatch(leaves) for c, _ in candidates)))
+        else:
+            reason = "its input structure (types, dtypes, ranks or devices) was never seen while tuning"
+        message = f"{self.name}: this call is outside what was tuned ({reason})"
+        if self.strict:
+            raise UnsupportedCallError(message + "; tune with inputs like this one, or drop strict=True")
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(message + "; running eager for such calls", RuntimeWarning, stacklevel=4)
+        return self.eager(*args, **kwargs)
+
+
+def _same_structure(graph: GraphSpec, structure: dict[str, Any], leaves: Sequence[torch.Tensor]) -> bool:
+    if structure != graph.structure or len(leaves) != len(graph.inputs):
+        return False
+    return all(
+        str(t.dtype).removeprefix("torch.") == spec.dtype and t.dim() == spec.rank and t.device.type == spec.device
+        for t, spec in zip(leaves, graph.inputs)
+    )

@@ -1,0 +1,165 @@
+"""``ait.Module``: a drop-in wrapper that records real calls, then runs the tuned winner.
+
+States: ``recording`` (before tuning: calls run eager and, inside ``ait.tune``, are recorded),
+``tuned`` (calls go through the dispatcher to each graph's winner) and ``passthrough`` (tuning
+kept eager or failed). Attributes, ``state_dict`` keys, ``.to()``, ``eval()`` and forward hooks
+behave as on the wrapped module, so wrapping does not change how the rest of a program sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..graph import DynamicShapes
+from . import recording
+from .dispatch import Dispatcher
+from .recording import Canonicalizer
+
+if TYPE_CHECKING:
+    from ..backend import Backend, Tolerance
+    from ..graph import GraphSpec
+    from ..report import ModuleReport
+    from .strategies import TuneStrategy
+
+_INNER = "module"
+
+
+class Module(torch.nn.Module):
+    """Wrap ``module`` so ``ait.tune`` can tune it; behaves like ``module`` everywhere else.
+
+    ``strategy`` applies to every graph; ``strategies`` gives one per graph, as a list (in the
+    order graphs were first recorded) or a mapping from graph index or graph key. ``dynamic_shapes``
+    states axes explicitly: ``{"x": {0: BatchDim(), 1: DynamicDim(min=1, max=512)}}``. With
+    ``strict=True`` a call outside what was tuned raises instead of running eager.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        name: str | None = None,
+        strategy: TuneStrategy | None = None,
+        strategies: Sequence[TuneStrategy] | Mapping[int | str, TuneStrategy] | None = None,
+        dynamic_shapes: DynamicShapes | None = None,
+        strict: bool = False,
+        tolerances: Mapping[str, Tolerance] | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(module, Module):
+            raise TypeError(f"{module.name!r} is already wrapped in ait.Module")
+        setattr(self, _INNER, module)
+        object.__setattr__(self, "name", name or type(module).__name__)
+        object.__setattr__(self, "strategy", strategy)
+        object.__setattr__(self, "strategies", strategies)
+        object.__setattr__(self, "dynamic_shapes", dynamic_shapes)
+        object.__setattr__(self, "strict", strict)
+        object.__setattr__(self, "tolerances", tolerances)
+        object.__setattr__(self, "_canonicalize", Canonicalizer(module.forward))
+        object.__setattr__(self, "_dispatcher", None)
+        object.__setattr__(self, "_state", "recording")
+        object.__setattr__(self, "tuned_graphs", [])
+        object.__setattr__(self, "report", None)
+        self._register_state_dict_hook(_drop_prefix)
+        self._register_load_state_dict_pre_hook(_add_prefix)
+
+    # -- drop-in behaviour -------------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = self._modules.get(_INNER)
+            if inner is None:
+                raise
+            return getattr(inner, name)
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        dispatcher = self._dispatcher
+        if dispatcher is not None and not recording.bypassing():
+            return dispatcher(args, kwargs)
+        out = self.module(*args, **kwargs)
+        session = recording.active_session()
+        if session is not None and not recording.bypassing():
+            session.record(self, args, kwargs, out)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, state={self._state!r}"
+
+    # -- used by the tuner and the artifact loader -------------------------------------------
+
+    def _install(self, winners: Sequence[tuple[GraphSpec, Backend]], report: ModuleReport | None) -> None:
+        """Route calls to ``winners`` (graphs whose winner is eager need no route)."""
+        from ..builtin.eager import TorchEagerBackend
+
+        routes = [(g, b.infer) for g, b in winners if not isinstance(b, TorchEagerBackend)]
+        object.__setattr__(self, "tuned_graphs", list(winners))
+        object.__setattr__(self, "report", report)
+        if routes:
+            dispatcher = Dispatcher(self.name, self.module, self._canonicalize, routes, self.strict)
+            object.__setattr__(self, "_dispatcher", dispatcher)
+            object.__setattr__(self, "_state", "tuned")
+        else:
+            object.__setattr__(self, "_dispatcher", None)
+            object.__setattr__(self, "_state", "passthrough")
+
+    def _reset(self) -> None:
+        object.__setattr__(self, "_dispatcher", None)
+        object.__setattr__(self, "_state", "recording")
+        object.__setattr__(self, "tuned_graphs", [])
+
+    def offload_weights(self) -> None:
+        """Free the eager weights' memory once tuned; calls outside the tuned range then fail."""
+        if self._state != "tuned":
+            raise RuntimeError(f"{self.name}: only a tuned module can offload its eager weights")
+        self.module.to("meta")
+
+
+def _drop_prefix(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    inner = prefix + _INNER + "."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
+
+
+def _add_prefix(
+    module: torch.nn.Module,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: Any,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    inner = prefix + _INNER + "."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix) :]] = state_dict.pop(key)
+
+
+def wrapped_modules(obj: Any) -> list[Module]:
+    """Every ``ait.Module`` reachable from ``obj``: itself, its submodules, or a pipeline's attributes."""
+    found: dict[int, Module] = {}
+
+    def visit(value: Any, depth: int) -> None:
+        if isinstance(value, torch.nn.Module):
+            for sub in value.modules():
+                if isinstance(sub, Module):
+                    found.setdefault(id(sub), sub)
+        elif depth < 2 and isinstance(value, Mapping):
+            for v in value.values():
+                visit(v, depth + 1)
+        elif depth < 2 and isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v, depth + 1)
+        elif depth < 1 and hasattr(value, "__dict__") and not isinstance(value, type):
+            for v in vars(value).values():
+                visit(v, depth + 1)
+
+    visit(obj, 0)
+    return list(found.values())

@@ -1,0 +1,253 @@
+"""``ait.tune``: run the pipeline, record every wrapped module, tune each one, report.
+
+A module that fails to tune stays eager and the others go on (``fail_fast=True`` raises
+instead). Strategies whose documented behaviour is to raise (``raises_on_failure``: OneBackend's
+original error, LatencyBudget's unmet budget) always propagate.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import platform
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..backend import Backend, Tolerance
+from ..errors import AituneError, InputError
+from ..graph import infer_graph
+from ..plugins import get_manager
+from ..report import GraphReport, ModuleReport, TuneReport
+from . import recording
+from .candidates import Candidate, GraphTuning
+from .module import Module, wrapped_modules
+from .strategies import MaxThroughputStrategy, TuneStrategy
+
+logger = logging.getLogger("aitune")
+
+def _call(fn: Callable[..., Any], sample: Any) -> Any:
+    """Call ``fn`` with a dataset item: a tensor, a tuple, a dict, or ``(args, kwargs)``."""
+    if isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[0], (tuple, list)) and isinstance(sample[1], dict):
+        return fn(*sample[0], **sample[1])
+    if isinstance(sample, (tuple, list)):
+        return fn(*sample)
+    if isinstance(sample, dict):
+        return fn(**sample)
+    return fn(sample)
+
+
+def _device_of(modules: Sequence[Module]) -> torch.device:
+    for m in modules:
+        for p in m.module.parameters():
+            return p.device
+        for b in m.module.buffers():
+            return b.device
+    return torch.device("cpu")
+
+
+def default_backends(device: torch.device) -> list[Backend]:
+    """Every installed backend that can run on ``device`` and is a default candidate, eager excluded."""
+    registry = get_manager().registry
+    out: list[Backend] = []
+    for name in registry.names():
+        spec = registry.spec(name)
+        if name == "torch_eager" or not spec.default_candidate:
+            continue
+        if registry.status(name).reason(device.type):
+            continue
+        try:
+            out.append(registry.backend_class(name)())
+        except Exception as exc:  # a plugin that cannot even construct its default is skipped, loudly
+            logger.warning("backend %s skipped: %s: %s", name, type(exc).__name__, exc)
+    return out
+
+
+def tune(
+    model_or_callable: Any,
+    dataset: Iterable[Any],
+    batch_sizes: Sequence[int] | None = None,
+    device: str | torch.device | None = None,
+    *,
+    max_samples: int = 8,
+    fail_fast: bool = False,
+    report_path: str | Path | None = None,
+    tolerances: Mapping[str, Tolerance] | None = None,
+) -> TuneReport:
+    """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
+
+    ``batch_sizes`` widens the batch range the builds cover and the sizes profiled; ``device``
+    defaults to the device of the model's weights. Returns the tuning report (also written to
+    ``report_path`` when given).
+    """
+    started = time.perf_counter()
+    manager = get_manager()
+    known = wrapped_modules(model_or_callable)
+    if isinstance(model_or_callable, torch.nn.Module) and not known:
+        raise InputError(
+            "the model contains no ait.Module: wrap the modules to tune, e.g. "
+            "model = ait.Module(model, 'model') or ait.wrap(model, ['encoder'])"
+        )
+    for module in known:
+        module._reset()
+    samples_seen = 0
+    with torch.no_grad(), recording.recording(max_samples) as session:
+        for sample in dataset:
+            _call(model_or_callable, sample)
+            samples_seen += 1
+    if samples_seen == 0:
+        raise InputError("the dataset is empty: give ait.tune at least one input batch")
+    if not session.modules:
+        raise InputError(
+            "no ait.Module was called while running the dataset through the model: wrap the modules "
+            "that the pipeline calls, or check that the dataset reaches them"
+        )
+    modules = [rec.module for rec in session.modules.values()]
+    tune_device = torch.device(device) if device is not None else _device_of(modules)
+    report = TuneReport(
+        aitune_version=__version__,
+        device=str(tune_device),
+        started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        environment=environment(tune_device),
+    )
+    defaults = default_backends(tune_device)
+    for rec in session.modules.values():
+        module_report = _tune_module(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
+        report.modules.append(module_report)
+        logger.info("%s", module_report.summary)
+    report.duration_s = time.perf_counter() - started
+    manager.hook.aitune_tune_finished(report=report)
+    if report_path is not None:
+        report.save(report_path)
+    return report
+
+
+def _strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
+    if module.strategies is not None:
+        if isinstance(module.strategies, Mapping):
+            chosen = module.strategies.get(index, module.strategies.get(key))
+        else:
+            chosen = module.strategies[index] if index < len(module.strategies) else None
+        if chosen is not None:
+            return chosen
+    return module.strategy if module.strategy is not None else MaxThroughputStrategy()
+
+
+def _tune_module(
+    rec: recording.ModuleRecording,
+    device: torch.device,
+    batch_sizes: Sequence[int] | None,
+    defaults: Sequence[Backend],
+    tolerances: Mapping[str, Tolerance] | None,
+    fail_fast: bool,
+) -> ModuleReport:
+    module = rec.module
+    manager = get_manager()
+    report = ModuleReport(name=module.name, strategy=repr(module.strategy or MaxThroughputStrategy()))
+    winners: list[tuple[Any, Backend]] = []
+    try:
+        for index, graph_rec in enumerate(rec.graphs.values()):
+            if graph_rec.error:
+                raise InputError(f"{module.name}: a recorded call cannot be tuned: {graph_rec.error}")
+            graph = infer_graph(
+                graph_rec.samples,
+                module._canonicalize.arg_names,
+                module.dynamic_shapes,
+                batch_sizes,
+                graph_rec.outputs,
+            )
+            strategy = _strategy_for(module, index, graph.key)
+            graph_report = GraphReport(graph_key=graph.key, graph=_graph_json(graph))
+            report.graphs.append(graph_report)
+            tuning = GraphTuning(
+                module.name,
+                module.module,
+                graph,
+                graph_rec.samples,
+                device,
+                manager.hook,
+                manager.registry,
+                batch_sizes,
+                module.tolerances or tolerances,
+                graph_report,
+            )
+            try:
+                winner: Candidate | None = strategy.tune(tuning, defaults)
+            except Exception as exc:
+                exc.add_note(f"while tuning {module.name} with {strategy!r}")
+                if strategy.raises_on_failure:
+                    fail_fast = True
+                raise
+            winners.append((graph, winner.backend if winner is not None else tuning.eager.backend))
+    except Exception as exc:
+        module._install([], report)
+        report.status, report.error = "failed", f"{type(exc).__name__}: {exc}"
+        report.summary = f"{module.name}: tuning failed, running eager: {report.error}"
+        if fail_fast:
+            raise
+        if not isinstance(exc, AituneError):
+            logger.exception("%s: unexpected error while tuning", module.name)
+        return report
+    module._install(winners, report)
+    report.status = "tuned" if module.state == "tuned" else "eager"
+    report.summary = summarize(report)
+    return report
+
+
+def summarize(report: ModuleReport) -> str:
+    """One line a person can read, e.g. ``encoder: onnxruntime, 1.72x eager (p50 1.04 ms vs 1.79 ms), max rel err 2e-07``."""
+    parts = []
+    for g in report.graphs:
+        chosen = next((c for c in g.candidates if c.status == "selected"), None)
+        if chosen is None:
+            parts.append(f"eager ({g.reason})" if g.reason else "eager")
+            continue
+        text = chosen.backend
+        batch = g.selected_batch_size
+        mine = next((p for p in chosen.profiles if p.batch_size == batch), None) if batch else None
+        eager = next((p for p in g.eager_profiles if p.batch_size == batch), None) if batch else None
+        if chosen.speedup is not None and mine is not None and eager is not None:
+            text += f", {chosen.speedup:.2f}x eager (p50 {mine.p50_ms:.3g} ms vs {eager.p50_ms:.3g} ms)"
+        if chosen.validation is not None:
+            text += f", max rel err {chosen.validation.max_rel_error:.1g}"
+        parts.append(text)
+    if len(parts) == 1:
+        return f"{report.name}: {parts[0]}"
+    return f"{report.name}: " + " | ".join(f"graph {i}: {p}" for i, p in enumerate(parts))
+
+
+def _graph_json(graph: Any) -> dict[str, Any]:
+    from ..converter import unstructure
+
+    return unstructure(graph)  # type: ignore[no-any-return]
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What the figures were measured on."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda,
+    }
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        env["gpu"] = torch.cuda.get_device_name(index)
+        env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
+    return env
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
