@@ -1,0 +1,474 @@
+"""ONNX export of one graph of a module, shared by the ONNX Runtime and TensorRT backends.
+
+The module is wrapped so that the exporter sees a flat list of tensors in ``graph.inputs``
+order and returns a flat list in output order: nested tuples, lists and dicts become named ONNX
+inputs and outputs (names from ``TensorSpec.path``, sanitized), and ``graph.unflatten_outputs``
+puts the structure back. Dynamic axes come from the graph's named dims (``batch``, ``d0``...).
+
+The ``torch.export``-based exporter (``dynamo``) runs first: it handles modern models (fused
+transformer layers, for one) that the TorchScript exporter cannot, and TorchScript export is
+deprecated. It is slower (seconds, not tenths), so the TorchScript exporter stays available as
+an explicit choice and, by default, as the fallback when the dynamo exporter fails.
+
+``onnx`` and ``onnxscript`` are imported only inside functions: aitune-core does not depend on
+them, the backends that export do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+import shutil
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from . import tree
+from .errors import BuildError, ConfigError
+from .graph import GraphSpec, Sample, TensorSpec, resize
+
+EXPORTERS = ("dynamo", "torchscript")
+EXTERNAL_DATA_THRESHOLD = 1 << 30
+"""Weights of at least this many bytes go to an external data file (protobuf stops at 2 GiB)."""
+MODEL_FILE = "model.onnx"
+
+
+def _one_of(choices: Sequence[str]) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+        if value not in choices:
+            raise ConfigError(f"{type(instance).__name__}.{attribute.name} is {value!r}; choose one of {list(choices)}")
+
+    return check
+
+
+def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{type(instance).__name__}.{attribute.name} must be True, False or None, got {value!r}")
+
+
+def _bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if not isinstance(value, bool):
+        raise ConfigError(f"{type(instance).__name__}.{attribute.name} must be True or False, got {value!r}")
+
+
+def _opset(instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 7:
+        raise ConfigError(
+            f"{type(instance).__name__}.opset is {value!r}; give an ONNX opset version >= 7 (e.g. 17 or 20), "
+            "or None for the exporter's default"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ONNXExportConfig:
+    """How to export a module to ONNX."""
+
+    exporter: str = attrs.field(default="dynamo", validator=_one_of(EXPORTERS))
+    """``"dynamo"`` (torch.export based, tried first) or ``"torchscript"`` (the legacy tracer)."""
+    fallback_to_torchscript: bool = attrs.field(default=True, validator=_bool)
+    """When the dynamo exporter fails, try the TorchScript exporter before giving up."""
+    opset: int | None = attrs.field(default=None, validator=_opset)
+    """ONNX opset version; None takes the exporter's default."""
+    external_data: bool | None = attrs.field(default=None, validator=_optional_bool)
+    """Weights in a separate ``.onnx.data`` file; None decides by weight size (>= 1 GiB)."""
+    check: bool = attrs.field(default=True, validator=_bool)
+    """Run ``onnx.checker`` on the result (path based, so large models work)."""
+
+
+@attrs.frozen(kw_only=True)
+class ONNXExport:
+    """What :func:`export_onnx` produced."""
+
+    path: Path
+    """The ``.onnx`` file."""
+    files: tuple[str, ...]
+    """Every file the model needs, relative to ``path.parent``: the ``.onnx`` and its external data."""
+    input_names: tuple[str, ...]
+    """ONNX input names, one per ``graph.inputs`` entry, in that order (every one is a graph input)."""
+    output_names: tuple[str, ...]
+    """ONNX output names, in flattened output order (``graph.outputs`` order when recorded)."""
+    exporter: str
+    """The exporter that actually produced the model."""
+    opset: int
+    output_structure: dict[str, Any] = attrs.field(factory=dict)
+    """How to rebuild the module's output from the flat outputs (:mod:`aitune.tree`)."""
+    fallback_reason: str | None = None
+    """Why the dynamo exporter was not used, when the TorchScript fallback produced the model."""
+    seconds: float = 0.0
+
+
+def export_onnx(
+    module: torch.nn.Module,
+    graph: GraphSpec,
+    sample: Sample,
+    directory: Path,
+    config: ONNXExportConfig = ONNXExportConfig(),  # noqa: B008 - frozen, so a shared default is safe
+) -> ONNXExport:
+    """Export ``module`` for ``graph`` into ``directory`` (as ``model.onnx`` plus external data).
+
+    ``sample`` is one real call of the graph; it is resized so every dynamic axis takes a
+    distinct value >= 2, which keeps the exporter from specialising an axis to a constant.
+    Raises :class:`BuildError` naming the unsupported operator or construct.
+    """
+    try:
+        import onnx  # noqa: F401
+    except ImportError as exc:
+        raise BuildError(f"ONNX export needs the onnx package ({exc}); install it with: pip install onnx onnxscript") from exc
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    sample = resize(graph, sample, _export_sizes(graph))
+    flat_inputs = tuple(graph.flatten(sample.args, sample.kwargs))
+    wrapper = _Flat(module, graph)
+    with torch.no_grad():
+        out_leaves, out_structure = tree.flatten(module(*sample.args, **sample.kwargs))
+    if not out_leaves:
+        raise BuildError("the module returns no tensor, so there is nothing to export to ONNX; tune a module that returns tensors")
+    if graph.output_structure is not None:
+        out_structure = graph.output_structure
+    input_names = _names([s.path for s in graph.inputs], "input")
+    out_paths = [s.path for s in graph.outputs] or tree.leaf_paths(out_structure)
+    output_names = _names([p or "output" for p in out_paths], "output", taken=set(input_names))
+    if len(output_names) != len(out_leaves):
+        raise BuildError(
+            f"the module returned {len(out_leaves)} tensors but its recorded output structure has "
+            f"{len(output_names)}; its outputs must keep one structure for one input structure"
+        )
+    external = config.external_data
+    if external is None:
+        external = _weight_bytes(module) >= EXTERNAL_DATA_THRESHOLD
+    path = directory / MODEL_FILE
+    for stale in (path, directory / f"{MODEL_FILE}.data"):
+        stale.unlink(missing_ok=True)
+
+    order = ["dynamo", "torchscript"] if config.exporter == "dynamo" else ["torchscript"]
+    if config.exporter == "dynamo" and not config.fallback_to_torchscript:
+        order = ["dynamo"]
+    failures: list[tuple[str, str]] = []
+    for exporter in order:
+        try:
+            run = _dynamo if exporter == "dynamo" else _torchscript
+            with _quiet():
+                run(wrapper, flat_inputs, graph, input_names, output_names, path, config.opset, external)
+            _check_dynamic_axes(path, graph, input_names)
+        except BuildError as exc:
+            failures.append((exporter, str(exc)))
+            continue
+        except Exception as exc:
+            failures.append((exporter, _explain(exc)))
+            continue
+        break
+    else:
+        raise BuildError(_failure_message(module, failures))
+
+    if config.check:
+        _check(path)
+    return ONNXExport(
+        path=path,
+        files=model_files(path),
+        input_names=tuple(input_names),
+        output_names=tuple(output_names),
+        exporter=exporter,
+        opset=_opset_of(path),
+        output_structure=out_structure,
+        fallback_reason=failures[0][1] if failures else None,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def model_files(path: Path) -> tuple[str, ...]:
+    """The ``.onnx`` file and every external data file it references, relative to its folder.
+
+    A model saved by ONNX Runtime after optimisation still references the original model's
+    external data file, so a payload must carry what this lists, not just the ``.onnx``.
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    found: list[str] = [Path(path).name]
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+            if location and location not in found:
+                found.append(location)
+    return tuple(found)
+
+
+def onnx_name(path: str, kind: str = "input") -> str:
+    """A valid, readable ONNX value name for a tensor path: ``inputs.mask`` -> ``inputs_mask``."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", path).strip("_")
+    if not name or name[0].isdigit():
+        name = f"{kind}_{name}" if name else kind
+    return name
+
+
+# -- the flat wrapper the exporters see -------------------------------------------------------
+
+
+class _Flat(torch.nn.Module):
+    """The module as a function of flat tensors returning flat tensors."""
+
+    def __init__(self, module: torch.nn.Module, graph: GraphSpec) -> None:
+        super().__init__()
+        self.module = module
+        self.graph = graph
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args, kwargs = self.graph.unflatten(tensors)
+        return tuple(tree.flatten(self.module(*args, **kwargs))[0])
+
+
+def _names(paths: Sequence[str], kind: str, taken: set[str] | None = None) -> list[str]:
+    seen = set(taken or ())
+    out = []
+    for path in paths:
+        base = name = onnx_name(path, kind)
+        i = 1
+        while name in seen:
+            name = f"{base}_{i}"
+            i += 1
+        seen.add(name)
+        out.append(name)
+    return out
+
+
+def _dynamic(graph: GraphSpec, spec: TensorSpec) -> dict[int, str]:
+    """Axes of ``spec`` that really vary (a dim whose min equals its max is exported static)."""
+    return {
+        axis: name
+        for axis, name in enumerate(spec.dims)
+        if name is not None and graph.dims[name].min != graph.dims[name].max
+    }
+
+
+def _export_sizes(graph: GraphSpec) -> dict[str, int]:
+    """One size per dynamic dim: >= 2 (0 and 1 get specialised) and distinct (equal sizes get merged)."""
+    static = {size for spec in graph.inputs for size, name in zip(spec.shape, spec.dims) if name is None}
+    chosen: dict[str, int] = {}
+    for name, rng in graph.dims.items():
+        if rng.min == rng.max:
+            continue
+        lo = max(rng.min, 2)
+        candidates = [rng.opt, *range(lo, min(rng.max, lo + 256) + 1)]
+        usable = [v for v in candidates if rng.min <= v <= rng.max and v >= 2 and v not in chosen.values()]
+        preferred = [v for v in usable if v not in static]
+        if preferred or usable:
+            chosen[name] = (preferred or usable)[0]
+    return chosen
+
+
+def _weight_bytes(module: torch.nn.Module) -> int:
+    tensors = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Exporters print progress, IR dumps and warnings; the error, if any, carries what matters."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _dynamo(
+    wrapper: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    graph: GraphSpec,
+    input_names: list[str],
+    output_names: list[str],
+    path: Path,
+    opset: int | None,
+    external: bool,
+) -> None:
+    import torch.onnx
+    from torch.export import Dim
+
+    dims = {name: Dim(name, min=rng.min, max=rng.max) for name, rng in graph.dims.items() if rng.min != rng.max}
+    per_input = tuple(
+        {axis: dims[name] for axis, name in _dynamic(graph, spec).items()} or None for spec in graph.inputs
+    )
+    with torch.no_grad():
+        program = torch.onnx.export(
+            wrapper,
+            inputs,
+            dynamo=True,
+            input_names=input_names,
+            output_names=output_names,
+            opset_version=opset,
+            dynamic_shapes=(per_input,) if dims else None,
+            verbose=False,
+        )
+    assert program is not None
+    program.save(str(path), external_data=external)
+
+
+def _torchscript(
+    wrapper: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    graph: GraphSpec,
+    input_names: list[str],
+    output_names: list[str],
+    path: Path,
+    opset: int | None,
+    external: bool,
+) -> None:
+    import onnx
+    import torch.onnx
+
+    dynamic_axes = {name: axes for name, spec in zip(input_names, graph.inputs) if (axes := _dynamic(graph, spec))}
+    scratch = path.parent / ".torchscript-export"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    try:
+        with torch.no_grad():
+            torch.onnx.export(
+                wrapper,
+                inputs,
+                str(scratch / path.name),
+                dynamo=False,
+                input_names=input_names,
+                output_names=output_names,
+                opset_version=opset,
+                dynamic_axes=dynamic_axes or None,
+            )
+        model = onnx.load(str(scratch / path.name))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _restore_unused_inputs(model, graph, input_names)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=f"{path.name}.data",
+    )
+
+
+def _restore_unused_inputs(model: Any, graph: GraphSpec, input_names: list[str]) -> None:
+    """The TorchScript exporter drops inputs the model ignores; put them back, in graph order.
+
+    Consumers bind inputs by ``graph.inputs``, so every one must exist in the ONNX graph.
+    """
+    from onnx import helper
+
+    present = {v.name: v for v in model.graph.input}
+    ordered = []
+    for name, spec in zip(input_names, graph.inputs):
+        if name in present:
+            ordered.append(present[name])
+            continue
+        shape = [spec.dims[a] if a in _dynamic(graph, spec) else size for a, size in enumerate(spec.shape)]
+        ordered.append(helper.make_tensor_value_info(name, _ONNX_TYPES[spec.dtype], shape))
+    extra = [v for n, v in present.items() if n not in input_names]
+    del model.graph.input[:]
+    model.graph.input.extend(ordered + extra)
+
+
+_ONNX_TYPES = {
+    "float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7,
+    "bool": 9, "float16": 10, "float64": 11, "uint32": 12, "uint64": 13, "bfloat16": 16,
+}  # fmt: skip
+"""torch dtype name -> onnx.TensorProto data type."""
+
+
+def _check_dynamic_axes(path: Path, graph: GraphSpec, input_names: list[str]) -> None:
+    """The dynamo exporter may silently fix an axis the model's code makes static; refuse that."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    shapes = {v.name: v.type.tensor_type.shape.dim for v in model.graph.input}
+    for name, spec in zip(input_names, graph.inputs):
+        if name not in shapes:
+            raise BuildError(f"the exported model lost the input {name!r} ({spec.path})")
+        for axis, dim in _dynamic(graph, spec).items():
+            d = shapes[name][axis]
+            if not d.dim_param and d.HasField("dim_value"):
+                rng = graph.dims[dim]
+                raise BuildError(
+                    f"the exporter fixed axis {axis} of input {spec.path!r} (dim {dim!r}, tuned for "
+                    f"{rng.min}..{rng.max}) to {d.dim_value}: the model's code ties that axis to a constant "
+                    "(a reshape or view to a fixed size, a constant tensor it is combined with); make the code "
+                    "size-generic or tune with that axis static"
+                )
+
+
+def _check(path: Path) -> None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as exc:  # onnx.checker.ValidationError and protobuf errors
+        raise BuildError(
+            f"the exported ONNX model does not pass onnx.checker: {str(exc).strip()[:500]}; export with another "
+            "exporter or opset (ONNXExportConfig(exporter=..., opset=...)), or turn the check off with check=False"
+        ) from exc
+
+
+def _opset_of(path: Path) -> int:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _tensors(graph: Any) -> Iterator[Any]:
+    """Every TensorProto of a graph: initializers and node attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for g in attr.graphs:
+                yield from _tensors(g)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _explain(exc: Exception) -> str:
+    """The operator or construct an exporter could not handle, from its exception text."""
+    text = _ANSI.sub("", str(exc))
+    if m := re.search(r"No ONNX function found for <OpOverload\(op='([^']+)'", text):
+        return f"the operator {m.group(1)} has no ONNX translation"
+    if m := re.search(r"Exporting the operator '([^']+)' to ONNX opset version (\d+) is not supported", text):
+        return f"the operator {m.group(1)} is not supported at ONNX opset {m.group(2)}"
+    if "data-dependent" in text or "GuardOnDataDependentSymNode" in text:
+        return (
+            "the model has data-dependent control flow or shapes (a Python `if` or a size computed from "
+            "tensor values, e.g. `.item()`), which torch.export cannot trace"
+        )
+    if m := re.search(r"Constraints violated \(([^)]*)\)", text):
+        return f"the model's code fixes the dynamic dims {m.group(1)} to constant sizes"
+    summary = text.split("## Exception summary", 1)[-1].strip()
+    first = next((line.strip() for line in summary.splitlines() if line.strip()), type(exc).__name__)
+    return f"{type(exc).__name__}: {first[:400]}"
+
+
+def _failure_message(module: torch.nn.Module, failures: list[tuple[str, str]]) -> str:
+    tried = "; ".join(f"the {name} exporter failed: {reason}" for name, reason in failures)
+    hint = "rewrite or avoid that part of the model, try the other exporter (ONNXExportConfig(exporter=...))"
+    if len(failures) > 1:
+        hint = "rewrite or avoid that part of the model"
+    return f"ONNX export of {type(module).__name__} failed: {tried}. To fix it, {hint}, or choose a backend that does not export to ONNX."
