@@ -1,23 +1,248 @@
-"""The torchtrt backends (not implemented yet: building raises a clear error)."""
+"""The Torch-TensorRT backends: torch.compile (JIT) and torch.export + Torch-TensorRT (AOT).
+
+torch_tensorrt is imported only inside methods that run after the runtime check: importing it
+loads TensorRT's native libraries, which must never happen while listing backends.
+"""
 
 from __future__ import annotations
 
-from aitune.backend import PendingBackend
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-from .config import TorchTensorRTJitBackendConfig, TorchTensorRTAotBackendConfig
+import torch
+from aitune import tree
+from aitune.backend import Backend, BuildContext, LoadContext, Tolerance
+from aitune.errors import BackendUnavailableError, BuildError, SerializationError
+from aitune.graph import GraphSpec, Sample
+from aitune.validation import DEFAULT_TOLERANCES
+
+from .archive import check_pt2_archive, load_exported_program
+from .config import TorchTensorRTAotBackendConfig, TorchTensorRTConfig, TorchTensorRTJitBackendConfig, to_torch_tensorrt_kwargs
+from .shapes import (
+    dynamic_ranges,
+    export_program,
+    mark_dynamic,
+    tensorrt_inputs,
+    unexportable_reason,
+    warmup_samples,
+)
+from .versions import runtime_problem
+
+PROGRAM_FILE = "program.pt2"
 
 
-class TorchTensorRTJitBackend(PendingBackend):
-    """torch.compile(backend='torch_tensorrt')."""
+def require_runtime(backend: str, device: torch.device) -> None:
+    """Raise :class:`BackendUnavailableError` saying why ``backend`` cannot build on ``device`` here."""
+    problem = runtime_problem()
+    if problem is None and device.type != "cuda":
+        problem = f"Torch-TensorRT runs on CUDA devices only, not {device.type}"
+    if problem is None and not torch.cuda.is_available():
+        problem = "no CUDA device is visible to torch"
+    if problem:
+        raise BackendUnavailableError(f"backend {backend!r} cannot run here: {problem}")
+
+
+def import_torch_tensorrt(backend: str) -> ModuleType:
+    """Import torch_tensorrt (registers its torch.compile backend, ops and engine class)."""
+    try:
+        import torch_tensorrt
+    except Exception as exc:  # an ABI mismatch surfaces as OSError or ImportError from a native library
+        raise BackendUnavailableError(
+            f"backend {backend!r} cannot import torch_tensorrt ({type(exc).__name__}: {exc}); reinstall it with: "
+            "pip install 'aitune-backend-torchtrt[runtime]'"
+        ) from exc
+    return torch_tensorrt
+
+
+def compile_and_warm(
+    module: torch.nn.Module,
+    graph: GraphSpec,
+    samples: list[Sample],
+    backend: str | Callable[..., Any],
+    options: dict[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """``torch.compile`` ``module`` and run every warm-up call, so no compile is left for later calls.
+
+    The first call carries the graph's dynamic axes and bounds (``mark_dynamic``), so one compiled
+    graph covers the whole range; sizes 0 and 1, which torch.compile specialises, are compiled by
+    the min-shape call.
+    """
+    compiled = torch.compile(module, backend=backend, options=options)
+    calls = warmup_samples(graph, samples)
+    calls[0] = mark_dynamic(graph, calls[0])
+    with torch.no_grad():
+        for call in calls:
+            compiled(*call.args, **call.kwargs)
+    return compiled
+
+
+def _tolerance(config: TorchTensorRTConfig, dtype: torch.dtype) -> Tolerance | None:
+    """fp32 outputs computed with fp16/bf16 kernels get the looser bound of that precision."""
+    lowest = config.lowest_precision
+    if dtype == torch.float32 and lowest != torch.float32:
+        return DEFAULT_TOLERANCES[str(lowest).removeprefix("torch.")]
+    return None
+
+
+def _unsupported_device(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return f"Torch-TensorRT runs on CUDA devices only, not {device.type}"
+    return None
+
+
+def _timing_cache(cache_dir: Path) -> str:
+    folder = cache_dir / "torch_tensorrt"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder / "timing_cache.bin")
+
+
+class TorchTensorRTJitBackend(Backend):
+    """``torch.compile(module, backend="torch_tensorrt")``: unsupported parts stay in PyTorch.
+
+    Compiled code lives only in this process, so ``save`` keeps the configuration only and
+    ``load`` compiles again, on inputs generated from the graph's shapes.
+    """
 
     name = "torch_tensorrt_jit"
     config_class = TorchTensorRTJitBackendConfig
-    planned = "issue 12"
+
+    def __init__(self, config: TorchTensorRTJitBackendConfig | None = None) -> None:
+        super().__init__(config)
+        self._compiled: Callable[..., Any] | None = None
+
+    @property
+    def compile_config(self) -> TorchTensorRTConfig:
+        return self.config.compile_config  # type: ignore[attr-defined,no-any-return]
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
+        return _tolerance(self.compile_config, dtype)
+
+    def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
+        return _unsupported_device(device)
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        require_runtime(self.name, context.device)
+        self._compile(module, context.graph, context.samples, context.device, context.cache_dir)
+        self.build_info["load_compiles"] = True
+
+    def _compile(
+        self, module: torch.nn.Module, graph: GraphSpec, samples: list[Sample], device: torch.device, cache: Path
+    ) -> None:
+        torch_tensorrt = import_torch_tensorrt(self.name)
+        options = to_torch_tensorrt_kwargs(self.compile_config)
+        options.update(device=device, timing_cache_path=_timing_cache(cache))
+        self._compiled = compile_and_warm(module, graph, samples, "torch_tensorrt", options)
+        self.build_info.update(
+            torch_tensorrt=str(torch_tensorrt.__version__),
+            dynamic_dims={n: [r.min, r.opt, r.max] for n, r in dynamic_ranges(graph).items()},
+        )
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        if self._compiled is None:
+            raise RuntimeError(f"{self.name} used before build() or load()")
+        return self._compiled(*args, **kwargs)
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        return {"form": "config-only", "note": "torch.compile output cannot be saved; load compiles again"}
+
+    def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
+        require_runtime(self.name, context.device)
+        example = context.graph.example("opt")
+        self._compile(module, context.graph, [example], context.device, context.cache_dir)
+        self.build_info["load_compiles"] = True
 
 
-class TorchTensorRTAotBackend(PendingBackend):
-    """torch.export compiled by Torch-TensorRT, saved in its deployable form."""
+class TorchTensorRTAotBackend(Backend):
+    """torch.export with the graph's dynamic dims, compiled by ``torch_tensorrt.dynamo.compile``.
+
+    Saved as a torch.export ``.pt2`` archive with the TensorRT engines inside; loading checks the
+    archive holds nothing that would be unpickled, then ``torch.export.load`` restores it with no
+    recompilation.
+    """
 
     name = "torch_tensorrt_aot"
     config_class = TorchTensorRTAotBackendConfig
-    planned = "issue 12"
+    native_build = True
+
+    def __init__(self, config: TorchTensorRTAotBackendConfig | None = None) -> None:
+        super().__init__(config)
+        self._program: Callable[..., Any] | None = None
+        self._graph: GraphSpec | None = None
+
+    @property
+    def compile_config(self) -> TorchTensorRTConfig:
+        return self.config.compile_config  # type: ignore[attr-defined,no-any-return]
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
+        return _tolerance(self.compile_config, dtype)
+
+    def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
+        return _unsupported_device(device) or unexportable_reason(graph)
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        require_runtime(self.name, context.device)
+        graph = context.graph
+        reason = unexportable_reason(graph)
+        if reason:
+            raise BuildError(f"{self.name}: {reason}")
+        torch_tensorrt = import_torch_tensorrt(self.name)
+        exported = export_program(module, graph, context.samples[0])
+        arg_inputs, kwarg_inputs = tensorrt_inputs(graph, torch_tensorrt.Input)
+        self._program = torch_tensorrt.dynamo.compile(
+            exported,
+            arg_inputs=list(arg_inputs),
+            kwarg_inputs=kwarg_inputs or None,
+            device=context.device,
+            timing_cache_path=_timing_cache(context.cache_dir),
+            **to_torch_tensorrt_kwargs(self.compile_config),
+        )
+        self._graph = graph
+        with torch.no_grad():
+            for call in warmup_samples(graph, context.samples):
+                self.infer(*call.args, **call.kwargs)
+        children = [name for name, _ in self._program.named_children()]  # type: ignore[attr-defined]
+        self.build_info.update(
+            torch_tensorrt=str(torch_tensorrt.__version__),
+            dynamic_dims={n: [r.min, r.opt, r.max] for n, r in dynamic_ranges(graph).items()},
+            tensorrt_subgraphs=sum(c.startswith("_run_on_acc") for c in children),
+            pytorch_subgraphs=sum(c.startswith("_run_on_gpu") for c in children),
+            load_compiles=False,
+        )
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        if self._program is None or self._graph is None:
+            raise RuntimeError(f"{self.name} used before build() or load()")
+        out = self._program(*args, **kwargs)
+        if self._graph.output_structure is None:
+            return out
+        return self._graph.unflatten_outputs(tree.flatten(out)[0])
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        if self._program is None:
+            raise SerializationError(f"{self.name}: nothing to save before build()")
+        import torch_tensorrt
+
+        path = directory / PROGRAM_FILE
+        torch_tensorrt.save(self._program, str(path), output_format="exported_program", retrace=False)
+        try:
+            check_pt2_archive(path.read_bytes())
+        except SerializationError as exc:
+            path.unlink()
+            raise SerializationError(
+                f"{self.name}: torch_tensorrt {torch_tensorrt.__version__} wrote an archive aitune could not load "
+                f"safely: {exc}"
+            ) from exc
+        return {"file": PROGRAM_FILE, "format": "torch.export pt2", "torch_tensorrt": str(torch_tensorrt.__version__)}
+
+    def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
+        require_runtime(self.name, context.device)
+        import_torch_tensorrt(self.name)  # registers tensorrt::execute_engine and the engine class
+        file = str(context.metadata.get("file", PROGRAM_FILE))
+        if Path(file).name != file:
+            raise SerializationError(f"{self.name}: payload file name {file!r} must be a plain file name")
+        program = load_exported_program((directory / file).read_bytes())
+        self._program = program.module()
+        self._graph = context.graph
+        self.build_info["load_compiles"] = False

@@ -1,16 +1,139 @@
-"""Configurations of the torchtrt backends."""
+"""Configurations of the Torch-TensorRT backends, and their mapping onto Torch-TensorRT's settings.
+
+Everything here works without torch_tensorrt installed: configs are plain attrs data (JSON through
+aitune's converter) and :func:`to_torch_tensorrt_kwargs` only needs torch's dtypes.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+import torch
 from aitune.backend import BackendConfig
+
+PRECISIONS: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+"""Precision names a config accepts, and the torch dtype Torch-TensorRT receives for each."""
+
+
+def _precisions(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = (value,)
+    return tuple(value)
+
+
+def _check_precisions(instance: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+    if not value:
+        raise ValueError(f"{attribute.name} must name at least one precision, e.g. ('fp32',)")
+    unknown = [p for p in value if p not in PRECISIONS]
+    if unknown:
+        raise ValueError(f"{attribute.name}: unknown precision {unknown}; choose from {sorted(PRECISIONS)}")
+
+
+_str_tuple = attrs.validators.deep_iterable(attrs.validators.instance_of(str), attrs.validators.instance_of(tuple))
+
+
+@attrs.frozen(kw_only=True)
+class TorchTensorRTConfig:
+    """Torch-TensorRT compilation settings shared by the JIT and AOT backends.
+
+    Each field maps onto the Torch-TensorRT setting of the same name; defaults are Torch-TensorRT's.
+    """
+
+    enabled_precisions: tuple[str, ...] = attrs.field(
+        default=("fp32",), converter=_precisions, validator=_check_precisions
+    )
+    """Kernel precisions TensorRT may choose from: "fp32", "fp16", "bf16"."""
+    workspace_size: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
+    """Bytes of scratch memory TensorRT may use while building (0: TensorRT's own limit)."""
+    min_block_size: int = attrs.field(default=5, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
+    """Fewest consecutive convertible operators worth a TensorRT engine; smaller runs stay in PyTorch."""
+    optimization_level: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional([attrs.validators.ge(0), attrs.validators.le(5)]),
+    )
+    """TensorRT builder optimisation level 0-5 (higher builds longer, may run faster); None: TensorRT's."""
+    truncate_double: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Run float64 tensors as float32 inside TensorRT (which has no float64 kernels)."""
+    use_python_runtime: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Run engines through TensorRT's Python API instead of Torch-TensorRT's C++ runtime."""
+    require_full_compilation: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Fail instead of leaving unsupported operators in PyTorch."""
+    torch_executed_ops: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_str_tuple)
+    """Operators to keep in PyTorch by qualified name, e.g. "torch.ops.aten.softmax.int"."""
+    sparse_weights: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Let TensorRT use structured-sparsity kernels for weights that allow them."""
+    hardware_compatible: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Build engines that run on every Ampere-or-newer GPU, not only the one they were built on."""
+    version_compatible: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Build engines that later TensorRT versions can run."""
+    use_fp32_acc: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Accumulate fp16 matmuls in fp32 (passed only when True; needs a release that knows it)."""
+    use_explicit_typing: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Keep the model's own dtypes per layer (passed only when True; needs a release that knows it)."""
+
+    @property
+    def lowest_precision(self) -> torch.dtype:
+        """The least precise dtype TensorRT may compute in, which bounds the expected error."""
+        for name in ("fp16", "bf16", "fp32"):
+            if name in self.enabled_precisions:
+                return PRECISIONS[name]
+        return torch.float32
+
+
+def to_torch_tensorrt_kwargs(config: TorchTensorRTConfig) -> dict[str, Any]:
+    """The keyword arguments of ``torch_tensorrt.dynamo.compile`` (and ``torch.compile`` options).
+
+    Settings that only newer releases know are passed only when switched on, so a default config
+    works with every supported release.
+    """
+    kwargs: dict[str, Any] = {
+        "enabled_precisions": {PRECISIONS[p] for p in config.enabled_precisions},
+        "workspace_size": config.workspace_size,
+        "min_block_size": config.min_block_size,
+        "truncate_double": config.truncate_double,
+        "use_python_runtime": config.use_python_runtime,
+        "require_full_compilation": config.require_full_compilation,
+        "torch_executed_ops": set(config.torch_executed_ops),
+        "sparse_weights": config.sparse_weights,
+        "hardware_compatible": config.hardware_compatible,
+        "version_compatible": config.version_compatible,
+    }
+    if config.optimization_level is not None:
+        kwargs["optimization_level"] = config.optimization_level
+    for name in ("use_fp32_acc", "use_explicit_typing"):
+        if getattr(config, name):
+            kwargs[name] = True
+    return kwargs
 
 
 @attrs.frozen(kw_only=True)
 class TorchTensorRTJitBackendConfig(BackendConfig):
-    """Settings of TorchTensorRTJitBackend."""
+    """Settings of TorchTensorRTJitBackend: ``torch.compile(backend="torch_tensorrt")``."""
+
+    compile_config: TorchTensorRTConfig = attrs.field(
+        factory=TorchTensorRTConfig, validator=attrs.validators.instance_of(TorchTensorRTConfig)
+    )
+
+
+def _serializable_runtime(instance: Any, attribute: attrs.Attribute, value: TorchTensorRTConfig) -> None:
+    if value.use_python_runtime:
+        raise ValueError(
+            "TorchTensorRTAotBackend saves engines in the exported-program form, which only "
+            "Torch-TensorRT's C++ runtime can write: set use_python_runtime=False, or use "
+            "TorchTensorRTJitBackend for the Python runtime"
+        )
 
 
 @attrs.frozen(kw_only=True)
 class TorchTensorRTAotBackendConfig(BackendConfig):
-    """Settings of TorchTensorRTAotBackend."""
+    """Settings of TorchTensorRTAotBackend: torch.export, then ``torch_tensorrt.dynamo.compile``."""
+
+    compile_config: TorchTensorRTConfig = attrs.field(
+        factory=TorchTensorRTConfig,
+        validator=[attrs.validators.instance_of(TorchTensorRTConfig), _serializable_runtime],
+    )

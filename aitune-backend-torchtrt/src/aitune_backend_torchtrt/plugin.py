@@ -1,12 +1,24 @@
-"""Registers the torchtrt backends with aitune; imports no runtime."""
+"""Registers the Torch-TensorRT backends with aitune; imports no runtime.
+
+The availability probe reads package metadata only (torch_tensorrt is never imported here: it
+loads TensorRT's native libraries), so ``aitune backends`` can report a missing runtime or a
+torch-tensorrt built for another torch without loading either.
+"""
 
 from __future__ import annotations
 
 from aitune import hookimpl
 from aitune.registry import BackendRegistry, BackendSpec
 
+from .versions import INSTALL_HINT, runtime_problem
+
+_EXPORTS = {"TorchTensorRTConfig": "aitune_backend_torchtrt.config:TorchTensorRTConfig"}
+
 
 def _probe(device: str) -> str | None:
+    problem = runtime_problem()
+    if problem:
+        return problem
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -21,11 +33,12 @@ def aitune_register_backends(registry: BackendRegistry) -> None:
             name="torch_tensorrt_jit",
             backend_class="aitune_backend_torchtrt.backend:TorchTensorRTJitBackend",
             config_class="aitune_backend_torchtrt.config:TorchTensorRTJitBackendConfig",
-            requirements=('torch-tensorrt>=2.6',),
+            exports=_EXPORTS,
+            requirements=("torch-tensorrt>=2.6",),
             devices=("cuda",),
             probe=_probe,
-            install_hint="pip install 'aitune-backend-torchtrt[runtime]'",
-            description="torch.compile(backend='torch_tensorrt')",
+            install_hint=INSTALL_HINT,
+            description="torch.compile(backend='torch_tensorrt'); compiles again on load",
         )
     )
     registry.add(
@@ -33,10 +46,11 @@ def aitune_register_backends(registry: BackendRegistry) -> None:
             name="torch_tensorrt_aot",
             backend_class="aitune_backend_torchtrt.backend:TorchTensorRTAotBackend",
             config_class="aitune_backend_torchtrt.config:TorchTensorRTAotBackendConfig",
-            requirements=('torch-tensorrt>=2.6',),
+            exports=_EXPORTS,
+            requirements=("torch-tensorrt>=2.6",),
             devices=("cuda",),
             probe=_probe,
-            install_hint="pip install 'aitune-backend-torchtrt[runtime]'",
-            description="torch.export compiled by Torch-TensorRT, saved in its deployable form",
+            install_hint=INSTALL_HINT,
+            description="torch.export compiled by Torch-TensorRT, saved as a .pt2 archive",
         )
     )
