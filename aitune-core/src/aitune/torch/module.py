@@ -128,7 +128,6 @@ def _drop_prefix(module: torch.nn.Module, state_dict: dict[str, Any], prefix: st
 
 
 def _add_prefix(
-    module: torch.nn.Module,
     state_dict: dict[str, Any],
     prefix: str,
     local_metadata: Any,

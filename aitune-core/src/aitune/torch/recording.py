@@ -143,11 +143,15 @@ class RecordingSession:
         rec.calls += 1
         try:
             args, kwargs = module._canonicalize(args, kwargs)
+            names = module._canonicalize.arg_names
+            for i, value in enumerate(args):  # refuses inputs aitune cannot describe, naming the path
+                tree.flatten(value, names[i] if i < len(names) else f"args.{i}")
+            for name, value in kwargs.items():
+                tree.flatten(value, name)
+            tree.flatten(output, "output")
             key = structure_key(args, kwargs)
             graph = rec.graphs.setdefault(key, GraphRecording())
             graph.calls += 1
-            tree.flatten((args, kwargs))  # refuses inputs aitune cannot describe, with the path
-            tree.flatten(output)
         except Exception as exc:
             graph = rec.graphs.setdefault(("unsupported", type(exc).__name__, str(exc)), GraphRecording())
             graph.calls += 1

@@ -52,8 +52,9 @@ def _get(node: Any, attr: str, path: str) -> Any:
     if isinstance(node, Module):
         node = node.module
     if isinstance(node, (torch.nn.ModuleList, torch.nn.Sequential)) and attr.isdigit():
-        return node[int(attr)]
-    if isinstance(node, Mapping) or isinstance(node, torch.nn.ModuleDict):
+        if int(attr) < len(node):
+            return node[int(attr)]
+    elif isinstance(node, Mapping) or isinstance(node, torch.nn.ModuleDict):
         if attr in node:
             return node[attr]
     elif hasattr(node, attr):

@@ -1,0 +1,90 @@
+"""Graphs from recorded samples: batch axes, dynamic dims, declared dims and their checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aitune.errors import InputError
+from aitune.graph import BatchDim, DynamicDim, Sample, infer_graph, resize
+
+
+def s(*tensors, **kw):
+    return Sample(tuple(tensors), kw)
+
+
+def test_batch_axis_is_found_from_two_batch_sizes():
+    g = infer_graph([s(torch.zeros(2, 5)), s(torch.zeros(8, 5)), s(torch.zeros(8, 5))], ["x"])
+    [x] = g.inputs
+    assert x.dims == ("batch", None) and x.shape == (8, 5)
+    assert (g.batch.min, g.batch.opt, g.batch.max) == (2, 8, 8)
+
+
+def test_one_batch_size_is_static_unless_batch_sizes_are_given():
+    assert infer_graph([s(torch.zeros(4, 3))], ["x"]).dims == {}
+    g = infer_graph([s(torch.zeros(4, 3))], ["x"], batch_sizes=[1, 16])
+    assert (g.batch.min, g.batch.opt, g.batch.max) == (1, 4, 16)
+
+
+def test_axes_varying_together_share_one_dim():
+    samples = [
+        s(torch.zeros(2, 7, dtype=torch.long), mask=torch.ones(2, 7)),
+        s(torch.zeros(2, 12, dtype=torch.long), mask=torch.ones(2, 12)),
+    ]
+    g = infer_graph(samples, ["ids"])
+    ids, mask = g.inputs
+    assert ids.path == "ids" and mask.path == "mask"
+    assert ids.dims == (None, "d0") and mask.dims == (None, "d0")
+    assert (g.dims["d0"].min, g.dims["d0"].max) == (7, 12)
+
+
+def test_nested_inputs_are_named_by_parameter_and_path():
+    g = infer_graph([s({"a": torch.zeros(1), "b": (torch.zeros(2), 3)})], ["batch_dict"])
+    assert [t.path for t in g.inputs] == ["batch_dict.a", "batch_dict.b.0"]
+
+
+def test_declared_dims_set_bounds_and_are_checked():
+    samples = [s(torch.zeros(2, 10)), s(torch.zeros(2, 20))]
+    g = infer_graph(samples, ["x"], {"x": {0: BatchDim(min=1, max=64), 1: DynamicDim(min=4, max=128, name="seq")}})
+    assert g.inputs[0].dims == ("batch", "seq")
+    assert (g.dims["batch"].min, g.dims["batch"].max) == (1, 64)
+    assert (g.dims["seq"].min, g.dims["seq"].max) == (4, 128)
+    with pytest.raises(InputError, match=r"'x' axis 1 took the value 20 .* bounds \[4, 16\] of 'd0'"):
+        infer_graph(samples, ["x"], {"x": {1: DynamicDim(min=4, max=16)}})
+    with pytest.raises(InputError, match="names the input 'y'"):
+        infer_graph(samples, ["x"], {"y": {0: BatchDim()}})
+    with pytest.raises(InputError, match="axis 5"):
+        infer_graph(samples, ["x"], {"x": {5: DynamicDim()}})
+
+
+def test_bad_declarations_are_refused():
+    with pytest.raises(InputError, match="min is larger than max"):
+        DynamicDim(min=5, max=2)
+    with pytest.raises(InputError, match="opt lies outside"):
+        DynamicDim(min=1, opt=9, max=4)
+
+
+def test_mismatch_explains_why_a_call_does_not_fit():
+    g = infer_graph([s(torch.zeros(2, 5)), s(torch.zeros(4, 5))], ["x"])
+    assert g.mismatch([torch.zeros(3, 5)]) is None
+    assert "axis 0 (batch) is 9, tuned for 2..4" in g.mismatch([torch.zeros(9, 5)])
+    assert "axis 1 is 6, tuned for the static size 5" in g.mismatch([torch.zeros(3, 6)])
+    assert "rank 3" in g.mismatch([torch.zeros(3, 5, 1)])
+
+
+def test_resize_reuses_real_rows():
+    g = infer_graph([s(torch.arange(3.0).reshape(3, 1)), s(torch.zeros(1, 1))], ["x"])
+    big = resize(g, s(torch.arange(3.0).reshape(3, 1)), {"batch": 7})
+    assert big.args[0].flatten().tolist() == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_key_is_stable_and_structure_sensitive():
+    a = infer_graph([s(torch.zeros(2, 5))], ["x"])
+    b = infer_graph([s(torch.ones(2, 5))], ["x"])
+    c = infer_graph([s(torch.zeros(2, 5, dtype=torch.float64))], ["x"])
+    assert a.key == b.key != c.key
+
+
+def test_unsupported_leaf_is_named():
+    with pytest.raises(InputError, match="unsupported value of type object at .*1"):
+        infer_graph([s(torch.zeros(1), object())], ["x", "y"])

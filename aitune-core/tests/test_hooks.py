@@ -1,0 +1,200 @@
+"""Every hook is documented and tested here (a new hook without both fails this file)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import aitune.torch as ait
+from aitune import hookimpl, hookspecs
+from aitune.backend import BuildContext, LoadContext
+from aitune.graph import infer_graph
+from aitune.report import ProfileResult, ValidationReport
+from aitune.testing import TinyMLP, tiny_samples
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
+QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+HOOKS = sorted(name for name, fn in vars(hookspecs).items() if name.startswith("aitune_") and callable(fn))
+
+
+def test_there_are_hooks():
+    assert len(HOOKS) == 9
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_is_documented(hook):
+    assert re.search(rf"^### {hook}$", DOCS.read_text(), re.M), f"docs/plugins.md has no section for {hook}"
+    assert inspect.getdoc(getattr(hookspecs, hook)), f"{hook} has no docstring"
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_has_a_test(hook):
+    assert f"test_hook_{hook}" in globals(), f"add test_hook_{hook} to {__file__}"
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_firstresult_hooks_say_so(hook):
+    spec_opts = getattr(hookspecs, hook).aitune_spec
+    doc = " ".join(inspect.getdoc(getattr(hookspecs, hook)).split())
+    if spec_opts.get("firstresult"):
+        assert "Stops at the first non-None result" in doc
+
+
+def _fast_model():
+    return ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK))
+
+
+def _setup(tmp_path):
+    module, samples = TinyMLP().eval(), tiny_samples()
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+    return module, samples, graph, BuildContext(graph, samples, torch.device("cpu"), tmp_path, tmp_path)
+
+
+def test_hook_aitune_register_backends(aitune_manager, register_plugin):
+    from aitune.registry import BackendSpec
+
+    class Late:
+        @hookimpl
+        def aitune_register_backends(self, registry):
+            registry.add(BackendSpec(name="late", backend_class="x:Y", config_class="x:Z"))
+
+    register_plugin(Late(), distribution="late-dist")  # registered after discovery: historic still calls it
+    assert aitune_manager.registry.distribution("late") == "late-dist"
+
+
+def test_hook_aitune_build(toy_backends, register_plugin, tmp_path):
+    seen = []
+
+    class Wrapper:
+        @hookimpl(wrapper=True)
+        def aitune_build(self, backend, module, context):
+            seen.append(("before", backend.name))
+            result = yield
+            seen.append(("after", result.name))
+            return result
+
+    class PreEmpt:
+        @hookimpl
+        def aitune_build(self, backend, module, context):
+            if backend.config.speed == 0.5:
+                backend.module = module
+                backend.build_info["from_cache"] = True
+                return backend
+            return None
+
+    register_plugin(Wrapper())
+    register_plugin(PreEmpt())
+    model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig(speed=0.5)), profiling_config=QUICK).enable_performance_validation(False))
+    report = ait.tune(model, [torch.randn(2, 8)])
+    assert seen == [("before", "toy"), ("after", "toy")]
+    candidate = report.modules[0].graphs[0].candidates[0]
+    assert candidate.from_cache and "built_for" not in candidate.build_info, "the default build did not run"
+
+
+def test_hook_aitune_validate(toy_backends, register_plugin):
+    class Veto:
+        @hookimpl
+        def aitune_validate(self, backend, reference, samples, graph, tolerances):
+            return ValidationReport(passed=False, reason="vetoed by policy plugin")
+
+    register_plugin(Veto())
+    model = ait.Module(SlowModule(), "m", strategy=ait.FirstWinsStrategy(backends=[ToyBackend()], profiling_config=QUICK))
+    report = ait.tune(model, [torch.randn(2, 8)])
+    assert report.modules[0].graphs[0].candidates[0].reason == "vetoed by policy plugin"
+    assert model.state == "passthrough"
+
+
+def test_hook_aitune_profile(toy_backends, register_plugin):
+    calls = []
+
+    class FakeClock:
+        @hookimpl
+        def aitune_profile(self, runners, batch_size, config, device):
+            calls.append(list(runners))
+            # eager measured as 10 ms, every other runner as 1 ms: the plugin's figures decide
+            return {
+                name: ProfileResult(batch_size, 1, ms, ms, ms, ms, 0.0, ms, batch_size / ms * 1000, [ms, ms])
+                for name, ms in ((n, 10.0 if n.startswith("torch_eager") else 1.0) for n in runners)
+            }
+
+    register_plugin(FakeClock())
+    model = ait.Module(SlowModule(), "m", strategy=ait.MaxThroughputStrategy(backends=[ToyBackend(ToyConfig(speed=1.0))]))
+    report = ait.tune(model, [torch.randn(2, 8)])
+    assert calls == [["torch_eager#0", "toy#1"]]
+    assert report.modules[0].graphs[0].candidates[0].speedup == pytest.approx(10.0)
+
+
+def test_hook_aitune_serialize(aitune_manager, register_plugin, tmp_path):
+    module, samples, graph, context = _setup(tmp_path)
+    backend = ToyBackend()
+    backend.build(module, context)
+    assert aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path) == {"speed": 0.0}
+
+    class Extra:
+        @hookimpl(wrapper=True)
+        def aitune_serialize(self, backend, directory):
+            meta = yield
+            return {**meta, "signed": True}
+
+    register_plugin(Extra())
+    assert aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path)["signed"] is True
+
+
+def test_hook_aitune_deserialize(aitune_manager, tmp_path):
+    module, samples, graph, context = _setup(tmp_path)
+    backend = ToyBackend()
+    backend.build(module, context)
+    meta = aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path)
+    fresh = ToyBackend()
+    loaded = aitune_manager.hook.aitune_deserialize(
+        backend=fresh, module=module, directory=tmp_path, context=LoadContext(graph, torch.device("cpu"), meta, tmp_path)
+    )
+    x = samples[0].args[0]
+    torch.testing.assert_close(loaded.infer(x), module(x))
+
+
+def test_hook_aitune_build_error(toy_backends, register_plugin):
+    errors = []
+
+    class Listener:
+        @hookimpl
+        def aitune_build_error(self, module_name, graph, backend, error):
+            errors.append((module_name, backend.name, str(error)))
+
+    register_plugin(Listener())
+    model = ait.Module(SlowModule(), "m", strategy=ait.FirstWinsStrategy(backends=[ToyBackend(ToyConfig(fail_build=True))], profiling_config=QUICK))
+    ait.tune(model, [torch.randn(2, 8)])
+    assert errors == [("m", "toy", "toy compiler crashed on purpose")]
+
+
+def test_hook_aitune_candidate_result(toy_backends, register_plugin):
+    results = []
+
+    class Listener:
+        @hookimpl
+        def aitune_candidate_result(self, module_name, graph, candidate):
+            results.append((module_name, candidate.backend, candidate.status))
+
+    register_plugin(Listener())
+    ait.tune(_fast_model(), [torch.randn(2, 8)])
+    assert results == [("m", "toy", "selected")]
+
+
+def test_hook_aitune_tune_finished(toy_backends, register_plugin):
+    reports = []
+
+    class Listener:
+        @hookimpl
+        def aitune_tune_finished(self, report):
+            reports.append(report)
+
+    register_plugin(Listener())
+    returned = ait.tune(_fast_model(), [torch.randn(2, 8)])
+    assert reports == [returned]

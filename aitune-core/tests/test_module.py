@@ -1,0 +1,185 @@
+"""ait.Module as a drop-in wrapper, the per-call dispatch, pipelines and ait.tune's inputs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+
+import pytest
+import torch
+
+import aitune.torch as ait
+from aitune.errors import InputError, UnsupportedCallError
+from aitune.report import TuneReport
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+
+QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+
+
+def fast(**kw) -> ait.TuneStrategy:
+    return ait.OneBackendStrategy(ToyBackend(ToyConfig(**kw)), profiling_config=QUICK)
+
+
+def test_wrapper_is_a_drop_in():
+    inner = SlowModule(delay_s=0)
+    model = torch.nn.Sequential(ait.Module(inner, "layer"))
+    assert list(model.state_dict()) == ["0.fc.weight", "0.fc.bias"]
+    model.load_state_dict({"0.fc.weight": torch.eye(8), "0.fc.bias": torch.zeros(8)})
+    assert torch.equal(inner.fc.weight, torch.eye(8))
+    wrapper = model[0]
+    assert wrapper.fc is inner.fc and wrapper.delay_s == 0
+    seen = []
+    wrapper.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    model(torch.randn(2, 8))
+    assert seen == [torch.Size([2, 8])]
+    assert wrapper.eval() is wrapper and not inner.training
+    assert wrapper.state == "recording"
+    with pytest.raises(TypeError, match="already wrapped"):
+        ait.Module(wrapper)
+
+
+def test_tuned_module_routes_calls_and_falls_back_outside_the_range(toy_backends):
+    model = ait.Module(SlowModule(), "m", strategy=fast())
+    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+    [(_, backend)] = model.tuned_graphs
+    before = backend.calls
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(model(x), model.module(x))
+    assert backend.calls == before + 1
+    with pytest.warns(RuntimeWarning, match=r"outside what was tuned \(x: axis 0 \(batch\) is 9, tuned for 2..4\)"):
+        model(torch.randn(9, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per reason
+        model(torch.randn(9, 8))
+    assert backend.calls == before + 1, "out-of-range calls run eager"
+    with pytest.warns(RuntimeWarning, match="input structure .* never seen"):
+        model(torch.randn(3, 8, dtype=torch.float64).float().unsqueeze(0))
+
+
+def test_strict_mode_raises_instead_of_falling_back(toy_backends):
+    model = ait.Module(SlowModule(), "m", strategy=fast(), strict=True)
+    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+    with pytest.raises(UnsupportedCallError, match="batch\\) is 16"):
+        model(torch.randn(16, 8))
+
+
+def test_batch_sizes_widen_the_tuned_range(toy_backends):
+    model = ait.Module(SlowModule(), "m", strategy=fast())
+    ait.tune(model, [torch.randn(4, 8)], batch_sizes=[1, 16])
+    [(graph, backend)] = model.tuned_graphs
+    assert (graph.batch.min, graph.batch.max) == (1, 16)
+    model(torch.randn(16, 8))
+    assert backend.calls > 0
+
+
+def test_positional_and_keyword_calls_are_one_graph(toy_backends):
+    model = ait.Module(SlowModule(), "m", strategy=fast())
+    mask = torch.ones(2, 8)
+    ait.tune(model, [((torch.randn(2, 8), mask), {}), ((torch.randn(2, 8),), {"mask": mask})])
+    assert len(model.tuned_graphs) == 1
+    [(graph, backend)] = model.tuned_graphs
+    assert [t.path for t in graph.inputs] == ["x", "mask"]
+    before = backend.calls
+    model(torch.randn(2, 8), mask=mask)
+    model(torch.randn(2, 8), mask)
+    assert backend.calls == before + 2
+
+
+def test_each_input_structure_is_its_own_graph_with_its_own_strategy(toy_backends):
+    strategies = [fast(), ait.OneBackendStrategy(ToyBackend(ToyConfig(speed=3.0)), profiling_config=QUICK)]
+    model = ait.Module(SlowModule(), "m", strategies=strategies)
+    report = ait.tune(model, [torch.randn(2, 8), (torch.randn(2, 8), torch.ones(2, 8))])
+    graphs = report.modules[0].graphs
+    assert [g.decision for g in graphs] == ["toy", "torch_eager"]
+    assert "graph 0: toy" in report.modules[0].summary and "graph 1: eager" in report.modules[0].summary
+
+
+def test_a_pipeline_with_two_wrapped_modules_tunes_both(toy_backends):
+    class Pipeline:
+        def __init__(self):
+            self.encoder = ait.Module(SlowModule(), "encoder", strategy=fast())
+            self.decoder = ait.Module(SlowModule(), "decoder", strategy=fast())
+
+        def __call__(self, x):
+            return self.decoder(self.encoder(x) * 2)
+
+    pipe = Pipeline()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        expected = pipe.decoder.module(pipe.encoder.module(x) * 2)
+    report = ait.tune(pipe, [torch.randn(2, 8), torch.randn(3, 8)])
+    assert [m.name for m in report.modules] == ["encoder", "decoder"]
+    assert pipe.encoder.state == pipe.decoder.state == "tuned"
+    torch.testing.assert_close(pipe(x), expected)
+
+
+def test_one_module_failing_leaves_it_eager_and_tunes_the_others(toy_backends):
+    class Broken(ait.FirstWinsStrategy):
+        def tune(self, tuning, defaults):
+            raise ZeroDivisionError("strategy bug")
+
+    a = ait.Module(SlowModule(), "a", strategy=Broken(backends=[]))
+    b = ait.Module(SlowModule(), "b", strategy=fast())
+    report = ait.tune(lambda x: b(a(x)), [torch.randn(2, 8)])
+    assert [m.status for m in report.modules] == ["failed", "tuned"]
+    assert "ZeroDivisionError: strategy bug" in report.modules[0].error
+    assert a.state == "passthrough"
+    with pytest.raises(ZeroDivisionError):
+        ait.tune(lambda x: b(a(x)), [torch.randn(2, 8)], fail_fast=True)
+
+
+def test_dataset_forms(toy_backends):
+    model = ait.Module(SlowModule(), "m", strategy=fast())
+    calls = [torch.randn(2, 8), (torch.randn(2, 8),), {"x": torch.randn(2, 8)}, ((torch.randn(2, 8),), {})]
+    report = ait.tune(model, calls)
+    assert len(report.modules[0].graphs) == 1
+
+
+def test_tune_input_errors_say_what_to_do():
+    with pytest.raises(InputError, match="dataset is empty"):
+        ait.tune(ait.Module(SlowModule(), "m"), [])
+    with pytest.raises(InputError, match="contains no ait.Module.*ait.wrap"):
+        ait.tune(SlowModule(), [torch.randn(1, 8)])
+    with pytest.raises(InputError, match="no ait.Module was called"):
+        ait.tune(lambda x: x, [torch.randn(1, 8)])
+
+
+def test_unsupported_inputs_leave_the_module_eager_with_the_reason(toy_backends):
+    class TakesAnything(torch.nn.Module):
+        def forward(self, x, extra):
+            return x * 2
+
+    model = ait.Module(TakesAnything(), "odd", strategy=fast())
+    report = ait.tune(model, [((torch.randn(2, 2), object()), {})])
+    assert report.modules[0].status == "failed"
+    assert "unsupported value of type object at extra" in report.modules[0].error
+    assert model(torch.ones(1), None).tolist() == [2.0]
+
+
+def test_wrap_replaces_submodules_in_place():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(2, 2)))
+    ait.wrap(model, ["0", "1.1"])
+    assert isinstance(model[0], ait.Module) and model[0].name == "0"
+    assert isinstance(model[1][1], ait.Module) and model[1][1].name == "1.1"
+    with pytest.raises(InputError, match="cannot find '2'"):
+        ait.wrap(model, ["2"])
+
+
+def test_report_json_round_trip_and_log_line(toy_backends, tmp_path, caplog):
+    model = ait.Module(SlowModule(), "encoder", strategy=fast())
+    with caplog.at_level(logging.INFO, logger="aitune"):
+        report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], report_path=tmp_path / "report.json")
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["schema_version"] == 1 and data["modules"][0]["graphs"][0]["decision"] == "toy"
+    again = TuneReport.read(tmp_path / "report.json")
+    assert again.modules[0].graphs[0].candidates[0].validation.passed
+    assert report.environment["torch"] == torch.__version__
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: "))
+    assert line.startswith("encoder: toy, ") and "x eager (p50" in line and "max rel err" in line
+
+
+def test_offloading_weights_requires_a_tuned_module():
+    with pytest.raises(RuntimeError, match="only a tuned module"):
+        ait.Module(SlowModule(), "m").offload_weights()

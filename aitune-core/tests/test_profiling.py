@@ -1,0 +1,77 @@
+"""Profiling: figures, stop strategies and alternating windows."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from aitune.report import ProfileResult
+from aitune.torch.candidates import compare
+from aitune.torch.task.profiling import (
+    CvMeasuringStopStrategy,
+    ModelExecutionTimeMeasuringStrategy,
+    NumStepsMeasuringStopStrategy,
+    ProfilingConfig,
+    profile_runners,
+    summarize,
+)
+from aitune.torch.task.profiling.profiling_stop_strategy import (
+    AllSamplesProfilingStopStrategy,
+    ThroughputSaturatedProfilingStopStrategy,
+)
+
+
+def result(batch, ms, windows=None):
+    return ProfileResult(batch, 10, ms, ms, ms, ms, 0.0, ms, batch / ms * 1000, windows or [ms])
+
+
+def test_summary_figures():
+    r = summarize([1.0, 2.0, 3.0, 4.0, 100.0], batch_size=4, window=2)
+    assert (r.p50_ms, r.min_ms, r.steps) == (3.0, 1.0, 5)
+    assert r.mean_ms == pytest.approx(22.0)
+    assert r.p99_ms > r.p90_ms > r.p50_ms
+    assert r.throughput == pytest.approx(4 / 0.022)
+    assert r.window_p50_ms == [1.5, 3.5, 100.0]
+
+
+def test_runners_alternate_and_get_their_steps():
+    order = []
+    runners = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    stop = NumStepsMeasuringStopStrategy(num_steps=6, warmup=1, window=3)
+    results = profile_runners(runners, 1, ProfilingConfig(measurement_stop_strategy=stop), torch.device("cpu"))
+    assert results["a"].steps == results["b"].steps == 6
+    timed = order[2:]  # after one warm-up call each
+    assert timed == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3, "windows alternate in rotated order"
+
+
+def test_cpu_timer_measures_a_sleep():
+    ms = ModelExecutionTimeMeasuringStrategy().measure(lambda: time.sleep(0.005), torch.device("cpu"))
+    assert ms >= 5.0
+
+
+def test_cv_stop_waits_for_stable_windows():
+    stop = CvMeasuringStopStrategy(max_cv=0.05, min_steps=6, max_steps=100, window=2, stable_windows=3)
+    assert not stop.done([1.0] * 5)
+    assert stop.done([1.0] * 6)
+    assert not stop.done([1.0, 1.0, 1.0, 1.0, 5.0, 5.0])
+    assert stop.done([9.0] * 100), "max_steps bounds a noisy machine"
+
+
+def test_profiling_stop_strategies():
+    assert not AllSamplesProfilingStopStrategy().should_stop([result(b, 1.0) for b in (1, 2, 4)])
+    saturated = ThroughputSaturatedProfilingStopStrategy(min_gain=0.05, patience=2)
+    growing = [result(1, 1.0), result(2, 1.0), result(4, 1.0)]
+    flat = [result(1, 1.0), result(2, 2.0), result(4, 4.0)]
+    assert not saturated.should_stop(growing)
+    assert saturated.should_stop(flat)
+
+
+def test_comparison_uses_window_spread():
+    eager = result(1, 2.0, [2.0, 2.0, 2.0, 2.0])
+    clear = compare(result(1, 1.0, [1.0, 1.0, 1.0, 1.0]), eager)
+    noisy = compare(result(1, 1.0, [0.5, 0.6, 2.5, 3.0]), eager)
+    assert clear.speedup == noisy.speedup == 2.0
+    assert clear.low_speedup == 2.0
+    assert noisy.low_speedup < 1.0, "a candidate that loses in some windows is not clearly faster"
