@@ -1,15 +1,205 @@
-"""The tensorrt backends (not implemented yet: building raises a clear error)."""
+"""TensorRTBackend: the module exported to ONNX by core, optionally cast or quantized by ModelOpt,
+built into a TensorRT engine with one optimisation profile per shape regime, run on torch tensors."""
 
 from __future__ import annotations
 
-from aitune.backend import PendingBackend
+import time
+from pathlib import Path
+from typing import Any
 
-from .config import TensorRTBackendConfig
+import torch
+from aitune.backend import Backend, BuildContext, LoadContext, Tolerance
+from aitune.errors import ArtifactError, BackendUnavailableError, BuildError, ConfigError
+from aitune.graph import GraphSpec
+
+from . import compat
+from .config import ModelOptQuantizationConfig, ONNXAutoCastConfig, TensorRTBackendConfig
+from .profiles import ShapeProfile, resolve_profiles, uncovered
+
+PLAN_FILE = "engine.plan"
+METADATA_VERSION = 1
+_UNSUPPORTED_DTYPES = ("float64", "complex64", "complex128")
 
 
-class TensorRTBackend(PendingBackend):
+class TensorRTBackend(Backend):
     """TensorRT engine built from the ONNX export."""
 
     name = "tensorrt"
     config_class = TensorRTBackendConfig
-    planned = "issue 11"
+    native_build = True
+    config: TensorRTBackendConfig
+
+    def __init__(self, config: TensorRTBackendConfig | None = None) -> None:
+        super().__init__(config)
+        self._graph: GraphSpec | None = None
+        self._runner: Any = None
+        self._plan: bytes | None = None
+        self._metadata: dict[str, Any] = {}
+
+    # -- what the engine asks before building -------------------------------------------------
+
+    def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return f"TensorRT runs on CUDA devices only, not {device.type!r}"
+        if not graph.inputs:
+            return "the graph has no tensor inputs; TensorRT needs at least one"
+        if graph.output_structure is None or not graph.outputs:
+            return "the graph has no recorded tensor outputs to bind"
+        for spec in (*graph.inputs, *graph.outputs):
+            if spec.dtype in _UNSUPPORTED_DTYPES:
+                return f"{spec.path} is {spec.dtype}, which TensorRT does not support; use float32 or lower"
+        return None
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
+        if not dtype.is_floating_point:
+            return None
+        quantization = self.config.quantization_config
+        if isinstance(quantization, ModelOptQuantizationConfig):
+            return Tolerance(atol=5e-2, rtol=1e-1, min_cosine=0.99)
+        if isinstance(quantization, ONNXAutoCastConfig):
+            if quantization.low_precision_type == "bf16":
+                return Tolerance(atol=1e-2, rtol=5e-2, min_cosine=0.99)
+            return Tolerance(atol=1e-3, rtol=1e-2, min_cosine=0.999)
+        if dtype == torch.float32 and self.config.tf32:
+            return Tolerance(atol=1e-4, rtol=5e-3, min_cosine=0.9999)  # TF32 keeps 10 mantissa bits
+        return None
+
+    # -- build ----------------------------------------------------------------------------------
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        graph = context.graph
+        reason = self.unsupported_reason(graph, context.device) or compat.availability_reason(context.device.type)
+        if reason:
+            raise BackendUnavailableError(f"backend 'tensorrt' cannot build here: {reason}")
+        if not context.samples:
+            raise BuildError("TensorRT needs at least one recorded sample to export and warm up the engine")
+        profiles = resolve_profiles(graph, self.config.profiles)
+        cases = [[tuple(t.shape) for t in graph.flatten(s.args, s.kwargs)] for s in context.samples]
+        gap = uncovered(graph, profiles, cases)
+        if gap:
+            raise ConfigError(f"TensorRTBackendConfig.profiles: {gap}")
+
+        from aitune.onnx_export import ONNXExportConfig, export_onnx
+
+        start = time.perf_counter()
+        exported = export_onnx(
+            module,
+            graph,
+            context.samples[0],
+            context.workdir / "onnx",
+            ONNXExportConfig(exporter=self.config.onnx_exporter, opset=self.config.onnx_opset),
+        )
+        info: dict[str, Any] = {
+            "onnx_exporter": exported.exporter,
+            "onnx_opset": exported.opset,
+            "export_seconds": round(time.perf_counter() - start, 3),
+        }
+        onnx_path, precision = self._lower_precision(exported, graph, context, info)
+
+        machine = compat.this_machine(context.device.index)
+        from .engine import build_plan, timing_cache_path
+
+        cache = timing_cache_path(context.cache_dir, machine) if self.config.use_timing_cache else None
+        plan, engine_info = build_plan(onnx_path, profiles, exported.input_names, self.config, cache)
+        info.update(engine_info)
+        if not engine_info["dynamic"]:
+            profiles = profiles[:1]
+        self._graph, self._plan = graph, plan
+        self._metadata = {
+            "metadata_version": METADATA_VERSION,
+            "plan": PLAN_FILE,
+            "tensorrt_version": engine_info["tensorrt_version"],
+            "gpu_name": machine.gpu_name,
+            "compute_capability": list(machine.compute_capability or ()),
+            "hardware_compatible": self.config.hardware_compatible,
+            "version_compatible": self.config.version_compatible,
+            "precision": precision,
+            "profiles": [p.to_json(exported.input_names) for p in profiles],
+            "inputs": [
+                {"name": n, "path": s.path, "dtype": s.dtype} for n, s in zip(exported.input_names, graph.inputs)
+            ],
+            "outputs": [
+                {"name": n, "path": s.path, "dtype": s.dtype} for n, s in zip(exported.output_names, graph.outputs)
+            ],
+        }
+        self._start_runner(context.device)
+        with torch.no_grad():
+            for sample in context.samples:  # warm-up (and CUDA graph capture) belong to the build
+                self.infer(*sample.args, **sample.kwargs)
+        torch.cuda.synchronize(context.device)
+        info["precision"] = precision
+        self.build_info.update(info)
+
+    def _lower_precision(
+        self, exported: Any, graph: GraphSpec, context: BuildContext, info: dict[str, Any]
+    ) -> tuple[Path, str]:
+        quantization = self.config.quantization_config
+        if quantization is None:
+            return exported.path, "as exported (strongly typed)" if self.config.strongly_typed else "builder flags"
+        from . import precision
+
+        feeds = precision.calibration_feeds(graph, context.samples, exported.input_names)
+        start = time.perf_counter()
+        if isinstance(quantization, ONNXAutoCastConfig):
+            path = precision.autocast(exported.path, quantization, feeds, context.workdir)
+            label = f"{quantization.low_precision_type} (ModelOpt AutoCast)"
+        else:
+            path, served = precision.quantize(
+                exported.path, quantization, feeds, context.workdir, external_data=len(exported.files) > 1
+            )
+            info["calibration_samples"] = served
+            label = f"{quantization.mode} (ModelOpt quantization)"
+        info["precision_seconds"] = round(time.perf_counter() - start, 3)
+        return path, label
+
+    def _start_runner(self, device: torch.device) -> None:
+        from .runtime import EngineRunner
+
+        assert self._graph is not None and self._plan is not None
+        names = [i["name"] for i in self._metadata["inputs"]]
+        self._runner = EngineRunner(
+            self._plan,
+            input_names=names,
+            output_names=[o["name"] for o in self._metadata["outputs"]],
+            profiles=[ShapeProfile.from_json(p, names) for p in self._metadata["profiles"]],
+            device=device,
+            output_dtypes=[s.torch_dtype for s in self._graph.outputs],
+            use_cuda_graphs=self.config.use_cuda_graphs,
+            max_graphs=self.config.max_cuda_graphs,
+        )
+
+    # -- run ------------------------------------------------------------------------------------
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        if self._runner is None or self._graph is None:
+            raise BuildError("TensorRTBackend.infer was called before build() or load()")
+        outputs = self._runner.run(self._graph.flatten(args, kwargs))
+        return self._graph.unflatten_outputs(outputs)
+
+    # -- artifact -------------------------------------------------------------------------------
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        if self._plan is None:
+            raise ArtifactError("TensorRTBackend.save was called before build() or load(); build it first")
+        (directory / PLAN_FILE).write_bytes(self._plan)
+        return dict(self._metadata)
+
+    def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
+        metadata = dict(context.metadata)
+        if metadata.get("metadata_version") != METADATA_VERSION or metadata.get("plan") != PLAN_FILE:
+            raise ArtifactError(
+                f"this TensorRT payload has metadata version {metadata.get('metadata_version')!r}; this "
+                f"aitune-backend-tensorrt reads version {METADATA_VERSION}: upgrade it or re-tune"
+            )
+        if context.device.type != "cuda":
+            raise BackendUnavailableError(f"a TensorRT plan runs on CUDA devices only, not {context.device.type!r}")
+        compat.check_compatible(metadata, compat.this_machine(context.device.index))  # before TensorRT parses it
+        plan_path = directory / PLAN_FILE
+        if not plan_path.is_file():
+            raise ArtifactError(f"the TensorRT payload has no {PLAN_FILE}; the artifact is incomplete, re-save it")
+        self._graph, self._plan, self._metadata = context.graph, plan_path.read_bytes(), metadata
+        start = time.perf_counter()
+        self._start_runner(context.device)
+        self.build_info.update(
+            {"loaded": True, "load_seconds": round(time.perf_counter() - start, 3), "precision": metadata["precision"]}
+        )

@@ -1,30 +1,34 @@
-"""Registers the tensorrt backends with aitune; imports no runtime."""
+"""Registers the tensorrt backend with aitune; imports no runtime (TensorRT is never loaded here)."""
 
 from __future__ import annotations
 
 from aitune import hookimpl
 from aitune.registry import BackendRegistry, BackendSpec
 
+from .compat import INSTALL_HINT, availability_reason
+
 
 def _probe(device: str) -> str | None:
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        return "no CUDA device is visible to torch"
-    return None
+    return availability_reason(device)
 
 
 @hookimpl
 def aitune_register_backends(registry: BackendRegistry) -> None:
+    # No ``requirements``: TensorRT ships under several distribution names (tensorrt,
+    # tensorrt-cu12, an NGC container's own), so the probe looks for any of them.
     registry.add(
         BackendSpec(
             name="tensorrt",
             backend_class="aitune_backend_tensorrt.backend:TensorRTBackend",
             config_class="aitune_backend_tensorrt.config:TensorRTBackendConfig",
-            requirements=('tensorrt>=10.0',),
+            exports={
+                "TensorRTProfile": "aitune_backend_tensorrt.config:TensorRTProfile",
+                "ONNXAutoCastConfig": "aitune_backend_tensorrt.config:ONNXAutoCastConfig",
+                "ModelOptQuantizationConfig": "aitune_backend_tensorrt.config:ModelOptQuantizationConfig",
+            },
             devices=("cuda",),
             probe=_probe,
-            install_hint="pip install 'aitune-backend-tensorrt[runtime]'",
-            description="TensorRT engine built from the ONNX export",
+            install_hint=INSTALL_HINT,
+            description="TensorRT engine built from the ONNX export (profiles, ModelOpt precision, CUDA graphs)",
         )
     )

@@ -1,0 +1,143 @@
+"""Lower precision before the build: ModelOpt's ONNX AutoCast (fp16/bf16) or quantization (int8/fp8).
+
+Both rewrite the ONNX model so that a strongly typed TensorRT network takes every layer's
+precision from it. Both measure value ranges on data; they get the recorded samples, all of them,
+one calibration batch per recorded call, never random inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from aitune.errors import BackendUnavailableError, BuildError
+from aitune.graph import GraphSpec, Sample
+
+from .config import ModelOptQuantizationConfig, ONNXAutoCastConfig
+
+_LARGE_MODEL_BYTES = 1_800_000_000
+"""Above this a protobuf gets close to its 2 GiB limit, so weights go to an external data file."""
+
+
+def calibration_feeds(graph: GraphSpec, samples: Sequence[Sample], input_names: Sequence[str]) -> list[dict[str, Any]]:
+    """One ``{onnx input name: numpy array}`` per recorded sample, in the ONNX model's input order."""
+    feeds = []
+    for sample in samples:
+        tensors = graph.flatten(sample.args, sample.kwargs)
+        feeds.append({name: _numpy(name, t) for name, t in zip(input_names, tensors)})
+    return feeds
+
+
+def _numpy(name: str, t: torch.Tensor) -> Any:
+    if t.dtype == torch.bfloat16:
+        raise BuildError(
+            f"input {name!r} is bfloat16, which numpy-based ONNX calibration cannot feed; record float32 "
+            "samples for calibration or drop quantization_config"
+        )
+    return t.detach().cpu().numpy()
+
+
+def _modelopt(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"quantization_config needs NVIDIA ModelOpt's ONNX tools ({module}), which cannot be imported: {exc}; "
+            "install them: pip install 'aitune-backend-tensorrt[runtime]' onnx-graphsurgeon onnxslim polygraphy lief"
+        ) from exc
+
+
+def _save(model: Any, path: Path) -> Path:
+    import onnx
+
+    if model.ByteSize() > _LARGE_MODEL_BYTES:
+        onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    else:
+        onnx.save(model, str(path))
+    return path
+
+
+def autocast(onnx_path: Path, config: ONNXAutoCastConfig, feeds: Sequence[dict[str, Any]], workdir: Path) -> Path:
+    """The model with nodes cast to ``config.low_precision_type`` where the recorded ranges allow it."""
+    import numpy as np
+
+    convert = _modelopt("modelopt.onnx.autocast").convert_to_mixed_precision
+    calibration = None
+    if config.calibrate_on_samples and feeds:
+        folder = workdir / "autocast-calibration"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, feed in enumerate(feeds):  # a folder of .npz files is AutoCast's multi-batch input
+            np.savez(folder / f"sample-{i:05d}.npz", **feed)
+        calibration = str(folder)
+    try:
+        model = convert(
+            onnx_path=str(onnx_path),
+            low_precision_type=config.low_precision_type,
+            nodes_to_exclude=list(config.nodes_to_exclude) or None,
+            op_types_to_exclude=list(config.op_types_to_exclude) or None,
+            data_max=config.data_max,
+            init_max=config.init_max,
+            keep_io_types=config.keep_io_types,
+            calibration_data=calibration,
+        )
+    except Exception as exc:
+        raise BuildError(f"ModelOpt AutoCast to {config.low_precision_type} failed: {type(exc).__name__}: {exc}") from exc
+    return _save(model, workdir / f"model.{config.low_precision_type}.onnx")
+
+
+def quantize(
+    onnx_path: Path,
+    config: ModelOptQuantizationConfig,
+    feeds: Sequence[dict[str, Any]],
+    workdir: Path,
+    external_data: bool = False,
+) -> tuple[Path, int]:
+    """The model with Q/DQ nodes calibrated on every feed; also how many feeds calibration read."""
+    quantization = _modelopt("modelopt.onnx.quantization")
+    from onnxruntime.quantization.calibrate import CalibrationDataReader
+
+    class SampleReader(CalibrationDataReader):  # type: ignore[misc]
+        """Hands ModelOpt the recorded samples one call at a time (it rewinds between passes)."""
+
+        def __init__(self) -> None:
+            self.served = 0
+            self._it = iter(feeds)
+
+        def get_next(self) -> dict[str, Any] | None:
+            feed = next(self._it, None)
+            self.served += feed is not None
+            return feed
+
+        def get_first(self) -> dict[str, Any]:
+            return feeds[0]
+
+        def rewind(self) -> None:
+            self._it = iter(feeds)
+
+    if not feeds:
+        raise BuildError("ModelOpt quantization needs recorded samples to calibrate on; none were given")
+    reader = SampleReader()
+    out = workdir / f"model.{config.mode}.onnx"
+    try:
+        quantization.quantize(
+            onnx_path=str(onnx_path),
+            quantize_mode=config.mode,
+            calibration_data_reader=reader,
+            calibration_method=config.calibration,
+            calibration_eps=list(config.calibration_providers),
+            high_precision_dtype=config.high_precision_dtype,
+            op_types_to_exclude=list(config.op_types_to_exclude) or None,
+            nodes_to_exclude=list(config.nodes_to_exclude) or None,
+            use_external_data_format=external_data,
+            output_path=str(out),
+            log_level="WARNING",
+        )
+    except Exception as exc:
+        raise BuildError(f"ModelOpt {config.mode} quantization failed: {type(exc).__name__}: {exc}") from exc
+    if not out.exists():
+        raise BuildError(f"ModelOpt {config.mode} quantization wrote no model at {out}")
+    return out, reader.served

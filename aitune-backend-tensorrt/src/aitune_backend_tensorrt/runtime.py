@@ -1,0 +1,209 @@
+"""Running a TensorRT engine on torch tensors, on the current torch CUDA stream.
+
+Every call binds the input tensors' memory and freshly allocated output tensors to the execution
+context (``set_tensor_address``) and enqueues the engine (``execute_async_v3``) on the caller's
+current stream: no host synchronisation and no copies on the way out. There is one execution
+context per optimisation profile, each bound to its profile once, so a call only picks the
+tightest profile containing its shapes; input shapes are set only when they change.
+
+With CUDA graphs on, the first call of each shape copies its inputs into static buffers, runs the
+engine once (TensorRT finishes shape-dependent setup then), captures a graph, and replays it; later
+calls of that shape copy inputs in, replay, and copy outputs out of the graph's buffers (a
+graph's outputs are overwritten by its next replay, so handing them out would alias results).
+At most ``max_graphs`` graphs are kept, least recently used dropped first.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+from aitune.errors import BuildError, InputError
+
+from .config import Shape
+from .profiles import ShapeProfile, select_profile
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "FLOAT": torch.float32,
+    "HALF": torch.float16,
+    "BF16": torch.bfloat16,
+    "INT8": torch.int8,
+    "UINT8": torch.uint8,
+    "INT32": torch.int32,
+    "INT64": torch.int64,
+    "BOOL": torch.bool,
+    "FP8": torch.float8_e4m3fn,
+}
+"""``trt.DataType`` member name -> torch dtype."""
+
+
+def torch_dtype(trt_dtype_name: str) -> torch.dtype:
+    try:
+        return TORCH_DTYPES[trt_dtype_name]
+    except KeyError:
+        raise BuildError(
+            f"the engine has a tensor of TensorRT type {trt_dtype_name}, which has no torch equivalent here; "
+            "keep that tensor inside the model or change its dtype"
+        ) from None
+
+
+@attrs.define
+class _Graph:
+    graph: Any
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+
+
+class EngineRunner:
+    """A deserialized engine, its execution contexts and (optionally) its captured CUDA graphs."""
+
+    def __init__(
+        self,
+        plan: bytes,
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        profiles: Sequence[ShapeProfile],
+        device: torch.device,
+        output_dtypes: Sequence[torch.dtype] | None = None,
+        use_cuda_graphs: bool = False,
+        max_graphs: int = 8,
+    ) -> None:
+        import tensorrt as trt
+
+        self.device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        self.input_names, self.output_names = list(input_names), list(output_names)
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)
+        with torch.cuda.device(self.device):
+            self.engine = self._runtime.deserialize_cuda_engine(plan)
+        if self.engine is None:
+            raise BuildError("TensorRT could not deserialize the plan (see the TensorRT log above)")
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        if sorted(names) != sorted(self.input_names + self.output_names):
+            raise BuildError(f"the engine's tensors {names} are not the expected {self.input_names + self.output_names}")
+        shape_io = [n for n in names if self.engine.is_shape_inference_io(n)]
+        if shape_io:
+            raise BuildError(f"the engine takes shape tensors {shape_io} on the host, which this backend does not bind")
+        self._in_dtypes = [torch_dtype(self.engine.get_tensor_dtype(n).name) for n in self.input_names]
+        self._engine_out_dtypes = [torch_dtype(self.engine.get_tensor_dtype(n).name) for n in self.output_names]
+        self._out_dtypes = list(output_dtypes) if output_dtypes is not None else self._engine_out_dtypes
+
+        n_profiles = self.engine.num_optimization_profiles
+        self.profiles = list(profiles) if n_profiles == len(profiles) else list(profiles)[:1]
+        if n_profiles != len(self.profiles):
+            raise BuildError(f"the engine has {n_profiles} optimisation profiles, its metadata {len(profiles)}")
+        strategy = getattr(trt, "ExecutionContextAllocationStrategy", None)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self._contexts = []
+        with torch.cuda.device(self.device):
+            for i in range(n_profiles):
+                if strategy is not None and n_profiles > 1:
+                    context = self.engine.create_execution_context(strategy.ON_PROFILE_CHANGE)
+                else:
+                    context = self.engine.create_execution_context()
+                if context is None:
+                    raise BuildError("TensorRT could not create an execution context (out of GPU memory?)")
+                if i and not context.set_optimization_profile_async(i, stream):
+                    raise BuildError(f"TensorRT refused to select optimisation profile {i}")
+                self._contexts.append(context)
+        self._bound: list[tuple[Shape, ...] | None] = [None] * n_profiles
+        self._out_shapes: list[list[Shape]] = [[] for _ in range(n_profiles)]
+        self._selected: dict[tuple[Shape, ...], int] = {}
+        self.use_cuda_graphs, self.max_graphs = use_cuda_graphs, max_graphs
+        self._graphs: collections.OrderedDict[tuple[int, tuple[Shape, ...]], _Graph] = collections.OrderedDict()
+        self.captures = 0
+
+    # -- per call ---------------------------------------------------------------------------
+
+    def run(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        index = self._selected.get(shapes)
+        if index is None:
+            index = select_profile(self.profiles, shapes)
+            if index is None:
+                raise InputError(
+                    f"no optimisation profile of this TensorRT engine contains the input shapes {list(shapes)}; "
+                    "add a TensorRTProfile covering them and tune again"
+                )
+            self._selected[shapes] = index
+        inputs = [self._prepare(t, dtype) for t, dtype in zip(tensors, self._in_dtypes)]
+        if self.use_cuda_graphs:
+            outputs = self._replay(index, shapes, inputs)
+        else:
+            outputs = self._bind(index, shapes, inputs)
+            self._execute(index, torch.cuda.current_stream(self.device).cuda_stream)
+        return [o if o.dtype == want else o.to(want) for o, want in zip(outputs, self._out_dtypes)]
+
+    def _prepare(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if t.device != self.device:
+            raise InputError(f"a TensorRT engine on {self.device} got an input on {t.device}; move the inputs there")
+        if t.dtype != dtype:
+            t = t.to(dtype)
+        return t.contiguous()
+
+    def _bind(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        context = self._contexts[index]
+        if self._bound[index] != shapes:
+            for name, shape in zip(self.input_names, shapes):
+                if not context.set_input_shape(name, shape):
+                    raise InputError(f"TensorRT refused the shape {shape} for input {name!r}")
+            out_shapes = [tuple(context.get_tensor_shape(n)) for n in self.output_names]
+            if any(d < 0 for s in out_shapes for d in s):
+                raise BuildError(
+                    f"output shapes {out_shapes} depend on the input values (data-dependent shapes), which this "
+                    "backend does not support; keep such ops (nonzero, unique...) outside the tuned module"
+                )
+            self._bound[index], self._out_shapes[index] = shapes, out_shapes
+        for name, t in zip(self.input_names, inputs):
+            context.set_tensor_address(name, t.data_ptr())
+        outputs = [
+            torch.empty(shape, dtype=dtype, device=self.device)
+            for shape, dtype in zip(self._out_shapes[index], self._engine_out_dtypes)
+        ]
+        for name, t in zip(self.output_names, outputs):
+            context.set_tensor_address(name, t.data_ptr())
+        return outputs
+
+    def _execute(self, index: int, stream: int) -> None:
+        if not self._contexts[index].execute_async_v3(stream):
+            raise RuntimeError("TensorRT failed to enqueue the engine (see the TensorRT log above)")
+
+    # -- CUDA graphs ------------------------------------------------------------------------
+
+    def _replay(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        key = (index, shapes)
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._capture(index, shapes, inputs)
+            self._graphs[key] = entry
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+            for static, t in zip(entry.inputs, inputs):
+                static.copy_(t)
+        entry.graph.replay()
+        return [o.clone() for o in entry.outputs]
+
+    def _capture(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> _Graph:
+        static_inputs = [t.clone() for t in inputs]
+        outputs = self._bind(index, shapes, static_inputs)
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            self._execute(index, side.cuda_stream)  # TensorRT finishes shape-dependent setup before capture
+            with torch.cuda.graph(graph, stream=side):
+                self._execute(index, side.cuda_stream)
+        current.wait_stream(side)
+        self.captures += 1
+        return _Graph(graph, static_inputs, outputs)
+
+    @property
+    def cached_graphs(self) -> list[tuple[Shape, ...]]:
+        """Input shapes of the captured graphs kept now, least recently used first."""
+        return [shapes for _, shapes in self._graphs]
