@@ -1,0 +1,106 @@
+"""Whether a saved plan can run on a machine, decided from metadata before TensorRT parses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from aitune.errors import ArtifactError, BackendUnavailableError
+from aitune_backend_tensorrt import compat
+from aitune_backend_tensorrt.compat import Machine, check_compatible, version_tuple
+from aitune_backend_tensorrt.engine import timing_cache_path
+
+SAVED = {
+    "tensorrt_version": "10.9.0.34",
+    "gpu_name": "NVIDIA A100-SXM4-80GB",
+    "compute_capability": [8, 0],
+    "hardware_compatible": False,
+    "version_compatible": False,
+}
+A100 = Machine(tensorrt_version="10.9.0.34", cuda=True, gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0))
+
+
+def test_same_release_and_compute_capability_is_compatible():
+    check_compatible(SAVED, A100)
+    check_compatible(SAVED, Machine("10.9.0.1", True, "NVIDIA A100", (8, 0)))  # build number differs only
+
+
+@pytest.mark.parametrize(
+    ("here", "error", "message"),
+    [
+        (Machine("10.9.0.34", cuda=False), BackendUnavailableError, "no CUDA device"),
+        (Machine(None, True, "NVIDIA A100", (8, 0)), BackendUnavailableError, "not installed"),
+        (Machine("11.0.0", True, "NVIDIA A100", (8, 0)), ArtifactError, "do not cross major versions"),
+        (Machine("10.12.0", True, "NVIDIA A100", (8, 0)), ArtifactError, "runs only on that release"),
+        (Machine("10.9.0", True, "NVIDIA H100", (9, 0)), ArtifactError, r"compute capability 9\.0"),
+    ],
+)
+def test_incompatible_machines_are_refused_with_what_to_do(here, error, message):
+    with pytest.raises(error, match=message) as info:
+        check_compatible(SAVED, here)
+    assert "ait.tune" in str(info.value) or "install" in str(info.value) or "GPU" in str(info.value)
+
+
+def test_version_compatible_plans_run_on_later_releases_of_the_same_major():
+    saved = {**SAVED, "version_compatible": True}
+    check_compatible(saved, Machine("10.12.0", True, "NVIDIA A100", (8, 0)))
+    with pytest.raises(ArtifactError, match="or a later 10.x"):
+        check_compatible(saved, Machine("10.3.0", True, "NVIDIA A100", (8, 0)))
+    with pytest.raises(ArtifactError, match="major"):
+        check_compatible(saved, Machine("11.0.0", True, "NVIDIA A100", (8, 0)))
+
+
+def test_hardware_compatible_plans_run_on_ampere_and_later_only():
+    saved = {**SAVED, "hardware_compatible": True}
+    check_compatible(saved, Machine("10.9.0", True, "NVIDIA H100", (9, 0)))
+    check_compatible(saved, Machine("10.9.0", True, "NVIDIA RTX A6000", (8, 6)))
+    with pytest.raises(ArtifactError, match="Ampere or newer"):
+        check_compatible(saved, Machine("10.9.0", True, "Tesla T4", (7, 5)))
+
+
+def test_version_tuple_reads_the_release_part():
+    assert version_tuple("10.9.0.34") == (10, 9, 0)
+    assert version_tuple("10.13.0.post12") == (10, 13, 0)
+    assert version_tuple("11.0") == (11, 0)
+
+
+def test_timing_cache_is_one_file_per_release_and_compute_capability(tmp_path: Path):
+    a = timing_cache_path(tmp_path, A100)
+    assert a == tmp_path / "tensorrt" / "timing-cache-trt10.9.0.34-sm80.bin"
+    assert timing_cache_path(tmp_path, Machine("10.9.0.34", True, "H100", (9, 0))) != a
+
+
+def test_availability_names_what_is_missing(monkeypatch):
+    monkeypatch.setattr(compat, "installed_tensorrt", lambda: (False, None))
+    monkeypatch.setattr(compat, "cuda_reason", lambda: None)
+    assert "TensorRT is not installed" in compat.availability_reason("cuda")
+    assert "[runtime]" in compat.availability_reason("cuda")
+
+    monkeypatch.setattr(compat, "installed_tensorrt", lambda: (True, "10.9.0"))
+    monkeypatch.setattr(compat, "cuda_reason", lambda: "no CUDA device is visible to torch")
+    assert compat.availability_reason("cuda") == "no CUDA device is visible to torch"
+
+    monkeypatch.setattr(compat, "installed_tensorrt", lambda: (True, "8.6.1"))
+    assert "needs TensorRT >= 10" in compat.availability_reason("cuda")
+
+    monkeypatch.setattr(compat, "installed_tensorrt", lambda: (True, "10.9.0"))
+    monkeypatch.setattr(compat, "cuda_reason", lambda: None)
+    assert compat.availability_reason("cuda") is None
+    assert "CUDA devices only" in compat.availability_reason("cpu")
+
+
+def test_installed_tensorrt_reads_any_tensorrt_distribution(monkeypatch):
+    import importlib.metadata
+
+    versions = {"tensorrt-cu12": "10.9.0.34"}
+
+    def version(name: str) -> str:
+        if name in versions:
+            return versions[name]
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(compat.importlib.metadata, "version", version)
+    assert compat.installed_tensorrt() == (True, "10.9.0.34")
+    versions.clear()
+    monkeypatch.setattr(compat.importlib.util, "find_spec", lambda name: None)
+    assert compat.installed_tensorrt() == (False, None)
