@@ -64,7 +64,14 @@ class TorchAOBackend(Backend):
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
         model = self._quantized(module)
         self._runner = self._compiled(model)
-        outputs = self._warm_up(_warm_up_samples(context.graph, context.samples))
+        try:
+            outputs = self._warm_up(_warm_up_samples(context.graph, context.samples))
+        except Exception as exc:
+            raise BuildError(
+                f"the module quantized with {self.config.quantization_name} fails to run"
+                f"{' under torch.compile' if self.config.compile else ''}: {type(exc).__name__}: {exc}; "
+                "exclude the failing submodules with filter_fn or choose another preset"
+            ) from exc
         with torch.no_grad():
             expected = [module(*s.args, **s.kwargs) for s in context.samples]
         self.build_info = {
@@ -159,7 +166,8 @@ class TorchAOBackend(Backend):
         if not weights.quantized_tensors(model):
             raise BuildError(
                 f"{self.config.quantization_name} quantized no weight of this module: no submodule matched "
-                "filter_fn (torchao quantizes nn.Linear by default); widen the filter or drop this candidate"
+                "filter_fn (torchao quantizes nn.Linear by default), or torchao skipped every match (for "
+                "example a layer width the group size does not divide); widen the filter or drop this candidate"
             )
         for p in model.parameters():
             p.requires_grad_(False)

@@ -30,9 +30,10 @@ def _names(value: Any) -> tuple[str, ...]:
 class ModuleFilter:
     """Which submodules get quantized, by name pattern and class name: a filter that can be saved.
 
-    A submodule is quantized when one of its classes (its own or a base class) is named in
-    ``types``, its dotted name matches a pattern in ``include`` and none in ``exclude``
-    (``fnmatch`` patterns such as ``"encoder.*"`` or ``"*.out_proj"``).
+    A submodule is quantized when its class name is in ``types`` (exactly: like torchao's default
+    filter, ``"Linear"`` does not take attention's ``NonDynamicallyQuantizableLinear``), its dotted
+    name matches a pattern in ``include`` and none in ``exclude`` (``fnmatch`` patterns such as
+    ``"encoder.*"`` or ``"*.linear2"``).
     """
 
     include: tuple[str, ...] = attrs.field(default=("*",), converter=_names)
@@ -40,9 +41,8 @@ class ModuleFilter:
     types: tuple[str, ...] = attrs.field(default=("Linear",), converter=_names)
 
     def __call__(self, module: torch.nn.Module, fqn: str) -> bool:
-        classes = {cls.__name__ for cls in type(module).__mro__}
         return (
-            not classes.isdisjoint(self.types)
+            type(module).__name__ in self.types
             and any(fnmatch.fnmatchcase(fqn, p) for p in self.include)
             and not any(fnmatch.fnmatchcase(fqn, p) for p in self.exclude)
         )
