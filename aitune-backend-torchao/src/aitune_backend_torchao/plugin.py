@@ -21,9 +21,10 @@ def aitune_register_backends(registry: BackendRegistry) -> None:
             name="torchao",
             backend_class="aitune_backend_torchao.backend:TorchAOBackend",
             config_class="aitune_backend_torchao.config:TorchAOBackendConfig",
-            requirements=('torchao>=0.12',),
+            requirements=("torchao>=0.18,<0.19", "safetensors>=0.4"),
             devices=("cpu", "cuda"),
             probe=_probe,
             description="TorchAO quantization (int8 weight-only, int8 dynamic, int4, float8), optionally compiled",
+            exports={"ModuleFilter": "aitune_backend_torchao.config:ModuleFilter"},
         )
     )
