@@ -1,16 +1,62 @@
-"""Configurations of the inductor backends."""
+"""Configurations of the inductor backends: frozen attrs classes that round-trip through JSON."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import attrs
 from aitune.backend import BackendConfig
+from aitune.errors import ConfigError
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""The ``torch.compile`` modes every supported torch (>= 2.6) knows."""
+
+
+def _check_mode(instance: Any, attribute: attrs.Attribute, value: str | None) -> None:
+    if value is not None and value not in MODES:
+        raise ConfigError(f"{attribute.name}={value!r} is not a torch.compile mode; use None or one of {list(MODES)}")
+
+
+def _check_options(instance: Any, attribute: attrs.Attribute, value: dict[str, Any] | None) -> None:
+    """Inductor options live in the manifest, so they must be a JSON object with string keys."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{attribute.name} must be a dict with string keys (Inductor option names), got {value!r}")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{attribute.name} must hold JSON values only (it is saved in the artifact): {exc}") from None
 
 
 @attrs.frozen(kw_only=True)
 class TorchInductorJitBackendConfig(BackendConfig):
-    """Settings of TorchInductorJitBackend."""
+    """Settings of TorchInductorJitBackend (the arguments of ``torch.compile``)."""
+
+    mode: str | None = attrs.field(default=None, validator=_check_mode)
+    """A ``torch.compile`` mode; ``reduce-overhead`` and ``max-autotune`` use CUDA graphs on CUDA."""
+    options: dict[str, Any] | None = attrs.field(default=None, validator=_check_options, hash=False)
+    """Inductor options (``{"epilogue_fusion": True}``); torch.compile takes these or a mode, not both."""
+    dynamic: bool | None = None
+    """None: the graph's dynamic axes are compiled dynamic, the rest static. True: every axis dynamic.
+    False: static kernels only, which cannot cover a graph with dynamic axes."""
+    fullgraph: bool = False
+    """True: a graph break fails the build instead of splitting the module into several graphs."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.mode is not None and self.options:
+            raise ConfigError(
+                f"set either mode ({self.mode!r}) or options, not both: torch.compile accepts one "
+                "(a mode is a preset of options; put the options you want in options)"
+            )
 
 
 @attrs.frozen(kw_only=True)
 class TorchInductorAotBackendConfig(BackendConfig):
-    """Settings of TorchInductorAotBackend."""
+    """Settings of TorchInductorAotBackend (torch.export, then AOTInductor)."""
+
+    options: dict[str, Any] | None = attrs.field(default=None, validator=_check_options, hash=False)
+    """Inductor options for ``aoti_compile_and_package`` (``inductor_configs``)."""
+    strict: bool = False
+    """Export with TorchDynamo tracing (``torch.export.export(strict=True)``) instead of the default."""

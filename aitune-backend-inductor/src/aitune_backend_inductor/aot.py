@@ -1,0 +1,156 @@
+"""TorchInductorAotBackend: ``torch.export`` + AOTInductor, a ``.pt2`` package that loads without compiling."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from pathlib import Path, PurePath
+from typing import Any
+
+import torch
+from aitune.backend import Backend, BuildContext, LoadContext
+from aitune.errors import BuildError, SerializationError
+from aitune.graph import GraphSpec, Sample, resize
+
+from .cache import inductor_cache
+from .config import TorchInductorAotBackendConfig
+from .package import open_package
+from .shapes import export_dynamic_shapes, trace_sizes
+
+PACKAGE = "model.pt2"
+
+
+class TorchInductorAotBackend(Backend):
+    """torch.export + AOTInductor: the module compiled ahead of time into a shared library.
+
+    ``build`` exports the module with one ``torch.export.Dim`` per named dynamic dimension of the
+    graph, compiles and packages it; ``save`` copies the package; ``load`` opens it with the C++
+    package loader, which compiles nothing.
+    """
+
+    name = "torch_inductor_aot"
+    config_class = TorchInductorAotBackendConfig
+    config: TorchInductorAotBackendConfig
+    native_build = True
+
+    def __init__(self, config: TorchInductorAotBackendConfig | None = None) -> None:
+        super().__init__(config)
+        self._loader: Any = None
+        self._graph: GraphSpec | None = None
+        self._package: Path | None = None
+        self._meta: dict[str, Any] = {}
+
+    def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
+        if device.type not in ("cpu", "cuda"):
+            return f"AOTInductor packages here run on cpu or cuda, not {device.type}"
+        return None
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        graph = context.graph
+        sample = _contiguous(graph, resize(graph, context.samples[0], trace_sizes(graph)))
+        dynamic_shapes, ranges = export_dynamic_shapes(module, graph, sample)
+        path = self._workspace() / PACKAGE
+        with inductor_cache(context.cache_dir) as folder:
+            try:
+                exported = torch.export.export(
+                    module, tuple(sample.args), dict(sample.kwargs), dynamic_shapes=dynamic_shapes, strict=self.config.strict
+                )
+            except Exception as exc:
+                raise BuildError(
+                    f"torch.export failed with dynamic dims {ranges or 'none'}: {type(exc).__name__}: {_first_lines(exc)}. "
+                    "If a dimension was specialized, the module's code fixes its size: narrow the graph's range "
+                    "or declare the axis static"
+                ) from exc
+            try:
+                from torch._inductor import aoti_compile_and_package
+
+                options = dict(self.config.options) if self.config.options else None
+                aoti_compile_and_package(exported, package_path=str(path), inductor_configs=options)
+            except Exception as exc:
+                raise BuildError(f"AOTInductor failed to compile the exported module: {type(exc).__name__}: {_first_lines(exc)}") from exc
+        self._meta = {"exported_dims": ranges, "traced_at": {n: v for n, v in trace_sizes(graph).items() if n in ranges}}
+        try:
+            self._open(path, graph, context.device)
+        except SerializationError as exc:
+            raise BuildError(f"the package AOTInductor wrote cannot be loaded: {exc}") from exc
+        self.build_info.update(self._meta, cache_dir=str(folder))
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        if self._loader is None or self._graph is None:
+            raise BuildError("TorchInductorAotBackend used before build() or load()")
+        graph = self._graph
+        if kwargs:
+            kwargs = {k: kwargs[k] for k in _kwarg_names(graph)}  # the order the package was exported in
+        flat = [t.contiguous() for t in graph.flatten(args, kwargs)]
+        outputs = self._loader.boxed_run(flat)
+        if graph.output_structure is not None:
+            return graph.unflatten_outputs(outputs)
+        from torch.utils import _pytree as pytree
+
+        return pytree.tree_unflatten(outputs, pytree.treespec_loads(self._loader.get_call_spec()[1]))
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        if self._package is None:
+            raise SerializationError("TorchInductorAotBackend.save() called before build() or load()")
+        shutil.copyfile(self._package, Path(directory) / PACKAGE)
+        return {"format": 1, "package": PACKAGE, "torch": torch.__version__, **self._meta}
+
+    def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
+        metadata = context.metadata
+        name = metadata.get("package", PACKAGE)
+        if not isinstance(name, str) or PurePath(name).name != name or not name.endswith(".pt2"):
+            raise SerializationError(f"the payload names the package {name!r}, which is not a plain .pt2 file name")
+        source = Path(directory) / name
+        if not source.is_file():
+            raise SerializationError(f"the payload has no {name}; the artifact is incomplete, rebuild it")
+        built = str(metadata.get("torch", ""))
+        if built and _minor(built) != _minor(torch.__version__):
+            raise SerializationError(
+                f"{name} was compiled against torch {built}, this is torch {torch.__version__}: its shared library "
+                "links against torch's runtime, so rebuild the artifact with this torch"
+            )
+        path = self._workspace() / PACKAGE
+        shutil.copyfile(source, path)
+        self._meta = {k: metadata[k] for k in ("exported_dims", "traced_at") if k in metadata}
+        self._open(path, context.graph, context.device)
+        self.build_info.update(self._meta, compiled_on_load=False)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _open(self, path: Path, graph: GraphSpec, device: torch.device) -> None:
+        loader, aoti_metadata, library = open_package(path, device)
+        self._loader, self._graph, self._package = loader, graph, path
+        self.build_info.update(
+            package=PACKAGE,
+            package_bytes=path.stat().st_size,
+            shared_library=library,
+            loader="torch._C._aoti.AOTIModelPackageLoader",
+            aoti_metadata=aoti_metadata,
+            device=str(device),
+        )
+
+    def _workspace(self) -> Path:
+        """A folder owned by this backend (the build's workdir is removed before ``save`` may run)."""
+        folder = Path(tempfile.mkdtemp(prefix="aitune-aoti-"))
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        return folder
+
+
+def _contiguous(graph: GraphSpec, sample: Sample) -> Sample:
+    """Export from contiguous inputs, as ``infer`` passes them: the package bakes in input strides."""
+    args, kwargs = graph.unflatten([t.contiguous() for t in graph.flatten(sample.args, sample.kwargs)])
+    return Sample(args, kwargs)
+
+
+def _kwarg_names(graph: GraphSpec) -> list[str]:
+    return list(graph.structure["items"][1].get("keys", []))
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def _first_lines(exc: Exception, n: int = 3) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return " ".join(lines[:n])

@@ -1,0 +1,223 @@
+"""TorchInductorJitBackend: ``torch.compile`` with Inductor, compiled and warmed up inside ``build``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from aitune import tree
+from aitune.backend import Backend, BuildContext, LoadContext
+from aitune.errors import BuildError
+from aitune.graph import GraphSpec, Sample, resize
+
+from .cache import inductor_cache
+from .config import TorchInductorJitBackendConfig
+from .shapes import dim_sizes, unseen_sizes, warmup_cases
+
+RECOMPILE_LIMIT = 64
+"""Dynamo's per-function recompile limit while aitune builds: several builds of one module class
+in a process share a cache, and the default (8) would silently fall back to eager."""
+
+
+class TorchInductorJitBackend(Backend):
+    """torch.compile with the Inductor backend, compiled in the process.
+
+    Nothing compiled survives ``save``: ``load`` compiles again (from Inductor's on-disk cache
+    when it is warm) and warms up, before the first call.
+    """
+
+    name = "torch_inductor_jit"
+    config_class = TorchInductorJitBackendConfig
+    config: TorchInductorJitBackendConfig
+
+    def __init__(self, config: TorchInductorJitBackendConfig | None = None) -> None:
+        super().__init__(config)
+        self._compiled: Any = None
+        self._cudagraphs = False
+
+    def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
+        if self.config.dynamic is False and graph.is_dynamic:
+            ranges = ", ".join(f"{n} {r.min}..{r.max}" for n, r in graph.dims.items())
+            return (
+                f"dynamic=False compiles one static kernel per shape, but this graph has dynamic axes ({ranges}): "
+                "calls at sizes not warmed up would compile at run time; use dynamic=None"
+            )
+        return None
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        reason = self.unsupported_reason(context.graph, context.device)
+        if reason:
+            raise BuildError(reason)
+        with inductor_cache(context.cache_dir) as folder:
+            if not self.config.fullgraph:
+                self.build_info.update(_count_graph_breaks(module, context.samples[0], self.config.dynamic))
+            self._compile(module, context.graph, context.device, warmup_cases(context.graph, context.samples))
+        self.build_info.update(cache_dir=str(folder), compiled_on_load=False)
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        if self._compiled is None:
+            raise BuildError("TorchInductorJitBackend used before build() or load()")
+        with torch.no_grad():
+            if self._cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            out = self._compiled(*args, **kwargs)
+        if self._cudagraphs:  # a CUDA graph's outputs are overwritten by its next replay
+            leaves, structure = tree.flatten(out)
+            out = tree.unflatten(structure, [t.clone() for t in leaves])
+        return out
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        """Nothing compiled can be saved: the metadata says ``load`` compiles again."""
+        return {"format": 1, "compiled": False, "recompile_on_load": True, "torch": torch.__version__}
+
+    def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
+        graph = context.graph
+        base = graph.example("opt")
+        with inductor_cache(context.cache_dir) as folder:
+            self._compile(module, graph, context.device, warmup_cases(graph, [base]))
+        self.build_info.update(cache_dir=str(folder), compiled_on_load=True)
+
+    # -- compiling ------------------------------------------------------------------------------
+
+    def _compile(
+        self, module: torch.nn.Module, graph: GraphSpec, device: torch.device, cases: Sequence[tuple[str, Sample]]
+    ) -> None:
+        cfg = self.config
+        mark = cfg.dynamic is not False and bool(graph.dims)
+        compiled = torch.compile(
+            module,
+            backend="inductor",
+            mode=cfg.mode,
+            options=dict(cfg.options) if cfg.options else None,
+            dynamic=bool(cfg.dynamic),
+            fullgraph=cfg.fullgraph,
+        )
+        self._cudagraphs = device.type == "cuda" and _uses_cudagraphs(cfg)
+        limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True), torch.no_grad():
+            for label, sample in cases:
+                self._warm(compiled, graph, sample, label, mark)
+            probe = unseen_sizes(graph, [dim_sizes(graph, s) for _, s in cases]) if mark else None
+            if probe is not None:
+                self._check_no_recompile(compiled, graph, cases[0][1], probe)
+        self._compiled = compiled
+        self.build_info.update(
+            mode=cfg.mode,
+            dynamic_dims=sorted(graph.dims) if mark else [],
+            warmup_shapes=[label for label, _ in cases],
+            device=str(device),
+        )
+
+    def _warm(self, compiled: Any, graph: GraphSpec, sample: Sample, label: str, mark: bool) -> None:
+        args, kwargs = _marked(graph, sample) if mark else (sample.args, sample.kwargs)
+        try:
+            if self._cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            compiled(*args, **kwargs)
+        except Exception as exc:
+            if self.config.fullgraph and _is_capture_error(exc):
+                raise BuildError(
+                    f"fullgraph=True, but TorchDynamo cannot capture the module as one graph: {_describe(exc)}. "
+                    "Remove the graph break from the module, or set fullgraph=False to compile the pieces "
+                    "(the breaks are then counted in build_info)"
+                ) from exc
+            if isinstance(exc, torch._dynamo.exc.FailOnRecompileLimitHit):
+                raise BuildError(
+                    f"TorchDynamo's recompile limit ({torch._dynamo.config.recompile_limit}) for this module's "
+                    f"forward was reached in this process while compiling {label}; raise "
+                    "torch._dynamo.config.recompile_limit or build fewer variants of this module per process"
+                ) from exc
+            raise BuildError(f"torch.compile (inductor) failed on {label}: {type(exc).__name__}: {_describe(exc)}") from exc
+
+    def _check_no_recompile(self, compiled: Any, graph: GraphSpec, sample: Sample, sizes: dict[str, int]) -> None:
+        """A call at sizes no warm-up used must run the compiled code as it is."""
+        label = ", ".join(f"{n}={v}" for n, v in sizes.items())
+        probe = resize(graph, sample, sizes)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                if self._cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                compiled(*probe.args, **probe.kwargs)
+        except RuntimeError as exc:
+            if "recompile" not in str(exc):
+                raise
+            raise BuildError(
+                f"the compiled module specializes on its dynamic dimensions: a call with {label} would compile "
+                f"again at run time ({_describe(exc)}). The module's code fixes these sizes; "
+                "build it for static shapes, or pick an exporting backend such as torch_inductor_aot"
+            ) from exc
+        self.build_info["checked_no_recompile_at"] = label
+
+
+def _marked(graph: GraphSpec, sample: Sample) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The sample with the graph's dynamic axes marked for Dynamo, on new tensor objects (the
+    recorded tensors stay untouched)."""
+    tensors = []
+    for t, spec in zip(graph.flatten(sample.args, sample.kwargs), graph.inputs):
+        t = t.detach()
+        if spec.dynamic_axes:
+            torch._dynamo.maybe_mark_dynamic(t, list(spec.dynamic_axes))
+        tensors.append(t)
+    return graph.unflatten(tensors)
+
+
+def _count_graph_breaks(module: torch.nn.Module, sample: Sample, dynamic: bool | None) -> dict[str, Any]:
+    """Trace once with a backend that only records, to count graph breaks and their reasons.
+
+    A fresh recording backend makes Dynamo trace even when Inductor already compiled this module
+    class in the process (its cache would otherwise hide the breaks). Nothing is compiled here.
+    """
+    from torch._dynamo.utils import counters
+
+    before = Counter(counters["graph_break"])
+    graphs = 0
+
+    def record(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        nonlocal graphs
+        graphs += 1
+        return gm.forward
+
+    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=limit), torch.no_grad():
+            torch.compile(module, backend=record, dynamic=bool(dynamic))(*sample.args, **sample.kwargs)
+    except Exception as exc:
+        raise BuildError(f"TorchDynamo cannot trace the module: {type(exc).__name__}: {_describe(exc)}") from exc
+    breaks = Counter(counters["graph_break"]) - before
+    reasons = [_first_line(r) + (f" (x{n})" if n > 1 else "") for r, n in breaks.items()]
+    return {"graph_breaks": sum(breaks.values()), "break_reasons": reasons, "graphs": graphs}
+
+
+def _uses_cudagraphs(cfg: TorchInductorJitBackendConfig) -> bool:
+    if cfg.options is not None:
+        return bool(cfg.options.get("triton.cudagraphs", False))
+    return cfg.mode in ("reduce-overhead", "max-autotune")
+
+
+def _is_capture_error(exc: Exception) -> bool:
+    """Errors that mean "Dynamo cannot trace this into one graph" (graph breaks, data dependence)."""
+    import torch._dynamo.exc as dexc
+
+    kinds: tuple[type, ...] = (dexc.Unsupported, dexc.UserError)
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return isinstance(exc, (*kinds, GuardOnDataDependentSymNode))
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text)
+
+
+def _describe(exc: Exception) -> str:
+    """The first line of a Dynamo/Inductor error plus the user code it points at."""
+    text = str(exc)
+    where = ""
+    lines = text.splitlines()
+    if "from user code:" in lines:
+        after = [ln.strip() for ln in lines[lines.index("from user code:") + 1 :] if ln.strip()]
+        if after:
+            where = f" at {after[0]}" + (f": {after[1]}" if len(after) > 1 else "")
+    return _first_line(text) + where
