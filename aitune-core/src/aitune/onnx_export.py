@@ -404,8 +404,8 @@ def _check_dynamic_axes(path: Path, graph: GraphSpec, input_names: list[str]) ->
                 raise BuildError(
                     f"the exporter fixed axis {axis} of input {spec.path!r} (dim {dim!r}, tuned for "
                     f"{rng.min}..{rng.max}) to {d.dim_value}: the model's code ties that axis to a constant "
-                    "(a reshape or view to a fixed size, a constant tensor it is combined with); make the code "
-                    "size-generic or tune with that axis static"
+                    "(a Python loop over it, a reshape or view to a fixed size, a constant tensor it meets); make "
+                    "the code size-generic or tune with that axis static"
                 )
 
 

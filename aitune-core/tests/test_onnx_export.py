@@ -1,0 +1,227 @@
+"""ONNX export: names, dynamic axes, nested IO, external data, both exporters, and the errors."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx", reason="ONNX export needs onnx, which aitune-core does not depend on")
+pytest.importorskip("onnxscript", reason="the dynamo ONNX exporter needs onnxscript")
+
+from aitune.converter import structure  # noqa: E402
+from aitune.errors import BuildError, ConfigError  # noqa: E402
+from aitune.graph import Sample, infer_graph  # noqa: E402
+from aitune.onnx_export import ONNXExportConfig, export_onnx, onnx_name  # noqa: E402
+
+EXPORTERS = ["dynamo", "torchscript"]
+
+
+def _graph(module, samples, arg_names):
+    with torch.no_grad():
+        outputs = [module(*s.args, **s.kwargs) for s in samples]
+    return infer_graph(samples, arg_names, outputs=outputs)
+
+
+def _run(export, feed):
+    ort = pytest.importorskip("onnxruntime", reason="running the exported model needs onnxruntime")
+    session = ort.InferenceSession(str(export.path), providers=["CPUExecutionProvider"])
+    arrays = session.run(list(export.output_names), {k: v.numpy() for k, v in feed.items()})
+    return [torch.from_numpy(a) for a in arrays]
+
+
+def _dims(path: Path, which: str = "input"):
+    model = onnx.load(str(path), load_external_data=False)
+    values = model.graph.input if which == "input" else model.graph.output
+    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = torch.nn.Linear(width, 32), torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Nested(torch.nn.Module):
+    """Tuple and dict inputs, a dict output holding a tuple with a constant, and an ignored input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x, inputs, unused):
+        h = self.proj(x) * inputs["mask"].unsqueeze(-1)
+        return {"hidden": h, "extra": (h.sum(-1) + inputs["bias"][0], None)}
+
+
+def _nested_samples():
+    g = torch.Generator().manual_seed(0)
+    return [
+        Sample((torch.randn(b, s, 8, generator=g), {"mask": torch.rand(b, s, generator=g), "bias": (torch.ones(1),)}, torch.ones(3)))
+        for b, s in [(2, 5), (4, 7)]
+    ]
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_mlp_dynamic_batch_matches_eager_at_an_unseen_size(tmp_path, exporter):
+    module = MLP().eval()
+    samples = [Sample((torch.randn(b, 16),)) for b in (2, 8)]
+    graph = _graph(module, samples, ["x"])
+    export = export_onnx(module, graph, samples[0], tmp_path, ONNXExportConfig(exporter=exporter, fallback_to_torchscript=False))
+
+    assert export.exporter == exporter
+    assert export.fallback_reason is None
+    assert export.files == ("model.onnx",)
+    assert export.path == tmp_path / "model.onnx"
+    assert (export.input_names, export.output_names) == (("x",), ("output",))
+    assert export.opset >= 17
+    assert _dims(export.path)["x"] == ["batch", 16]
+    x = torch.randn(5, 16)
+    (got,) = _run(export, {"x": x})
+    torch.testing.assert_close(got, module(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_nested_inputs_and_outputs_are_flattened_to_named_tensors_and_restored(tmp_path, exporter):
+    module = Nested().eval()
+    samples = _nested_samples()
+    graph = _graph(module, samples, ["x", "inputs", "unused"])
+    export = export_onnx(module, graph, samples[0], tmp_path, ONNXExportConfig(exporter=exporter, fallback_to_torchscript=False))
+
+    assert export.input_names == ("x", "inputs_mask", "inputs_bias_0", "unused")
+    assert export.output_names == ("hidden", "extra_0")
+    inputs = _dims(export.path)
+    assert list(inputs) == list(export.input_names), "every graph input is an ONNX input, in graph order"
+    assert inputs["x"] == ["batch", "d0", 8] and inputs["inputs_mask"] == ["batch", "d0"]
+    x, mask = torch.randn(3, 6, 8), torch.rand(3, 6)
+    feed = dict(zip(export.input_names, [x, mask, torch.full((1,), 2.0), torch.ones(3)]))
+    restored = graph.unflatten_outputs(_run(export, feed))
+    expected = module(x, {"mask": mask, "bias": (torch.full((1,), 2.0),)}, torch.ones(3))
+    assert restored["extra"][1] is None
+    torch.testing.assert_close(restored["hidden"], expected["hidden"].detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(restored["extra"][0], expected["extra"][0].detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_external_data_lists_every_file_the_model_needs(tmp_path, exporter):
+    module = MLP(width=256).eval()
+    samples = [Sample((torch.randn(b, 256),)) for b in (2, 3)]
+    graph = _graph(module, samples, ["x"])
+    config = ONNXExportConfig(exporter=exporter, external_data=True, fallback_to_torchscript=False)
+    export = export_onnx(module, graph, samples[0], tmp_path / "out", config)
+    assert export.files == ("model.onnx", "model.onnx.data")
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in export.files:
+        shutil.copy(tmp_path / "out" / name, moved / name)
+    shutil.rmtree(tmp_path / "out")
+    x = torch.randn(4, 256)
+    (got,) = _run(attrs.evolve(export, path=moved / "model.onnx"), {"x": x})
+    torch.testing.assert_close(got, module(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_small_models_stay_in_one_file_by_default(tmp_path):
+    module = MLP(width=256).eval()
+    samples = [Sample((torch.randn(2, 256),))]
+    export = export_onnx(module, _graph(module, samples, ["x"]), samples[0], tmp_path, ONNXExportConfig(exporter="torchscript"))
+    assert export.files == ("model.onnx",)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
+def test_opset_is_configurable(tmp_path):
+    module = MLP().eval()
+    samples = [Sample((torch.randn(2, 16),))]
+    config = ONNXExportConfig(exporter="torchscript", opset=17)
+    export = export_onnx(module, _graph(module, samples, ["x"]), samples[0], tmp_path, config)
+    assert export.opset == 17
+
+
+class Cummax(torch.nn.Module):
+    def forward(self, x):
+        return torch.cummax(x, 0)[0]
+
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 if x.sum() > 0 else x - 1
+
+
+class LoopsOverBatch(torch.nn.Module):
+    def forward(self, x):
+        return torch.stack([x[i] * i for i in range(x.shape[0])])
+
+
+def test_an_unsupported_operator_is_named_by_both_exporters(tmp_path):
+    samples = [Sample((torch.randn(3, 4),))]
+    graph = _graph(Cummax(), samples, ["x"])
+    with pytest.raises(BuildError) as info:
+        export_onnx(Cummax(), graph, samples[0], tmp_path)
+    message = str(info.value)
+    assert "aten.cummax" in message and "aten::cummax" in message
+    assert "dynamo exporter" in message and "torchscript exporter" in message
+
+
+def test_torchscript_fallback_runs_when_dynamo_fails_and_records_why(tmp_path):
+    samples = [Sample((torch.rand(3, 4) + 0.1,))]
+    graph = _graph(DataDependent(), samples, ["x"])
+    export = export_onnx(DataDependent(), graph, samples[0], tmp_path)
+    assert export.exporter == "torchscript"
+    assert "data-dependent" in (export.fallback_reason or "")
+
+    with pytest.raises(BuildError, match="data-dependent control flow"):
+        export_onnx(DataDependent(), graph, samples[0], tmp_path, ONNXExportConfig(fallback_to_torchscript=False))
+
+
+def test_an_axis_the_exporter_fixes_is_refused_not_silently_static(tmp_path):
+    samples = [Sample((torch.randn(b, 4),)) for b in (2, 4)]
+    graph = _graph(LoopsOverBatch(), samples, ["x"])
+    with pytest.raises(BuildError, match=r"fixed axis 0 of input 'x' \(dim 'batch'"):
+        export_onnx(LoopsOverBatch(), graph, samples[0], tmp_path, ONNXExportConfig(fallback_to_torchscript=False))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"exporter": "tflite"}, "exporter"),
+        ({"opset": 3}, "opset"),
+        ({"opset": "17"}, "opset"),
+        ({"external_data": "yes"}, "external_data"),
+        ({"check": None}, "check"),
+        ({"fallback_to_torchscript": 1}, "fallback_to_torchscript"),
+    ],
+)
+def test_bad_export_config_is_refused_with_the_field_named(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle):
+        ONNXExportConfig(**kwargs)
+
+
+def test_export_config_from_json_refuses_unknown_keys():
+    assert structure({"exporter": "torchscript", "opset": 17}, ONNXExportConfig) == ONNXExportConfig(
+        exporter="torchscript", opset=17
+    )
+    with pytest.raises(ConfigError, match="opset_version"):
+        structure({"opset_version": 17}, ONNXExportConfig)
+
+
+def test_onnx_names_are_valid_identifiers():
+    assert onnx_name("inputs.mask") == "inputs_mask"
+    assert onnx_name("args.2") == "args_2"
+    assert onnx_name("0", "output") == "output_0"
+    assert onnx_name("", "output") == "output"
+
+
+def test_importing_the_module_imports_no_onnx():
+    code = "import sys, aitune.onnx_export; print([m for m in ('onnx', 'onnxscript', 'onnxruntime') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
