@@ -25,9 +25,7 @@ class TwoInputs(torch.nn.Module):
 
 def two_input_samples(shapes: list[tuple[int, int]]) -> list[Sample]:
     g = torch.Generator().manual_seed(3)
-    return [
-        Sample((torch.randint(0, 50, (b, s), generator=g), torch.ones(b, s))) for b, s in shapes
-    ]
+    return [Sample((torch.randint(0, 50, (b, s), generator=g), torch.ones(b, s))) for b, s in shapes]
 
 
 def graph_of(module: torch.nn.Module, samples: list[Sample], arg_names: list[str], **kw: object) -> GraphSpec:

@@ -156,7 +156,7 @@ def test_load_refuses_an_incompatible_machine_before_tensorrt_reads_the_plan(tmp
     with pytest.raises(ArtifactError, match="major"):
         load(_metadata())
     monkeypatch.setattr(compat, "this_machine", lambda index=None: Machine("10.9.0", True, "NVIDIA L4", (8, 9)))
-    with pytest.raises(ArtifactError, match="compute capability 8.9"):
+    with pytest.raises(ArtifactError, match=r"compute capability 8\.9"):
         load(_metadata())
     with pytest.raises(ArtifactError, match="metadata version"):
         load(_metadata(metadata_version=99))

@@ -44,7 +44,7 @@ def test_incompatible_machines_are_refused_with_what_to_do(here, error, message)
 def test_version_compatible_plans_run_on_later_releases_of_the_same_major():
     saved = {**SAVED, "version_compatible": True}
     check_compatible(saved, Machine("10.12.0", True, "NVIDIA A100", (8, 0)))
-    with pytest.raises(ArtifactError, match="or a later 10.x"):
+    with pytest.raises(ArtifactError, match=r"or a later 10\.x"):
         check_compatible(saved, Machine("10.3.0", True, "NVIDIA A100", (8, 0)))
     with pytest.raises(ArtifactError, match="major"):
         check_compatible(saved, Machine("11.0.0", True, "NVIDIA A100", (8, 0)))

@@ -47,7 +47,7 @@ def _modelopt(module: str) -> Any:
     except ImportError as exc:
         raise BackendUnavailableError(
             f"quantization_config needs NVIDIA ModelOpt's ONNX tools ({module}), which cannot be imported: {exc}; "
-            "install them: pip install 'aitune-backend-tensorrt[runtime]' onnx-graphsurgeon onnxslim polygraphy lief"
+            "install them: pip install 'aitune-backend-tensorrt[runtime]'"
         ) from exc
 
 
@@ -85,7 +85,9 @@ def autocast(onnx_path: Path, config: ONNXAutoCastConfig, feeds: Sequence[dict[s
             calibration_data=calibration,
         )
     except Exception as exc:
-        raise BuildError(f"ModelOpt AutoCast to {config.low_precision_type} failed: {type(exc).__name__}: {exc}") from exc
+        raise BuildError(
+            f"ModelOpt AutoCast to {config.low_precision_type} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     return _save(model, workdir / f"model.{config.low_precision_type}.onnx")
 
 

@@ -103,7 +103,7 @@ def _resolve(graph: GraphSpec, profile: TensorRTProfile, index: int) -> ShapePro
             else fixed.get(name, (graph.dims[name].min, graph.dims[name].opt, graph.dims[name].max))
             for size, name in zip(spec.shape, spec.dims)
         ]
-        out.append(tuple(tuple(t[k] for t in per_axis) for k in range(3)))
+        out.append(tuple(tuple(t[k] for t in per_axis) for k in range(3)))  # type: ignore[arg-type]
     return ShapeProfile(tuple(out))  # type: ignore[arg-type]
 
 

@@ -70,6 +70,7 @@ class EngineRunner:
         output_dtypes: Sequence[torch.dtype] | None = None,
         use_cuda_graphs: bool = False,
         max_graphs: int = 8,
+        version_compatible: bool = False,
     ) -> None:
         import tensorrt as trt
 
@@ -77,13 +78,17 @@ class EngineRunner:
         self.input_names, self.output_names = list(input_names), list(output_names)
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
+        if version_compatible:  # such a plan embeds its own lean runtime, which must be allowed to run
+            self._runtime.engine_host_code_allowed = True
         with torch.cuda.device(self.device):
             self.engine = self._runtime.deserialize_cuda_engine(plan)
         if self.engine is None:
             raise BuildError("TensorRT could not deserialize the plan (see the TensorRT log above)")
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         if sorted(names) != sorted(self.input_names + self.output_names):
-            raise BuildError(f"the engine's tensors {names} are not the expected {self.input_names + self.output_names}")
+            raise BuildError(
+                f"the engine's tensors {names} are not the expected {self.input_names + self.output_names}"
+            )
         shape_io = [n for n in names if self.engine.is_shape_inference_io(n)]
         if shape_io:
             raise BuildError(f"the engine takes shape tensors {shape_io} on the host, which this backend does not bind")

@@ -1,0 +1,170 @@
+"""Real TensorRT builds on a CUDA GPU: build, infer vs eager, save/load, profiles, precision, CUDA graphs.
+
+Every test here is ``gpu``-marked and skips visibly on a machine without CUDA.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from aitune.backend import BuildContext, LoadContext
+from aitune.graph import Sample, infer_graph
+from aitune.validation import validate
+
+pytestmark = pytest.mark.gpu
+
+
+class SmallCNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1)
+        )
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.body(x)
+        return self.head(features.mean(dim=(2, 3))), features
+
+
+def _setup(tmp_path: Path, batches=(2, 4, 4, 8), module=None):
+    module = (module or SmallCNN()).eval().cuda()
+    g = torch.Generator().manual_seed(1)
+    samples = [Sample((torch.randn(b, 3, 16, 16, generator=g).cuda(),)) for b in batches]
+    with torch.no_grad():
+        outputs = [module(*s.args) for s in samples]
+    graph = infer_graph(samples, ["x"], outputs=outputs)
+    (tmp_path / "work").mkdir(exist_ok=True)
+    context = BuildContext(graph, samples, torch.device("cuda"), tmp_path / "work", tmp_path / "cache")
+    return module, samples, graph, context
+
+
+def _build(config, tmp_path: Path, **kw):
+    from aitune_backend_tensorrt import TensorRTBackend
+
+    module, samples, graph, context = _setup(tmp_path, **kw)
+    backend = TensorRTBackend(config)
+    with torch.no_grad():
+        backend.build(module, context)
+    return backend, module, samples, graph
+
+
+def test_build_matches_eager_and_keeps_the_output_structure(tmp_path):
+    from aitune_backend_tensorrt import TensorRTBackendConfig
+
+    backend, module, samples, graph = _build(TensorRTBackendConfig(), tmp_path)
+    with torch.no_grad():
+        report = validate(backend, module, samples, graph)
+        out = backend.infer(*samples[0].args)
+    assert report.passed, report.reason
+    assert isinstance(out, tuple) and out[0].shape == (2, 10) and out[1].shape == (2, 16, 16, 16)
+    assert backend.build_info["profiles"] == 1 and backend.build_info["dynamic"]
+
+
+def test_infer_runs_on_the_callers_stream(tmp_path):
+    from aitune_backend_tensorrt import TensorRTBackendConfig
+
+    backend, module, samples, _ = _build(TensorRTBackendConfig(tf32=False), tmp_path)
+    stream = torch.cuda.Stream()
+    x = samples[3].args[0]
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(stream):
+        got = backend.infer(x)[0]
+    stream.synchronize()
+    torch.testing.assert_close(got, module(x)[0], atol=1e-4, rtol=1e-3)
+
+
+def test_save_load_round_trip_without_rebuild(tmp_path):
+    from aitune_backend_tensorrt import TensorRTBackend, TensorRTBackendConfig
+
+    backend, module, samples, graph = _build(TensorRTBackendConfig(), tmp_path)
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    metadata = backend.save(payload)
+    assert metadata["compute_capability"] == list(torch.cuda.get_device_capability())
+    assert metadata["gpu_name"] == torch.cuda.get_device_name()
+    assert [i["name"] for i in metadata["inputs"]] == ["x"]
+    loaded = TensorRTBackend(backend.config)
+    loaded.load(module, payload, LoadContext(graph, torch.device("cuda"), metadata, tmp_path / "cache"))
+    with torch.no_grad():
+        for s in samples:
+            for a, b in zip(backend.infer(*s.args), loaded.infer(*s.args)):
+                torch.testing.assert_close(a, b)
+
+
+def test_timing_cache_is_saved_and_reused(tmp_path):
+    from aitune_backend_tensorrt import TensorRTBackendConfig
+
+    first, *_ = _build(TensorRTBackendConfig(), tmp_path)
+    assert first.build_info["timing_cache"] == "new"
+    assert list((tmp_path / "cache" / "tensorrt").glob("timing-cache-*.bin"))
+    second, *_ = _build(TensorRTBackendConfig(), tmp_path)
+    assert second.build_info["timing_cache"] == "reused"
+
+
+def test_several_profiles_pick_the_one_containing_the_call(tmp_path):
+    from aitune_backend_tensorrt import TensorRTBackendConfig, TensorRTProfile
+
+    small = TensorRTProfile(shapes={"x": ((1, 3, 16, 16), (2, 3, 16, 16), (4, 3, 16, 16))})
+    large = TensorRTProfile(shapes={"x": ((5, 3, 16, 16), (8, 3, 16, 16), (8, 3, 16, 16))})
+    backend, module, samples, graph = _build(TensorRTBackendConfig(profiles=[small, large]), tmp_path)
+    assert backend.build_info["profiles"] == 2
+    runner = backend._runner
+    with torch.no_grad():
+        report = validate(backend, module, samples, graph)
+    assert report.passed, report.reason
+    assert runner._selected[((8, 3, 16, 16),)] == 1 and runner._selected[((2, 3, 16, 16),)] == 0
+
+
+def test_cuda_graphs_capture_per_shape_replay_and_stay_bounded(tmp_path):
+    from aitune_backend_tensorrt import TensorRTBackendConfig
+
+    config = TensorRTBackendConfig(use_cuda_graphs=True, max_cuda_graphs=2, tf32=False)
+    backend, module, samples, graph = _build(config, tmp_path, batches=(2, 3, 4, 8))
+    runner = backend._runner
+    assert runner.captures == 4 and len(runner.cached_graphs) == 2  # build warmed up four shapes
+    x = torch.randn(3, 3, 16, 16, device="cuda")
+    with torch.no_grad():
+        a = backend.infer(x)[0]
+        b = backend.infer(x * 2)[0]  # same shape: replay with new data, and `a` is not overwritten
+        torch.testing.assert_close(a, module(x)[0], atol=1e-4, rtol=1e-3)
+        torch.testing.assert_close(b, module(x * 2)[0], atol=1e-4, rtol=1e-3)
+    captures = runner.captures
+    with torch.no_grad():
+        backend.infer(x)
+    assert runner.captures == captures  # replayed, not recaptured
+    with torch.no_grad():
+        backend.infer(torch.randn(5, 3, 16, 16, device="cuda"))
+    assert runner.captures == captures + 1 and len(runner.cached_graphs) == 2
+    with torch.no_grad():
+        report = validate(backend, module, samples, graph)
+    assert report.passed, report.reason
+
+
+def test_autocast_fp16_engine_is_within_fp16_tolerance(tmp_path):
+    pytest.importorskip("modelopt.onnx.autocast")
+    from aitune_backend_tensorrt import ONNXAutoCastConfig, TensorRTBackendConfig
+
+    backend, module, samples, graph = _build(
+        TensorRTBackendConfig(quantization_config=ONNXAutoCastConfig(low_precision_type="fp16")), tmp_path
+    )
+    with torch.no_grad():
+        report = validate(backend, module, samples, graph)
+    assert report.passed, report.reason
+    assert "fp16" in backend.build_info["precision"]
+
+
+def test_int8_quantized_engine_calibrates_on_all_samples(tmp_path):
+    pytest.importorskip("modelopt.onnx.quantization")
+    from aitune_backend_tensorrt import ModelOptQuantizationConfig, TensorRTBackendConfig
+
+    backend, module, samples, graph = _build(
+        TensorRTBackendConfig(quantization_config=ModelOptQuantizationConfig(mode="int8")), tmp_path
+    )
+    assert backend.build_info["calibration_samples"] >= len(samples)
+    with torch.no_grad():
+        report = validate(backend, module, samples, graph)
+    assert report.passed, report.reason
