@@ -9,7 +9,6 @@ import torch
 from aitune.backend import BuildContext, LoadContext
 from aitune.graph import Sample, infer_graph
 from aitune.validation import validate
-
 from aitune_backend_torchao.backend import TorchAOBackend
 from aitune_backend_torchao.config import TorchAOBackendConfig
 

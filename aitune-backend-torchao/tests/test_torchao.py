@@ -17,10 +17,9 @@ from aitune.graph import GraphSpec, Sample, infer_graph
 from aitune.testing import TinyMLP  # noqa: F401 - named in MODULES
 from aitune.testing.conformance import run_in_fresh_process
 from aitune.validation import validate
-from safetensors.torch import load_file, save_file
-
 from aitune_backend_torchao.backend import TorchAOBackend
 from aitune_backend_torchao.config import ModuleFilter, TorchAOBackendConfig
+from safetensors.torch import load_file, save_file
 
 MODULES = {
     "mlp": "TinyMLP()",
@@ -31,7 +30,7 @@ MODULES = {
 
 def make(kind: str) -> tuple[torch.nn.Module, list[Sample]]:
     torch.manual_seed(0)
-    module = eval(MODULES[kind]).eval()  # noqa: S307 - our own constant
+    module = eval(MODULES[kind]).eval()
     g = torch.Generator().manual_seed(1)
     shape = (16,) if kind == "mlp" else (6, 32)
     return module, [Sample((torch.randn(b, *shape, generator=g),)) for b in (2, 4)]
@@ -112,7 +111,9 @@ SUBPROCESS = """
 """
 
 
-def save_and_load_elsewhere(backend: TorchAOBackend, module: torch.nn.Module, kind: str, samples: list[Sample], tmp_path: Path) -> dict:
+def save_and_load_elsewhere(
+    backend: TorchAOBackend, module: torch.nn.Module, kind: str, samples: list[Sample], tmp_path: Path
+) -> dict:
     from aitune.converter import unstructure
 
     payload = tmp_path / "payload"
@@ -120,7 +121,11 @@ def save_and_load_elsewhere(backend: TorchAOBackend, module: torch.nn.Module, ki
     metadata = backend.save(payload)
     save_file(module.state_dict(), tmp_path / "eager.safetensors")
     save_file({str(i): s.args[0] for i, s in enumerate(samples)}, tmp_path / "inputs.safetensors")
-    saved = {"config": config_to_json(backend.config), "metadata": metadata, "graph": unstructure(graph_of(module, samples))}
+    saved = {
+        "config": config_to_json(backend.config),
+        "metadata": metadata,
+        "graph": unstructure(graph_of(module, samples)),
+    }
     (tmp_path / "saved.json").write_text(json.dumps(saved))
     info = run_in_fresh_process(SUBPROCESS.format(root=str(tmp_path), module=MODULES[kind]))
     loaded = load_file(tmp_path / "loaded.safetensors")
@@ -150,7 +155,9 @@ def test_compiled_build_loads_compiled_in_a_fresh_process(tmp_path: Path) -> Non
     assert result["info"]["compiled"] is True
 
 
-def test_weights_torchao_cannot_flatten_are_requantized_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_weights_torchao_cannot_flatten_are_requantized_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from torchao.prototype.safetensors import safetensors_utils
 
     module, samples = make("mlp")

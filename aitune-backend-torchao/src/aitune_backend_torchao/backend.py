@@ -50,7 +50,9 @@ class TorchAOBackend(Backend):
             return own
         base = DEFAULT_TOLERANCES.get(str(dtype).removeprefix("torch."), DEFAULT_TOLERANCES["float32"])
         return Tolerance(
-            atol=max(own.atol, base.atol), rtol=max(own.rtol, base.rtol), min_cosine=min(own.min_cosine, base.min_cosine)
+            atol=max(own.atol, base.atol),
+            rtol=max(own.rtol, base.rtol),
+            min_cosine=min(own.min_cosine, base.min_cosine),
         )
 
     def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
@@ -160,8 +162,7 @@ class TorchAOBackend(Backend):
             quantize_(model, self._torchao_config(), filter_fn=self.config.filter_fn)
         except (ImportError, AssertionError, NotImplementedError, RuntimeError, ValueError) as exc:
             raise BuildError(
-                f"torchao could not apply {self.config.quantization_name} to this module: "
-                f"{type(exc).__name__}: {exc}"
+                f"torchao could not apply {self.config.quantization_name} to this module: {type(exc).__name__}: {exc}"
             ) from exc
         if not weights.quantized_tensors(model):
             raise BuildError(

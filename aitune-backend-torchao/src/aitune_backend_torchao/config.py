@@ -83,7 +83,7 @@ def _to_json_form(config: Any) -> Any:
         data = config_to_dict(config)
         if config_from_dict(data) == config:
             return data
-    except Exception:  # noqa: BLE001 - no JSON form: keep the object, save() will refuse it
+    except Exception:
         pass
     return config
 
@@ -140,4 +140,3 @@ class TorchAOBackendConfig(BackendConfig):
                 "use a preset or a torchao config class that torchao can serialize"
             )
         return None
-

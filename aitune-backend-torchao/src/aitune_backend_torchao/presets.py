@@ -82,7 +82,9 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("int8wo", "Int8WeightOnlyConfig", _int8wo, Tolerance(atol=1e-4, rtol=0.03, min_cosine=0.999), None, None),
+        Preset(
+            "int8wo", "Int8WeightOnlyConfig", _int8wo, Tolerance(atol=1e-4, rtol=0.03, min_cosine=0.999), None, None
+        ),
         Preset(
             "int8dq",
             "Int8DynamicActivationInt8WeightConfig",
