@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import torch
 import pytest
+import torch
 from aitune.graph import GraphSpec, Sample, infer_graph
 
 
@@ -23,7 +23,9 @@ class TinyEncoder(torch.nn.Module):
         return {"pooled": hidden.sum(1), "hidden": hidden}
 
 
-def encoder_samples(shapes: tuple[tuple[int, int], ...] = ((2, 5), (3, 7), (2, 7)), device: str = "cpu") -> list[Sample]:
+def encoder_samples(
+    shapes: tuple[tuple[int, int], ...] = ((2, 5), (3, 7), (2, 7)), device: str = "cpu"
+) -> list[Sample]:
     g = torch.Generator().manual_seed(1)
     bias = torch.randn(8, generator=g)
     return [

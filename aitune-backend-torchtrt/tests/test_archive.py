@@ -30,9 +30,15 @@ def _unicode(text: str) -> bytes:
 def engine_pickle_v4(module: str, name: str) -> bytes:
     """What Torch-TensorRT's opaque engine pickles look like at protocol 4: f(["engine", "info"])."""
     return (
-        b"\x80\x04" + _unicode(module) + _unicode(name) + b"\x93\x94"  # STACK_GLOBAL
-        + b"]\x94(" + _unicode("engine") + _unicode("info") + b"e\x85\x94R\x94."
-    )  # fmt: skip
+        b"\x80\x04"
+        + _unicode(module)
+        + _unicode(name)
+        + b"\x93\x94"  # STACK_GLOBAL
+        + b"]\x94("
+        + _unicode("engine")
+        + _unicode("info")
+        + b"e\x85\x94R\x94."
+    )
 
 
 def engine_pickle_v2(module: str, name: str) -> bytes:
@@ -72,10 +78,15 @@ def read(data: bytes, inner: str) -> bytes:
 
 
 def with_constant(data: bytes, path_name: str, content: bytes) -> bytes:
-    config = {"config": {"engine": {"path_name": path_name, "is_param": False, "use_pickle": True, "tensor_meta": None}}}
+    config = {
+        "config": {"engine": {"path_name": path_name, "is_param": False, "use_pickle": True, "tensor_meta": None}}
+    }
     return rewrite(
         data,
-        {"data/constants/model_constants_config.json": json.dumps(config).encode(), f"data/constants/{path_name}": content},
+        {
+            "data/constants/model_constants_config.json": json.dumps(config).encode(),
+            f"data/constants/{path_name}": content,
+        },
     )
 
 

@@ -19,7 +19,12 @@ from aitune.graph import GraphSpec, Sample
 from aitune.validation import DEFAULT_TOLERANCES
 
 from .archive import check_pt2_archive, load_exported_program
-from .config import TorchTensorRTAotBackendConfig, TorchTensorRTConfig, TorchTensorRTJitBackendConfig, to_torch_tensorrt_kwargs
+from .config import (
+    TorchTensorRTAotBackendConfig,
+    TorchTensorRTConfig,
+    TorchTensorRTJitBackendConfig,
+    to_torch_tensorrt_kwargs,
+)
 from .shapes import (
     dynamic_ranges,
     export_program,
@@ -67,7 +72,8 @@ def compile_and_warm(
 
     The first call carries the graph's dynamic axes and bounds (``mark_dynamic``), so one compiled
     graph covers the whole range; sizes 0 and 1, which torch.compile specialises, are compiled by
-    the min-shape call.
+    the min-shape call. Warm-up runs under ``torch.no_grad()``, since grad mode is part of what a
+    compiled graph is guarded on: later calls must run under it too.
     """
     compiled = torch.compile(module, backend=backend, options=options)
     calls = warmup_samples(graph, samples)
@@ -142,7 +148,8 @@ class TorchTensorRTJitBackend(Backend):
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         if self._compiled is None:
             raise RuntimeError(f"{self.name} used before build() or load()")
-        return self._compiled(*args, **kwargs)
+        with torch.no_grad():  # as in the warm-up, so grad mode never triggers a recompile
+            return self._compiled(*args, **kwargs)
 
     def save(self, directory: Path) -> dict[str, Any]:
         return {"form": "config-only", "note": "torch.compile output cannot be saved; load compiles again"}
@@ -214,7 +221,8 @@ class TorchTensorRTAotBackend(Backend):
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         if self._program is None or self._graph is None:
             raise RuntimeError(f"{self.name} used before build() or load()")
-        out = self._program(*args, **kwargs)
+        with torch.no_grad():
+            out = self._program(*args, **kwargs)
         if self._graph.output_structure is None:
             return out
         return self._graph.unflatten_outputs(tree.flatten(out)[0])

@@ -60,9 +60,7 @@ def export_dims(graph: GraphSpec) -> dict[str, Any]:
 def trace_sizes(graph: GraphSpec) -> dict[str, int]:
     """Sizes to trace at: opt, but at least 2 for dynamic dimensions (sizes 0 and 1 get specialised)."""
     dynamic = dynamic_ranges(graph)
-    return {
-        name: min(rng.max, max(2, rng.opt)) if name in dynamic else rng.opt for name, rng in graph.dims.items()
-    }
+    return {name: min(rng.max, max(2, rng.opt)) if name in dynamic else rng.opt for name, rng in graph.dims.items()}
 
 
 def trace_sample(graph: GraphSpec, sample: Sample) -> Sample:

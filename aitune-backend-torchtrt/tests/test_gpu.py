@@ -1,0 +1,62 @@
+"""Real Torch-TensorRT compile, inference, save and load: needs a CUDA GPU and torch-tensorrt."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from aitune import tree
+from aitune.backend import Backend, BuildContext, LoadContext
+from aitune.validation import validate
+from aitune_backend_torchtrt.archive import check_pt2_archive
+from aitune_backend_torchtrt.backend import PROGRAM_FILE, TorchTensorRTAotBackend, TorchTensorRTJitBackend
+from aitune_backend_torchtrt.config import (
+    TorchTensorRTAotBackendConfig,
+    TorchTensorRTConfig,
+    TorchTensorRTJitBackendConfig,
+)
+from aitune_backend_torchtrt.versions import runtime_problem
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(runtime_problem() is not None, reason=f"Torch-TensorRT unusable: {runtime_problem()}"),
+]
+
+FP16 = TorchTensorRTConfig(enabled_precisions=("fp16", "fp32"), min_block_size=1)
+BACKENDS = [
+    TorchTensorRTJitBackend(TorchTensorRTJitBackendConfig(compile_config=TorchTensorRTConfig(min_block_size=1))),
+    TorchTensorRTJitBackend(TorchTensorRTJitBackendConfig(compile_config=FP16)),
+    TorchTensorRTAotBackend(TorchTensorRTAotBackendConfig(compile_config=TorchTensorRTConfig(min_block_size=1))),
+    TorchTensorRTAotBackend(TorchTensorRTAotBackendConfig(compile_config=FP16)),
+]
+
+
+@pytest.mark.parametrize(
+    "template", BACKENDS, ids=lambda b: f"{b.name}-{'-'.join(b.config.compile_config.enabled_precisions)}"
+)
+def test_compile_validate_save_load(template: Backend, tmp_path: Path, encoder, make_samples, make_graph) -> None:
+    module = copy.deepcopy(encoder).to("cuda")  # the shared CPU fixture stays on the CPU
+    samples = make_samples(device="cuda")
+    graph = make_graph(module, samples)
+    context = BuildContext(graph, samples, torch.device("cuda"), tmp_path / "work", tmp_path / "cache")
+    context.workdir.mkdir()
+    built = template.clone()
+    built.build(module, context)
+    report = validate(built, module, samples, graph)
+    assert report.passed, report.reason
+
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    metadata = built.save(payload)
+    if isinstance(built, TorchTensorRTAotBackend):
+        check_pt2_archive((payload / PROGRAM_FILE).read_bytes())
+    loaded = template.clone()
+    loaded.load(module, payload, LoadContext(graph, torch.device("cuda"), metadata, tmp_path / "cache"))
+    assert loaded.build_info["load_compiles"] is isinstance(loaded, TorchTensorRTJitBackend)
+    for sample in samples:
+        want = tree.flatten(built.infer(*sample.args, **sample.kwargs))[0]
+        got = tree.flatten(loaded.infer(*sample.args, **sample.kwargs))[0]
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g, w)
