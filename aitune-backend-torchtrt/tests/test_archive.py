@@ -107,7 +107,7 @@ def test_pickled_weights_are_refused(program_bytes: bytes) -> None:
 
 def test_an_opaque_object_that_runs_code_is_refused(program_bytes: bytes) -> None:
     tampered = with_constant(program_bytes, "opaque_obj_0", pickle.dumps(_Evil(), protocol=2))
-    with pytest.raises(SerializationError, match="system.*not a TensorRT engine"):
+    with pytest.raises(SerializationError, match=r"system.*not a TensorRT engine"):
         check_pt2_archive(tampered)
     with pytest.raises(SerializationError):
         load_exported_program(tampered)  # refused before torch.export.load could unpickle it

@@ -209,7 +209,7 @@ class TorchTensorRTAotBackend(Backend):
         with torch.no_grad():
             for call in warmup_samples(graph, context.samples):
                 self.infer(*call.args, **call.kwargs)
-        children = [name for name, _ in self._program.named_children()]  # type: ignore[attr-defined]
+        children = [name for name, _ in self._program.named_children()]  # type: ignore[union-attr]
         self.build_info.update(
             torch_tensorrt=str(torch_tensorrt.__version__),
             dynamic_dims={n: [r.min, r.opt, r.max] for n, r in dynamic_ranges(graph).items()},
