@@ -23,3 +23,11 @@ def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.syspath_prepend(str(site))
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test gets its own aitune cache, so build-cache hits never leak between tests."""
+    path = tmp_path_factory.mktemp("aitune-cache")
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(path))
+    return path

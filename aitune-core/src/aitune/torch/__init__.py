@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from ..artifact import load, save
 from ..graph import BatchDim, DynamicDim
 from ..report import TuneReport
 from .module import Module
@@ -34,6 +35,8 @@ __all__ = [
     "PerformanceValidationMode",
     "TuneReport",
     "TuneStrategy",
+    "load",
+    "save",
     "tune",
     "wrap",
 ]

@@ -1,0 +1,191 @@
+"""Reading and writing the zip container, safely.
+
+Writing goes to a temporary file beside the target that is renamed into place, so a crash never
+leaves half an artifact. Reading refuses, before any runtime sees a byte: member paths that
+escape (absolute, ``..``, backslashes), duplicates, members missing from or not listed in the
+``SHA256SUMS`` member, digests that differ, oversized manifests and a whole-file digest that
+differs from ``expected_sha256``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+
+from ..errors import ArtifactError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SUMS = "SHA256SUMS"
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+_CHUNK = 1 << 20
+_SAFE = re.compile(r"^[A-Za-z0-9._\-]+$")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_member_name(name: str) -> None:
+    path = PurePosixPath(name)
+    if name.startswith("/") or "\\" in name or path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ArtifactError(f"artifact member {name!r} escapes the archive; the file is corrupt or hostile")
+    if not all(_SAFE.match(part) for part in path.parts):
+        raise ArtifactError(f"artifact member {name!r} has an unexpected name; the file is corrupt or hostile")
+
+
+class Writer:
+    """Collects members, then writes the archive atomically with its digest list."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self.digests: dict[str, str] = {}
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        self.tmp = Path(tmp)
+        self.zip = zipfile.ZipFile(self.tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+
+    def add_file(self, name: str, source: Path) -> None:
+        check_member_name(name)
+        self.digests[name] = file_sha256(source)
+        self.zip.write(source, name)
+
+    def add_bytes(self, name: str, data: bytes) -> None:
+        check_member_name(name)
+        self.digests[name] = hashlib.sha256(data).hexdigest()
+        self.zip.writestr(name, data)
+
+    def commit(self) -> None:
+        sums = "".join(f"{digest}  {name}\n" for name, digest in sorted(self.digests.items()))
+        self.zip.writestr(SUMS, sums)
+        self.zip.close()
+        with open(self.tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(self.tmp, self.target)
+
+    def abort(self) -> None:
+        try:
+            self.zip.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+class Reader:
+    """An opened, structurally checked archive whose members are verified as they are read."""
+
+    def __init__(self, path: Path, expected_sha256: str | None = None) -> None:
+        self.path = path
+        if not path.is_file():
+            raise ArtifactError(f"no artifact at {path}")
+        if expected_sha256 is not None:
+            actual = file_sha256(path)
+            if actual.lower() != expected_sha256.lower():
+                raise ArtifactError(
+                    f"{path} has SHA-256 {actual}, not the expected {expected_sha256}: it was changed or is "
+                    "another file; get the artifact again from its source"
+                )
+        try:
+            self.zip = zipfile.ZipFile(path)
+            infos = self.zip.infolist()
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            raise ArtifactError(f"{path} is not a readable .ait artifact (truncated or corrupt): {exc}") from exc
+        names = [i.filename for i in infos]
+        if len(set(names)) != len(names):
+            raise ArtifactError(f"{path} holds duplicate members; the file is corrupt or hostile")
+        for info in infos:
+            check_member_name(info.filename)
+            if info.is_dir():
+                raise ArtifactError(f"{path}: unexpected folder entry {info.filename!r}")
+        self.infos = {i.filename: i for i in infos}
+        if SUMS not in self.infos:
+            raise ArtifactError(f"{path} has no {SUMS} member: it is not an aitune artifact or it is truncated")
+        self.digests = self._read_sums()
+        listed, present = set(self.digests), set(self.infos) - {SUMS}
+        if listed != present:
+            extra, missing = sorted(present - listed), sorted(listed - present)
+            raise ArtifactError(
+                f"{path} does not match its digest list (unlisted: {extra[:5]}, missing: {missing[:5]}); "
+                "the file was altered or truncated"
+            )
+
+    def _read_sums(self) -> dict[str, str]:
+        info = self.infos[SUMS]
+        if info.file_size > MAX_MANIFEST_BYTES:
+            raise ArtifactError(f"{self.path}: the digest list is implausibly large ({info.file_size} bytes)")
+        try:
+            text = self._raw(SUMS).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ArtifactError(f"{self.path}: the digest list is not text") from exc
+        out: dict[str, str] = {}
+        for line in text.splitlines():
+            digest, sep, name = line.partition("  ")
+            if not sep or not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ArtifactError(f"{self.path}: malformed digest line {line[:80]!r}")
+            check_member_name(name)
+            out[name] = digest
+        return out
+
+    def _raw(self, name: str) -> bytes:
+        try:
+            return self.zip.read(name)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
+            raise ArtifactError(f"{self.path}: member {name!r} cannot be read (corrupt or truncated): {exc}") from exc
+
+    def read(self, name: str, limit: int | None = None) -> bytes:
+        """A member's bytes, after checking its digest."""
+        if name not in self.infos or name == SUMS:
+            raise ArtifactError(f"{self.path} has no member {name!r}")
+        if limit is not None and self.infos[name].file_size > limit:
+            raise ArtifactError(f"{self.path}: member {name!r} is implausibly large ({self.infos[name].file_size} bytes)")
+        data = self._raw(name)
+        if hashlib.sha256(data).hexdigest() != self.digests[name]:
+            raise ArtifactError(f"{self.path}: member {name!r} does not match its SHA-256; the file was altered")
+        return data
+
+    def extract(self, prefix: str, target: Path) -> list[str]:
+        """Write every member under ``prefix/`` into ``target``, checking each digest while copying."""
+        written = []
+        for name, info in self.infos.items():
+            if not name.startswith(prefix + "/"):
+                continue
+            rel = name[len(prefix) + 1 :]
+            dest = target / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            digest = hashlib.sha256()
+            try:
+                with self.zip.open(info) as src, open(dest, "wb") as out:
+                    for block in iter(lambda: src.read(_CHUNK), b""):
+                        digest.update(block)
+                        out.write(block)
+            except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
+                raise ArtifactError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
+            if digest.hexdigest() != self.digests[name]:
+                raise ArtifactError(f"{self.path}: member {name!r} does not match its SHA-256; the file was altered")
+            written.append(rel)
+        return written
+
+    def verify_all(self) -> None:
+        for name in self.digests:
+            self.read(name)
+
+    def close(self) -> None:
+        self.zip.close()
+
+
+@contextmanager
+def open_artifact(path: Path, expected_sha256: str | None = None) -> Iterator[Reader]:
+    reader = Reader(path, expected_sha256)
+    try:
+        yield reader
+    finally:
+        reader.close()

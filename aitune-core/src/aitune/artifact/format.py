@@ -1,0 +1,46 @@
+"""The manifest of an artifact: attrs classes, JSON through the one cattrs converter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ..graph import GraphSpec
+
+
+@attrs.define
+class GraphEntry:
+    """One graph of one module: which backend runs it, its config, and where its payload lies."""
+
+    graph: GraphSpec
+    backend: str
+    config: dict[str, Any]
+    distribution: str
+    """The pip distribution that provides ``backend``, and its version at save time."""
+    distribution_version: str
+    payload: str
+    """Folder of the payload inside the archive (``modules/0/graphs/1``)."""
+    files: list[str] = attrs.field(factory=list)
+    metadata: dict[str, Any] = attrs.field(factory=dict)
+    """What the backend's ``save`` returned; handed back to its ``load``."""
+
+
+@attrs.define
+class ModuleEntry:
+    name: str
+    weights: str
+    """The safetensors member holding the module's original weights (eager fallback)."""
+    graphs: list[GraphEntry] = attrs.field(factory=list)
+
+
+@attrs.define
+class Manifest:
+    format_version: int
+    created_at: str
+    aitune_version: str
+    distributions: dict[str, str]
+    """Every aitune distribution installed when saving, with its version."""
+    environment: dict[str, Any]
+    """Where it was tuned: torch, CUDA, GPU or CPU model, runtime library versions."""
+    modules: list[ModuleEntry] = attrs.field(factory=list)

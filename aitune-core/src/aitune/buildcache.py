@@ -1,0 +1,158 @@
+"""The build cache: a wrapper on ``aitune_build`` that skips builds it has seen before.
+
+Entries are content-addressed by the module's structure and weights, the graph, the backend and
+its config, the versions of aitune, the plugin and torch, and the device. A hit loads the saved
+payload through ``aitune_deserialize`` instead of building; a miss builds, then saves the
+payload into the cache. ``AITUNE_BUILD_CACHE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__, hookimpl
+from .backend import Backend, BuildContext, LoadContext
+from .converter import config_to_json, unstructure
+from .errors import SerializationError
+
+logger = logging.getLogger("aitune")
+_digests: dict[int, tuple[Any, str]] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("AITUNE_BUILD_CACHE", "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+def builds_dir() -> Path:
+    from .cache import cache_dir
+
+    return cache_dir() / "builds"
+
+
+def module_digest(module: torch.nn.Module) -> str:
+    """SHA-256 of the module's structure and every weight; memoized while the weights are unchanged."""
+    state = module.state_dict(keep_vars=True)
+    stamp = tuple((k, v.data_ptr(), v._version, tuple(v.shape)) for k, v in state.items())
+    cached = _digests.get(id(module))
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    digest = hashlib.sha256(f"{type(module).__module__}.{type(module).__qualname__}\n{module}".encode())
+    for name, tensor in state.items():
+        t = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    _digests[id(module)] = (stamp, digest.hexdigest())
+    return digest.hexdigest()
+
+
+def build_key(backend: Backend, module: torch.nn.Module, context: BuildContext) -> str:
+    from .plugins import get_manager
+
+    registry = get_manager().registry
+    plugin_version = registry.status(backend.name).version if backend.name in registry else "unknown"
+    payload = {
+        "module": module_digest(module),
+        "graph": unstructure(context.graph),
+        "backend": backend.name,
+        "config": config_to_json(backend.config, backend.name),
+        "versions": {"aitune": __version__, "plugin": plugin_version, "torch": torch.__version__},
+        "device": str(context.device),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _load_hit(entry: Path, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
+    from .plugins import get_manager
+
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        load_ctx = LoadContext(context.graph, context.device, meta["metadata"], context.cache_dir, context.module_name)
+        start = time.perf_counter()
+        loaded = get_manager().hook.aitune_deserialize(
+            backend=backend, module=module, directory=entry / "payload", context=load_ctx
+        )
+    except Exception as exc:  # a broken entry is dropped and rebuilt, never fatal
+        logger.warning("build cache entry %s is unusable (%s: %s); rebuilding", entry.name, type(exc).__name__, exc)
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    loaded.build_info.update(meta.get("build_info", {}))
+    loaded.build_info["from_cache"] = True
+    loaded.build_info["cache_load_s"] = time.perf_counter() - start
+    return loaded  # type: ignore[no-any-return]
+
+
+def _store(entry: Path, backend: Backend) -> None:
+    from .plugins import get_manager
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+    try:
+        (staging / "payload").mkdir()
+        metadata = get_manager().hook.aitune_serialize(backend=backend, directory=staging / "payload")
+        info = {k: v for k, v in backend.build_info.items() if k != "from_cache"}
+        (staging / "meta.json").write_text(
+            json.dumps({"backend": backend.name, "metadata": metadata or {}, "build_info": info}, default=str)
+        )
+        os.replace(staging, entry)
+    except (SerializationError, OSError) as exc:
+        logger.debug("build of %s not cached: %s", backend.name, exc)
+    except Exception as exc:
+        logger.warning("build of %s not cached: %s: %s", backend.name, type(exc).__name__, exc)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _entry(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Path | None:
+    if not enabled():
+        return None
+    try:
+        key = build_key(backend, module, context)
+    except Exception as exc:  # a config that cannot be keyed is built, not cached
+        logger.debug("build of %s not cached: %s", backend.name, exc)
+        return None
+    return builds_dir() / key[:2] / key
+
+
+@hookimpl(specname="aitune_build", tryfirst=True)
+def lookup(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
+    """A hit answers the build with the cached payload; a miss lets the builders run."""
+    entry = _entry(backend, module, context)
+    if entry is None or not (entry / "meta.json").is_file():
+        return None
+    return _load_hit(entry, backend, module, context)
+
+
+@hookimpl(specname="aitune_build", wrapper=True)
+def store(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Generator[None, Any, Any]:
+    """After a fresh build, save its payload into the cache."""
+    built = yield
+    if built is not None and not built.build_info.get("from_cache"):
+        entry = _entry(backend, module, context)
+        if entry is not None:
+            _store(entry, built)
+    return built
+
+
+def info() -> dict[str, Any]:
+    root = builds_dir()
+    entries = [p for p in root.glob("*/*") if p.is_dir() and not p.name.startswith(".")] if root.exists() else []
+    size = sum(f.stat().st_size for e in entries for f in e.rglob("*") if f.is_file())
+    return {"path": str(root), "entries": len(entries), "bytes": size}
+
+
+def clear() -> int:
+    root = builds_dir()
+    count = info()["entries"]
+    shutil.rmtree(root, ignore_errors=True)
+    return int(count)

@@ -1,0 +1,50 @@
+"""The member distributions, really installed, are found through their entry points."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+MEMBERS = sorted(p.parent for p in ROOT.glob("aitune-*/pyproject.toml"))
+
+
+def test_there_are_members():
+    assert {m.name for m in MEMBERS} >= {"aitune-core", "aitune-backend-onnxruntime", "aitune-backend-inductor"}
+
+
+@pytest.mark.parametrize("member", MEMBERS, ids=lambda p: p.name)
+def test_member_is_installed_with_its_own_version_readme_and_changelog(member):
+    meta = tomllib.loads((member / "pyproject.toml").read_text())["project"]
+    assert importlib.metadata.version(meta["name"])
+    assert (member / "README.md").read_text().strip()
+    assert (member / "CHANGELOG.md").read_text().strip()
+    if meta["name"] != "aitune-core":
+        deps = meta["dependencies"]
+        assert any(d.replace(" ", "").startswith("aitune-core>=0.1,<0.2") for d in deps), deps
+
+
+@pytest.mark.parametrize("member", [m for m in MEMBERS if m.name != "aitune-core"], ids=lambda p: p.name)
+def test_backend_member_registers_through_its_entry_point(member):
+    from aitune.plugins import AituneManager
+
+    meta = tomllib.loads((member / "pyproject.toml").read_text())["project"]
+    [(ep_name, target)] = meta["entry-points"]["aitune"].items()
+    installed = {ep.name: ep for ep in importlib.metadata.entry_points(group="aitune")}
+    assert installed[ep_name].value == target
+    assert installed[ep_name].dist.name == meta["name"]
+    manager = AituneManager()
+    manager.load_entry_points()
+    provided = [n for n in manager.registry.names() if manager.registry.distribution(n) == meta["name"]]
+    assert provided, f"{meta['name']} registered no backend"
+    for name in provided:
+        status = manager.registry.status(name)
+        assert status.available or status.reason(), "an unavailable backend says why"
