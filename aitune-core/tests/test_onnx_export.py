@@ -67,7 +67,13 @@ class Nested(torch.nn.Module):
 def _nested_samples():
     g = torch.Generator().manual_seed(0)
     return [
-        Sample((torch.randn(b, s, 8, generator=g), {"mask": torch.rand(b, s, generator=g), "bias": (torch.ones(1),)}, torch.ones(3)))
+        Sample(
+            (
+                torch.randn(b, s, 8, generator=g),
+                {"mask": torch.rand(b, s, generator=g), "bias": (torch.ones(1),)},
+                torch.ones(3),
+            )
+        )
         for b, s in [(2, 5), (4, 7)]
     ]
 
@@ -77,7 +83,9 @@ def test_mlp_dynamic_batch_matches_eager_at_an_unseen_size(tmp_path, exporter):
     module = MLP().eval()
     samples = [Sample((torch.randn(b, 16),)) for b in (2, 8)]
     graph = _graph(module, samples, ["x"])
-    export = export_onnx(module, graph, samples[0], tmp_path, ONNXExportConfig(exporter=exporter, fallback_to_torchscript=False))
+    export = export_onnx(
+        module, graph, samples[0], tmp_path, ONNXExportConfig(exporter=exporter, fallback_to_torchscript=False)
+    )
 
     assert export.exporter == exporter
     assert export.fallback_reason is None
@@ -96,7 +104,9 @@ def test_nested_inputs_and_outputs_are_flattened_to_named_tensors_and_restored(t
     module = Nested().eval()
     samples = _nested_samples()
     graph = _graph(module, samples, ["x", "inputs", "unused"])
-    export = export_onnx(module, graph, samples[0], tmp_path, ONNXExportConfig(exporter=exporter, fallback_to_torchscript=False))
+    export = export_onnx(
+        module, graph, samples[0], tmp_path, ONNXExportConfig(exporter=exporter, fallback_to_torchscript=False)
+    )
 
     assert export.input_names == ("x", "inputs_mask", "inputs_bias_0", "unused")
     assert export.output_names == ("hidden", "extra_0")
@@ -134,7 +144,9 @@ def test_external_data_lists_every_file_the_model_needs(tmp_path, exporter):
 def test_small_models_stay_in_one_file_by_default(tmp_path):
     module = MLP(width=256).eval()
     samples = [Sample((torch.randn(2, 256),))]
-    export = export_onnx(module, _graph(module, samples, ["x"]), samples[0], tmp_path, ONNXExportConfig(exporter="torchscript"))
+    export = export_onnx(
+        module, _graph(module, samples, ["x"]), samples[0], tmp_path, ONNXExportConfig(exporter="torchscript")
+    )
     assert export.files == ("model.onnx",)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
 
@@ -222,6 +234,8 @@ def test_onnx_names_are_valid_identifiers():
 
 
 def test_importing_the_module_imports_no_onnx():
-    code = "import sys, aitune.onnx_export; print([m for m in ('onnx', 'onnxscript', 'onnxruntime') if m in sys.modules])"
+    code = (
+        "import sys, aitune.onnx_export; print([m for m in ('onnx', 'onnxscript', 'onnxruntime') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,15 +1,407 @@
-"""The onnxruntime backends (not implemented yet: building raises a clear error)."""
+"""ONNXRuntimeBackend: the module exported to ONNX and run by an ONNX Runtime session.
+
+On CPU, inputs go to ONNX Runtime as numpy views of the torch tensors (no copy) and outputs come
+back as torch tensors sharing ONNX Runtime's arrays. On CUDA and TensorRT, IO binding hands ONNX
+Runtime the torch tensors' device pointers, and outputs are preallocated torch tensors whenever
+their shape follows from the input sizes (else ONNX Runtime allocates them on the device and they
+cross over by DLPack), so nothing travels through host memory.
+"""
 
 from __future__ import annotations
 
-from aitune.backend import PendingBackend
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-from .config import ONNXRuntimeBackendConfig
+import torch
+from aitune import tree
+from aitune.backend import Backend, BuildContext, LoadContext
+from aitune.errors import BackendUnavailableError, BuildError, SerializationError
+from aitune.graph import GraphSpec
+from aitune.onnx_export import MODEL_FILE, ONNXExport, export_onnx, model_files
+
+from .config import ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from .plugin import provider_unavailable
+
+OPTIMIZED_FILE = "model.optimized.onnx"
+UNSUPPORTED_DTYPES = ("bfloat16", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
+
+_TORCH_FROM_ORT = {
+    "tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(double)": torch.float64,
+    "tensor(int64)": torch.int64, "tensor(int32)": torch.int32, "tensor(int16)": torch.int16,
+    "tensor(int8)": torch.int8, "tensor(uint8)": torch.uint8, "tensor(bool)": torch.bool,
+}  # fmt: skip
 
 
-class ONNXRuntimeBackend(PendingBackend):
+class ONNXRuntimeBackend(Backend):
     """ONNX export run by ONNX Runtime (CPU, CUDA or TensorRT execution provider)."""
 
     name = "onnxruntime"
     config_class = ONNXRuntimeBackendConfig
-    planned = "issue 5"
+    config: ONNXRuntimeBackendConfig
+
+    def __init__(self, config: ONNXRuntimeBackendConfig | None = None) -> None:
+        super().__init__(config)
+        self._session: Any = None
+        self._graph: GraphSpec | None = None
+        self._device = torch.device("cpu")
+        self._structure: dict[str, Any] = {}
+        self._input_names: tuple[str, ...] = ()
+        self._output_names: tuple[str, ...] = ()
+        self._outputs: list[tuple[torch.dtype | None, list[int | str | None] | None]] = []
+        self._bound = False
+        self._files: list[str] = []
+        self._optimized: list[str] = []
+        self._meta: dict[str, Any] = {}
+        self._dir: Path | None = None
+
+    # -- what the engine asks first -------------------------------------------------------------
+
+    def provider_for(self, device: torch.device) -> ONNXExecutionProvider:
+        """The configured provider, or CUDA on a CUDA device and CPU elsewhere."""
+        if self.config.execution_provider is not None:
+            return self.config.execution_provider
+        return ONNXExecutionProvider.CUDA if device.type == "cuda" else ONNXExecutionProvider.CPU
+
+    def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
+        provider = self.provider_for(device)
+        reason = provider_unavailable(provider.value)
+        if reason and provider is not ONNXExecutionProvider.CPU:
+            return (
+                f"the {provider.ort_name} of ONNX Runtime cannot run here: {reason}; to run on the CPU, use "
+                "ONNXRuntimeBackendConfig(execution_provider=ONNXExecutionProvider.CPU)"
+            )
+        if reason:
+            return reason
+        if provider is not ONNXExecutionProvider.CPU and device.type != "cuda":
+            return (
+                f"the {provider.ort_name} runs on a CUDA device but tuning runs on {device}: tune on cuda, or use "
+                "execution_provider=ONNXExecutionProvider.CPU (or None, which picks the CPU provider here)"
+            )
+        for spec in (*graph.inputs, *graph.outputs):
+            if spec.dtype in UNSUPPORTED_DTYPES:
+                return (
+                    f"{spec.path} is {spec.dtype}, which ONNX Runtime's Python API cannot pass in or out; "
+                    "cast it to float16 or float32 at the module's boundary, or choose another backend"
+                )
+        return None
+
+    # -- build ----------------------------------------------------------------------------------
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        reason = self.unsupported_reason(context.graph, context.device)
+        if reason:
+            raise BackendUnavailableError(f"backend 'onnxruntime' cannot build this graph: {reason}")
+        if not context.samples:
+            raise BuildError("the onnxruntime backend needs at least one recorded sample to export the module")
+        provider = self.provider_for(context.device)
+        folder = self._own_folder()
+        export = export_onnx(module, context.graph, context.samples[0], folder, self.config.export)
+        save_optimized = self.config.save_optimized_model and provider is not ONNXExecutionProvider.TENSORRT
+        self._adopt(export, context.graph, provider)
+        start = time.perf_counter()
+        self._open(
+            folder / MODEL_FILE,
+            context.graph,
+            context.device,
+            provider,
+            context.cache_dir,
+            optimized_to=folder / OPTIMIZED_FILE if save_optimized else None,
+        )
+        session_seconds = time.perf_counter() - start
+        if save_optimized:
+            self._optimized = list(model_files(folder / OPTIMIZED_FILE))
+        for i, sample in enumerate(context.samples):  # warm-up, and proof that the session runs
+            try:
+                self.infer(*sample.args, **sample.kwargs)
+            except Exception as exc:
+                raise BuildError(
+                    f"ONNX Runtime ({provider.ort_name}) failed to run the exported model on sample {i}: "
+                    f"{type(exc).__name__}: {exc}; try the other exporter (ONNXExportConfig(exporter=...)) "
+                    "or another backend"
+                ) from exc
+        self.build_info.update(
+            exporter=export.exporter,
+            opset=export.opset,
+            export_s=round(export.seconds, 3),
+            session_s=round(session_seconds, 3),
+            fallback_reason=export.fallback_reason,
+            optimized_model_saved=save_optimized,
+        )
+
+    def _adopt(self, export: ONNXExport, graph: GraphSpec, provider: ONNXExecutionProvider) -> None:
+        self._files = list(export.files)
+        self._structure = graph.output_structure or export.output_structure
+        self._input_names, self._output_names = export.input_names, export.output_names
+        self._meta = {
+            "exporter": export.exporter,
+            "opset": export.opset,
+            "provider": provider.value,
+            "fallback_reason": export.fallback_reason,
+        }
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def _own_folder(self) -> Path:
+        """A folder this object owns, so the payload outlives the build's scratch folder."""
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="aitune-onnxruntime-"))
+            weakref.finalize(self, shutil.rmtree, str(self._dir), True)
+        return self._dir
+
+    def _open(
+        self,
+        model: Path,
+        graph: GraphSpec,
+        device: torch.device,
+        provider: ONNXExecutionProvider,
+        cache_dir: Path,
+        optimized_to: Path | None = None,
+        preoptimized: bool = False,
+    ) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        level = "disabled" if preoptimized else self.config.graph_optimization_level
+        options.graph_optimization_level = {
+            "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[level]
+        if self.config.intra_op_num_threads:
+            options.intra_op_num_threads = self.config.intra_op_num_threads
+        if self.config.inter_op_num_threads:
+            options.inter_op_num_threads = self.config.inter_op_num_threads
+        options.log_severity_level = 3
+        if optimized_to is not None:
+            options.optimized_model_filepath = str(optimized_to)
+        available = ort.get_available_providers()
+        if provider.ort_name not in available:
+            raise BackendUnavailableError(
+                f"this onnxruntime build has no {provider.ort_name} (it has {available}); install onnxruntime-gpu "
+                "for CUDA and TensorRT, or use execution_provider=ONNXExecutionProvider.CPU"
+            )
+        names = self._input_names or _graph_input_names(model)
+        chain = provider_chain(provider, device.index or 0, graph, names, self.config.provider_options, cache_dir)
+        try:
+            session = ort.InferenceSession(str(model), options, providers=chain)
+        except Exception as exc:
+            raise BuildError(
+                f"ONNX Runtime could not create a session with the {provider.ort_name}: {exc}; check "
+                "provider_options, or try another graph_optimization_level or exporter"
+            ) from exc
+        if provider.ort_name not in session.get_providers():
+            raise BuildError(
+                f"ONNX Runtime silently fell back to {session.get_providers()} instead of the {provider.ort_name} "
+                "(its libraries failed to load: check that the CUDA, cuDNN and TensorRT versions match the "
+                "installed onnxruntime-gpu), so this would not measure what was asked for"
+            )
+        self._session = session
+        self._graph = graph
+        self._device = device
+        self._bound = provider is not ONNXExecutionProvider.CPU and self.config.use_io_binding
+        self._outputs = [(_TORCH_FROM_ORT.get(o.type), _dims(o.shape)) for o in session.get_outputs()]
+        self.build_info.update(
+            provider=provider.value, session_providers=session.get_providers(), io_binding=self._bound
+        )
+
+    # -- run ------------------------------------------------------------------------------------
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        if self._session is None:
+            raise BuildError("ONNXRuntimeBackend used before build() or load()")
+        tensors = tree.flatten((args, kwargs))[0]
+        outputs = self._run_bound(tensors) if self._bound else self._run_host(tensors)
+        return tree.unflatten(self._structure, outputs)
+
+    def _run_host(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        feed = {name: _numpy(t) for name, t in zip(self._input_names, tensors)}
+        arrays = self._session.run(self._output_names, feed)
+        outs = [torch.from_numpy(a) for a in arrays]
+        if self._device.type != "cpu":
+            outs = [o.to(self._device) for o in outs]
+        return outs
+
+    def _run_bound(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        assert self._graph is not None
+        binding = self._session.io_binding()
+        device_id = self._device.index or 0
+        kept, sizes = [], {}
+        for name, t, spec in zip(self._input_names, tensors, self._graph.inputs):
+            t = t.detach().to(self._device).contiguous()
+            kept.append(t)
+            sizes.update({dim: t.shape[axis] for axis, dim in enumerate(spec.dims) if dim is not None})
+            binding.bind_input(name, "cuda", device_id, _numpy_dtype(t.dtype), tuple(t.shape), t.data_ptr())
+        outs: list[torch.Tensor | None] = []
+        for name, (dtype, dims) in zip(self._output_names, self._outputs):
+            shape = resolve_shape(dims, sizes)
+            if shape is None or dtype is None:
+                binding.bind_output(name, "cuda", device_id)
+                outs.append(None)
+                continue
+            out = torch.empty(shape, dtype=dtype, device=self._device)
+            binding.bind_output(name, "cuda", device_id, _numpy_dtype(dtype), shape, out.data_ptr())
+            outs.append(out)
+        torch.cuda.current_stream(self._device).synchronize()  # inputs are written on torch's stream
+        self._session.run_with_iobinding(binding)
+        if any(o is None for o in outs):
+            values = binding.get_outputs()
+            outs = [o if o is not None else _from_ort(values[i], self._device) for i, o in enumerate(outs)]
+        return outs  # type: ignore[return-value]
+
+    # -- artifact -------------------------------------------------------------------------------
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        if self._session is None or self._dir is None:
+            raise SerializationError("ONNXRuntimeBackend.save() before build() or load(): nothing to save")
+        files = list(dict.fromkeys(self._files + self._optimized))
+        for name in files:
+            shutil.copy2(self._dir / name, Path(directory) / name)
+        return {
+            **self._meta,
+            "model": MODEL_FILE,
+            "files": files,
+            "optimized_model": OPTIMIZED_FILE if self._optimized else None,
+            "input_names": list(self._input_names),
+            "output_names": list(self._output_names),
+            "output_structure": self._structure,
+        }
+
+    def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
+        meta = context.metadata
+        try:
+            files = [str(f) for f in meta["files"]]
+            input_names, output_names = tuple(meta["input_names"]), tuple(meta["output_names"])
+        except (KeyError, TypeError) as exc:
+            raise SerializationError(f"onnxruntime payload metadata lacks {exc}; re-tune and save again") from exc
+        for name in files:
+            if Path(name).is_absolute() or ".." in Path(name).parts or not (Path(directory) / name).is_file():
+                raise SerializationError(
+                    f"onnxruntime payload misses the file {name!r} it lists; the artifact is incomplete"
+                )
+        reason = self.unsupported_reason(context.graph, context.device)
+        if reason:
+            raise BackendUnavailableError(f"cannot load the onnxruntime payload here: {reason}")
+        folder = self._own_folder()
+        for name in files:
+            _link_or_copy(Path(directory) / name, folder / name)
+        provider = self.provider_for(context.device)
+        preoptimized = bool(meta.get("optimized_model")) and meta.get("provider") == provider.value
+        self._input_names, self._output_names = input_names, output_names
+        self._structure = context.graph.output_structure or meta["output_structure"]
+        self._files = [f for f in files if f != meta.get("optimized_model")]
+        self._optimized = files if meta.get("optimized_model") else []  # a superset of what it references
+        self._meta = {k: meta.get(k) for k in ("exporter", "opset", "provider", "fallback_reason")}
+        model = folder / (meta["optimized_model"] if preoptimized else meta.get("model", MODEL_FILE))
+        start = time.perf_counter()
+        try:
+            self._open(model, context.graph, context.device, provider, context.cache_dir, preoptimized=preoptimized)
+        except BuildError as exc:
+            raise SerializationError(f"cannot load the onnxruntime payload: {exc}") from exc
+        self.build_info.update(
+            loaded_optimized_model=preoptimized, session_s=round(time.perf_counter() - start, 3), exported=False
+        )
+
+
+# -- pure helpers (tested on CPU) ---------------------------------------------------------------
+
+
+def provider_chain(
+    provider: ONNXExecutionProvider,
+    device_id: int,
+    graph: GraphSpec,
+    input_names: Sequence[str],
+    options: Mapping[str, str],
+    cache_dir: Path,
+) -> list[tuple[str, dict[str, str]]]:
+    """The ``providers`` list for the session: the asked-for provider first, its fallbacks after.
+
+    For TensorRT, the graph's min/opt/max shapes become the engine's optimisation profile and
+    engines are cached under aitune's cache folder, so a load does not rebuild them.
+    """
+    cpu: tuple[str, dict[str, str]] = ("CPUExecutionProvider", {})
+    if provider is ONNXExecutionProvider.CPU:
+        return [("CPUExecutionProvider", dict(options))]
+    cuda = ("CUDAExecutionProvider", {"device_id": str(device_id)})
+    if provider is ONNXExecutionProvider.CUDA:
+        return [("CUDAExecutionProvider", {**cuda[1], **options}), cpu]
+    trt = {
+        "device_id": str(device_id),
+        "trt_engine_cache_enable": "True",
+        "trt_engine_cache_path": str(Path(cache_dir) / "onnxruntime-tensorrt"),
+        **tensorrt_profile(graph, input_names),
+        **options,
+    }
+    return [("TensorrtExecutionProvider", trt), cuda, cpu]
+
+
+def tensorrt_profile(graph: GraphSpec, input_names: Sequence[str]) -> dict[str, str]:
+    """TensorRT provider options giving every input's min/opt/max shape (``x:1x16,mask:1x5``)."""
+    if not any(spec.dynamic_axes for spec in graph.inputs):
+        return {}
+    out = {}
+    for which in ("min", "opt", "max"):
+        out[f"trt_profile_{which}_shapes"] = ",".join(
+            f"{name}:{'x'.join(str(s) for s in graph.shape_at(spec, which))}"
+            for name, spec in zip(input_names, graph.inputs)
+            if spec.rank
+        )
+    return out
+
+
+def resolve_shape(dims: Sequence[int | str | None] | None, sizes: Mapping[str, int]) -> tuple[int, ...] | None:
+    """An output's shape from its ONNX dims and the sizes the call gave the named dims, if it follows."""
+    if dims is None:
+        return None
+    shape = []
+    for d in dims:
+        if isinstance(d, int):
+            shape.append(d)
+        elif isinstance(d, str) and d in sizes:
+            shape.append(sizes[d])
+        else:
+            return None
+    return tuple(shape)
+
+
+def _dims(shape: Any) -> list[int | str | None] | None:
+    if shape is None:
+        return None
+    return [d if isinstance(d, (int, str)) else None for d in shape]
+
+
+def _graph_input_names(model: Path) -> tuple[str, ...]:
+    import onnx
+
+    return tuple(v.name for v in onnx.load(str(model), load_external_data=False).graph.input)
+
+
+def _numpy(t: torch.Tensor) -> Any:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.contiguous().numpy()
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Any:
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def _from_ort(value: Any, device: torch.device) -> torch.Tensor:
+    if hasattr(value, "__dlpack__"):
+        return torch.from_dlpack(value)
+    return torch.from_numpy(value.numpy()).to(device)  # older onnxruntime: through the host
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

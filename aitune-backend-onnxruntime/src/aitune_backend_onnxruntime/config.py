@@ -1,11 +1,91 @@
-"""Configurations of the onnxruntime backends."""
+"""Configuration of the onnxruntime backend; imports no runtime."""
 
 from __future__ import annotations
 
+import enum
+from typing import Any
+
 import attrs
 from aitune.backend import BackendConfig
+from aitune.errors import ConfigError
+from aitune.onnx_export import ONNXExportConfig
+
+
+class ONNXExecutionProvider(str, enum.Enum):
+    """Where ONNX Runtime runs the model."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    TENSORRT = "tensorrt"
+
+    @property
+    def ort_name(self) -> str:
+        return {
+            "cpu": "CPUExecutionProvider",
+            "cuda": "CUDAExecutionProvider",
+            "tensorrt": "TensorrtExecutionProvider",
+        }[self.value]
+
+
+OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
+
+
+def _provider(value: Any) -> ONNXExecutionProvider | None:
+    if value is None or isinstance(value, ONNXExecutionProvider):
+        return value
+    try:
+        return ONNXExecutionProvider(str(value).lower())
+    except ValueError:
+        raise ConfigError(
+            f"ONNXRuntimeBackendConfig.execution_provider is {value!r}; choose one of "
+            f"{[p.value for p in ONNXExecutionProvider]} (ONNXExecutionProvider.CPU, .CUDA, .TENSORRT) or None"
+        ) from None
+
+
+def _options(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"ONNXRuntimeBackendConfig.provider_options must be a dict of option -> value, got {value!r}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _level(instance: Any, attribute: Any, value: Any) -> None:
+    if value not in OPTIMIZATION_LEVELS:
+        raise ConfigError(
+            f"ONNXRuntimeBackendConfig.graph_optimization_level is {value!r}; choose one of {list(OPTIMIZATION_LEVELS)}"
+        )
+
+
+def _threads(instance: Any, attribute: Any, value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ConfigError(
+            f"ONNXRuntimeBackendConfig.{attribute.name} is {value!r}; give a thread count >= 1, "
+            "or None (or 0) for ONNX Runtime's default"
+        )
+
+
+def _bool(instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"ONNXRuntimeBackendConfig.{attribute.name} must be True or False, got {value!r}")
+
+
+def _export(instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, ONNXExportConfig):
+        raise ConfigError(f"ONNXRuntimeBackendConfig.export must be an ONNXExportConfig, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
 class ONNXRuntimeBackendConfig(BackendConfig):
     """Settings of ONNXRuntimeBackend."""
+
+    execution_provider: ONNXExecutionProvider | None = attrs.field(default=None, converter=_provider)
+    """None: CUDA when tuning on a CUDA device, else CPU."""
+    graph_optimization_level: str = attrs.field(default="all", validator=_level)
+    intra_op_num_threads: int | None = attrs.field(default=None, validator=_threads)
+    inter_op_num_threads: int | None = attrs.field(default=None, validator=_threads)
+    provider_options: dict[str, str] = attrs.field(factory=dict, converter=_options, hash=False)
+    """Passed to the execution provider as they are (e.g. ``{"trt_fp16_enable": "True"}``)."""
+    use_io_binding: bool = attrs.field(default=True, validator=_bool)
+    """On CUDA/TensorRT: bind torch tensors' device memory, so nothing is copied through the host."""
+    export: ONNXExportConfig = attrs.field(factory=ONNXExportConfig, validator=_export)
+    save_optimized_model: bool = attrs.field(default=False, validator=_bool)
+    """Also save ONNX Runtime's optimized graph so a load skips graph optimization."""

@@ -111,7 +111,7 @@ def export_onnx(
     graph: GraphSpec,
     sample: Sample,
     directory: Path,
-    config: ONNXExportConfig = ONNXExportConfig(),  # noqa: B008 - frozen, so a shared default is safe
+    config: ONNXExportConfig = ONNXExportConfig(),
 ) -> ONNXExport:
     """Export ``module`` for ``graph`` into ``directory`` (as ``model.onnx`` plus external data).
 
@@ -122,7 +122,9 @@ def export_onnx(
     try:
         import onnx  # noqa: F401
     except ImportError as exc:
-        raise BuildError(f"ONNX export needs the onnx package ({exc}); install it with: pip install onnx onnxscript") from exc
+        raise BuildError(
+            f"ONNX export needs the onnx package ({exc}); install it with: pip install onnx onnxscript"
+        ) from exc
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -132,7 +134,9 @@ def export_onnx(
     with torch.no_grad():
         out_leaves, out_structure = tree.flatten(module(*sample.args, **sample.kwargs))
     if not out_leaves:
-        raise BuildError("the module returns no tensor, so there is nothing to export to ONNX; tune a module that returns tensors")
+        raise BuildError(
+            "the module returns no tensor, so there is nothing to export to ONNX; tune a module that returns tensors"
+        )
     if graph.output_structure is not None:
         out_structure = graph.output_structure
     input_names = _names([s.path for s in graph.inputs], "input")

@@ -1,0 +1,336 @@
+"""ONNXRuntimeBackend on CPU: accuracy against eager, nested and dynamic inputs, the artifact, providers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from aitune import tree
+from aitune.backend import BuildContext, LoadContext
+from aitune.converter import config_from_json, config_to_json, unstructure
+from aitune.errors import BackendUnavailableError, ConfigError, SerializationError
+from aitune.graph import GraphSpec, Sample, infer_graph
+from aitune.onnx_export import ONNXExportConfig
+from aitune.testing.conformance import run_in_fresh_process
+from aitune.validation import validate
+from aitune_backend_onnxruntime import plugin
+from aitune_backend_onnxruntime.backend import ONNXRuntimeBackend, provider_chain, resolve_shape, tensorrt_profile
+from aitune_backend_onnxruntime.config import ONNXExecutionProvider, ONNXRuntimeBackendConfig
+
+CPU = torch.device("cpu")
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(width, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class CNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(), torch.nn.Linear(8, 5),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Nested(torch.nn.Module):
+    """Dict and tuple inputs (one of them integer), a dict output holding a tuple and a constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, batch, scale):
+        h = self.proj(self.embed(batch["ids"])) * batch["mask"].unsqueeze(-1)
+        return {"hidden": h * scale[0], "pooled": (h.mean(1), "cls")}
+
+
+def _samples(make, sizes):
+    g = torch.Generator().manual_seed(0)
+    return [Sample((make(g, *size),)) for size in sizes]
+
+
+CASES = {
+    "mlp": (MLP, lambda g, b: torch.randn(b, 16, generator=g), [(2,), (6,)], (4,)),
+    "cnn": (CNN, lambda g, b: torch.randn(b, 3, 12, 12, generator=g), [(2,), (5,)], (3,)),
+    "transformer": (
+        lambda: torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True),
+        lambda g, b, s: torch.randn(b, s, 16, generator=g),
+        [(2, 5), (4, 9)],
+        (3, 7),
+    ),
+}
+
+
+def _build(module, samples, arg_names, tmp_path, config=None):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        graph = infer_graph(samples, arg_names, outputs=[module(*s.args, **s.kwargs) for s in samples])
+    backend = ONNXRuntimeBackend(config)
+    context = BuildContext(graph, samples, CPU, tmp_path / "work", tmp_path / "cache")
+    context.workdir.mkdir(parents=True)
+    context.cache_dir.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        backend.build(module, context)
+    return backend, graph
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_models_match_eager_on_samples_extremes_and_an_unseen_size(tmp_path, case):
+    make_module, make_input, sizes, unseen = CASES[case]
+    torch.manual_seed(0)
+    module = make_module().eval()
+    samples = _samples(make_input, sizes)
+    backend, graph = _build(module, samples, ["src" if case == "transformer" else "x"], tmp_path)
+
+    with torch.no_grad():
+        report = validate(backend, module, samples, graph)
+        assert report.passed, report.reason
+        x = make_input(torch.Generator().manual_seed(5), *unseen)
+        torch.testing.assert_close(backend.infer(x), module(x), rtol=1e-3, atol=1e-4)
+    assert backend.build_info["session_providers"][0] == "CPUExecutionProvider"
+    assert backend.build_info["exporter"] == "dynamo"
+
+
+def test_nested_dict_and_tuple_inputs_and_outputs_with_dynamic_batch_and_length(tmp_path):
+    torch.manual_seed(0)
+    module = Nested().eval()
+    g = torch.Generator().manual_seed(0)
+    samples = [
+        Sample(
+            (
+                {"ids": torch.randint(0, 20, (b, s), generator=g), "mask": torch.rand(b, s, generator=g)},
+                (torch.tensor(2.0),),
+            )
+        )
+        for b, s in [(2, 4), (3, 8)]
+    ]
+    backend, graph = _build(module, samples, ["batch", "scale"], tmp_path)
+    assert set(graph.dims) == {"batch", "d0"}
+    with torch.no_grad():
+        assert validate(backend, module, samples, graph).passed
+        call = ({"ids": torch.randint(0, 20, (1, 6)), "mask": torch.rand(1, 6)}, (torch.tensor(0.5),))
+        got, want = backend.infer(*call), module(*call)
+    assert got["pooled"][1] == "cls"
+    assert tree.flatten(got)[1] == tree.flatten(want)[1]
+    for g_, w in zip(tree.flatten(got)[0], tree.flatten(want)[0]):
+        torch.testing.assert_close(g_, w, rtol=1e-4, atol=1e-5)
+
+
+def test_torchscript_exporter_is_used_when_chosen(tmp_path):
+    module = MLP().eval()
+    samples = _samples(CASES["mlp"][1], [(2,), (3,)])
+    config = ONNXRuntimeBackendConfig(export=ONNXExportConfig(exporter="torchscript"))
+    backend, graph = _build(module, samples, ["x"], tmp_path, config)
+    assert backend.build_info["exporter"] == "torchscript"
+    with torch.no_grad():
+        assert validate(backend, module, samples, graph).passed
+
+
+@needs_no_cuda
+@pytest.mark.parametrize("provider", [ONNXExecutionProvider.CUDA, ONNXExecutionProvider.TENSORRT])
+def test_asking_for_a_gpu_provider_here_fails_before_any_build(tmp_path, provider, monkeypatch):
+    module = MLP().eval()
+    samples = _samples(CASES["mlp"][1], [(2,)])
+    graph = infer_graph(samples, ["x"])
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider=provider))
+    reason = backend.unsupported_reason(graph, CPU)
+    assert reason and provider.ort_name in reason and "no CUDA device is visible" in reason
+    assert "ONNXExecutionProvider.CPU" in reason, "the message says what to do"
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported although the provider cannot run")
+
+    monkeypatch.setattr("aitune_backend_onnxruntime.backend.export_onnx", no_export)
+    context = BuildContext(graph, samples, CPU, tmp_path, tmp_path)
+    with pytest.raises(BackendUnavailableError, match=provider.ort_name):
+        backend.build(module, context)
+
+
+@needs_no_cuda
+def test_backend_listing_says_why_cuda_and_tensorrt_are_unavailable():
+    from aitune.plugins import get_manager
+
+    status = get_manager().registry.status("onnxruntime")
+    assert status.devices["cpu"] is None
+    assert "CUDA and TensorRT execution providers unavailable: no CUDA device is visible" in status.devices["cuda"]
+
+
+def test_probe_explains_a_missing_or_cpu_only_runtime(monkeypatch):
+    monkeypatch.setattr(plugin, "installed_runtime", lambda: None)
+    assert "pip install 'aitune-backend-onnxruntime[cpu]'" in plugin.provider_unavailable("cpu")
+    monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime", "1.32.0"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert plugin.provider_unavailable("cpu") is None
+    assert "CPU-only build" in plugin.provider_unavailable("cuda")
+    monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime-gpu", "1.32.0"))
+    assert plugin.provider_unavailable("tensorrt") is None
+    monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime", "1.12.0"))
+    assert ">= 1.17 is required" in plugin.provider_unavailable("cpu")
+
+
+def test_bfloat16_inputs_are_refused_up_front():
+    samples = [Sample((torch.randn(2, 4, dtype=torch.bfloat16),))]
+    reason = ONNXRuntimeBackend().unsupported_reason(infer_graph(samples, ["x"]), CPU)
+    assert reason and "bfloat16" in reason
+
+
+def test_save_then_load_in_a_fresh_process_gives_the_same_outputs_without_exporting(tmp_path):
+    module = MLP().eval()
+    samples = _samples(CASES["mlp"][1], [(2,), (6,)])
+    backend, graph = _build(module, samples, ["x"], tmp_path)
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    metadata = backend.save(payload)
+    assert sorted(p.name for p in payload.iterdir()) == sorted(metadata["files"])
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        want = backend.infer(x)
+    (tmp_path / "state.json").write_text(
+        json.dumps(
+            {
+                "graph": unstructure(graph),
+                "metadata": metadata,
+                "x": x.tolist(),
+                "config": config_to_json(backend.config),
+            }
+        )
+    )
+    got = run_in_fresh_process(
+        f"""
+        import json, torch
+        import aitune.onnx_export, aitune_backend_onnxruntime.backend as b
+        from aitune.backend import LoadContext
+        from aitune.converter import structure, config_from_json
+        from aitune.graph import GraphSpec
+
+        def refuse(*a, **k):
+            raise AssertionError("load exported the model again")
+
+        b.export_onnx = aitune.onnx_export.export_onnx = refuse
+        state = json.load(open({str(tmp_path / "state.json")!r}))
+        graph = structure(state["graph"], GraphSpec)
+        backend = b.ONNXRuntimeBackend(config_from_json(state["config"]))
+        ctx = LoadContext(graph, torch.device("cpu"), state["metadata"], {str(tmp_path / "cache")!r})
+        backend.load(torch.nn.Identity(), {str(payload)!r}, ctx)
+        print(json.dumps(backend.infer(torch.tensor(state["x"])).tolist()))
+        """
+    )
+    torch.testing.assert_close(torch.tensor(got), want)
+
+
+def test_optimized_model_payload_carries_the_external_data_it_points_at(tmp_path):
+    module = MLP(width=128).eval()
+    samples = _samples(lambda g, b: torch.randn(b, 128, generator=g), [(2,), (4,)])
+    config = ONNXRuntimeBackendConfig(save_optimized_model=True, export=ONNXExportConfig(external_data=True))
+    backend, graph = _build(module, samples, ["x"], tmp_path, config)
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    metadata = backend.save(payload)
+    assert metadata["optimized_model"] == "model.optimized.onnx"
+    assert set(metadata["files"]) == {"model.onnx", "model.onnx.data", "model.optimized.onnx"}
+
+    loaded = ONNXRuntimeBackend(config)
+    loaded.load(module, payload, LoadContext(graph, CPU, metadata, tmp_path / "cache"))
+    assert loaded.build_info["loaded_optimized_model"] is True
+    x = torch.randn(3, 128)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.infer(x), backend.infer(x))
+
+    (payload / "model.onnx.data").unlink()
+    with pytest.raises(SerializationError, match=r"model\.onnx\.data"):
+        ONNXRuntimeBackend(config).load(module, payload, LoadContext(graph, CPU, metadata, tmp_path / "cache"))
+
+
+def test_config_round_trips_through_json_and_bad_values_are_refused():
+    config = ONNXRuntimeBackendConfig(
+        execution_provider=ONNXExecutionProvider.TENSORRT,
+        graph_optimization_level="extended",
+        intra_op_num_threads=2,
+        provider_options={"trt_fp16_enable": True},
+        export=ONNXExportConfig(exporter="torchscript", opset=17),
+    )
+    data = json.loads(json.dumps(config_to_json(config)))
+    assert data["execution_provider"] == "tensorrt" and data["provider_options"] == {"trt_fp16_enable": "True"}
+    assert config_from_json(data) == config
+    with pytest.raises(ConfigError, match="graph_optimization_level"):
+        ONNXRuntimeBackendConfig(graph_optimization_level="max")
+    with pytest.raises(ConfigError, match="execution_provider"):
+        ONNXRuntimeBackendConfig(execution_provider="rocm")
+    with pytest.raises(ConfigError, match="intra_op_num_threads"):
+        ONNXRuntimeBackendConfig(intra_op_num_threads=-1)
+    with pytest.raises(ConfigError, match=r"\$\.export"):
+        config_from_json({"backend": "onnxruntime", "export": {"exporter": "tf"}})
+
+
+def test_public_names_reach_aitune_torch_backend():
+    from aitune.torch.backend import ONNXExecutionProvider as exported
+    from aitune.torch.backend import ONNXRuntimeBackend as backend_class
+
+    assert exported is ONNXExecutionProvider and backend_class is ONNXRuntimeBackend
+
+
+def _dynamic_graph() -> GraphSpec:
+    samples = [Sample((torch.zeros(b, s, 8), {"mask": torch.zeros(b, s)})) for b, s in [(1, 4), (8, 16)]]
+    return infer_graph(samples, ["x", "extra"])
+
+
+def test_tensorrt_provider_gets_the_graph_shape_profile_and_an_engine_cache(tmp_path):
+    graph = _dynamic_graph()
+    chain = provider_chain(
+        ONNXExecutionProvider.TENSORRT, 1, graph, ["x", "extra_mask"], {"trt_fp16_enable": "True"}, tmp_path
+    )
+    assert [name for name, _ in chain] == ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    trt = chain[0][1]
+    assert trt["trt_profile_min_shapes"] == "x:1x4x8,extra_mask:1x4"
+    assert trt["trt_profile_max_shapes"] == "x:8x16x8,extra_mask:8x16"
+    assert trt["device_id"] == "1" and trt["trt_fp16_enable"] == "True"
+    assert trt["trt_engine_cache_path"].startswith(str(tmp_path))
+    assert tensorrt_profile(infer_graph([Sample((torch.zeros(2, 3),))], ["x"]), ["x"]) == {}
+    assert provider_chain(ONNXExecutionProvider.CUDA, 0, graph, [], {}, tmp_path)[0] == (
+        "CUDAExecutionProvider",
+        {"device_id": "0"},
+    )
+
+
+def test_output_shapes_follow_from_named_input_dims():
+    assert resolve_shape(["batch", "d0", 4], {"batch": 3, "d0": 7}) == (3, 7, 4)
+    assert resolve_shape(["batch", "s12"], {"batch": 3}) is None, "unknown symbols: ONNX Runtime allocates"
+    assert resolve_shape(None, {}) is None
+
+
+# -- on a GPU -------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("provider", [None, ONNXExecutionProvider.TENSORRT])
+def test_gpu_providers_keep_tensors_on_the_device(tmp_path, provider):
+    cuda = torch.device("cuda")
+    module = MLP().eval().to(cuda)
+    samples = [Sample((torch.randn(b, 16, device=cuda),)) for b in (2, 6)]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider=provider))
+    reason = backend.unsupported_reason(graph, cuda)
+    if reason:
+        pytest.skip(reason)
+    context = BuildContext(graph, samples, cuda, tmp_path, tmp_path)
+    with torch.no_grad():
+        backend.build(module, context)
+        assert validate(backend, module, samples, graph).passed
+        out = backend.infer(torch.randn(4, 16, device=cuda))
+    assert out.device.type == "cuda"
+    assert backend.build_info["io_binding"] is True
+    assert backend.build_info["session_providers"][0] == backend.provider_for(cuda).ort_name
