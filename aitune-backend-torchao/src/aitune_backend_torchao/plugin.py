@@ -21,6 +21,7 @@ def aitune_register_backends(registry: BackendRegistry) -> None:
             name="torchao",
             backend_class="aitune_backend_torchao.backend:TorchAOBackend",
             config_class="aitune_backend_torchao.config:TorchAOBackendConfig",
+            default_candidate=False,  # quantization changes numbers: only tried when the user names it
             requirements=("torchao>=0.18,<0.19", "safetensors>=0.4"),
             devices=("cpu", "cuda"),
             probe=_probe,

@@ -7,13 +7,14 @@ with a message that names the path of the offending key.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any, TypeVar
 
 import cattrs
 
-from .errors import ConfigError
+from .errors import ConfigError, SerializationError
 
 T = TypeVar("T")
 _lock = threading.Lock()
@@ -73,7 +74,14 @@ def config_to_json(config: Any, backend: str | None = None) -> dict[str, Any]:
     names = [backend] if backend is not None else registry.names()
     for name in names:
         if name in registry and registry.config_class(name) is type(config):
-            return {"backend": name, **unstructure(config)}
+            data = {"backend": name, **unstructure(config)}
+            try:
+                json.dumps(data)
+            except (TypeError, ValueError) as exc:
+                raise SerializationError(
+                    f"the {name} config cannot be written as JSON ({exc}); use settings that have a JSON form"
+                ) from exc
+            return data
     raise ConfigError(f"{type(config).__name__} belongs to no registered backend; is its plugin installed?")
 
 

@@ -22,7 +22,7 @@ import torch
 from ..backend import Backend, BuildContext, Tolerance
 from ..builtin.eager import TorchEagerBackend
 from ..converter import config_to_json
-from ..errors import ConfigError
+from ..errors import ConfigError, SerializationError
 from ..graph import GraphSpec, Sample, resize
 from ..report import CandidateReport, GraphReport, ProfileResult
 from . import recording
@@ -107,7 +107,7 @@ class GraphTuning:
         backend = template.clone()
         try:
             config = config_to_json(backend.config, backend.name)
-        except ConfigError:
+        except (ConfigError, SerializationError):
             config = {"backend": backend.name}
         candidate = Candidate(backend, CandidateReport(backend.name, config))
         self.report.candidates.append(candidate.report)
