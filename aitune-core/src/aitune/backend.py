@@ -120,6 +120,27 @@ class Backend(abc.ABC):
         """Restore from a payload written by ``save``; afterwards ``infer`` works without a build."""
         raise SerializationError(f"backend {self.name!r} cannot be loaded")
 
+    # -- isolated builds (optional) ------------------------------------------------------------
+    #
+    # A backend whose compiler may crash the process can split its build in two: ``export`` runs
+    # in the user's process and writes plain files (an ONNX model, an exported program) into a
+    # folder; ``build_exported`` runs in a separate worker process on those files alone (never on
+    # a pickled module) and writes the payload that ``save`` would write; the user's process then
+    # ``load`` s that payload. Backends that do not implement ``export`` build in-process.
+
+    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any] | None:
+        """Write what a worker needs to build into ``directory``; return JSON-able notes, or None
+        when this backend cannot build in a worker."""
+        return None
+
+    @classmethod
+    def build_exported(
+        cls, config: BackendConfig, exported: Path, notes: dict[str, Any], context: BuildContext, payload: Path
+    ) -> dict[str, Any]:
+        """In a worker process: turn ``exported`` into a payload in ``payload``; return the metadata
+        ``load`` expects (as ``save`` would)."""
+        raise BackendNotImplementedError(f"backend {cls.name!r} does not build in a worker")
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.infer(*args, **kwargs)
 
