@@ -52,8 +52,7 @@ class TorchInductorJitBackend(Backend):
         if reason:
             raise BuildError(reason)
         with inductor_cache(context.cache_dir) as folder:
-            if not self.config.fullgraph:
-                self.build_info.update(_count_graph_breaks(module, context.samples[0], self.config.dynamic))
+            self.build_info.update(_count_graph_breaks(module, context.samples[0], self.config))
             self._compile(module, context.graph, context.device, warmup_cases(context.graph, context.samples))
         self.build_info.update(cache_dir=str(folder), compiled_on_load=False)
 
@@ -118,12 +117,6 @@ class TorchInductorJitBackend(Backend):
                 torch.compiler.cudagraph_mark_step_begin()
             compiled(*args, **kwargs)
         except Exception as exc:
-            if self.config.fullgraph and _is_capture_error(exc):
-                raise BuildError(
-                    f"fullgraph=True, but TorchDynamo cannot capture the module as one graph: {_describe(exc)}. "
-                    "Remove the graph break from the module, or set fullgraph=False to compile the pieces "
-                    "(the breaks are then counted in build_info)"
-                ) from exc
             if isinstance(exc, torch._dynamo.exc.FailOnRecompileLimitHit):
                 raise BuildError(
                     f"TorchDynamo's recompile limit ({torch._dynamo.config.recompile_limit}) for this module's "
@@ -164,11 +157,12 @@ def _marked(graph: GraphSpec, sample: Sample) -> tuple[tuple[Any, ...], dict[str
     return graph.unflatten(tensors)
 
 
-def _count_graph_breaks(module: torch.nn.Module, sample: Sample, dynamic: bool | None) -> dict[str, Any]:
+def _count_graph_breaks(module: torch.nn.Module, sample: Sample, cfg: TorchInductorJitBackendConfig) -> dict[str, Any]:
     """Trace once with a backend that only records, to count graph breaks and their reasons.
 
-    A fresh recording backend makes Dynamo trace even when Inductor already compiled this module
-    class in the process (its cache would otherwise hide the breaks). Nothing is compiled here.
+    A fresh recording backend makes Dynamo trace even when this module class was compiled before
+    in the process: Dynamo's cache does not key on ``fullgraph``, so it would otherwise hide the
+    breaks (and let ``fullgraph=True`` reuse a split compile). Nothing is compiled here.
     """
     from torch._dynamo.utils import counters
 
@@ -183,8 +177,15 @@ def _count_graph_breaks(module: torch.nn.Module, sample: Sample, dynamic: bool |
     limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     try:
         with torch._dynamo.config.patch(recompile_limit=limit), torch.no_grad():
-            torch.compile(module, backend=record, dynamic=bool(dynamic))(*sample.args, **sample.kwargs)
+            traced = torch.compile(module, backend=record, dynamic=bool(cfg.dynamic), fullgraph=cfg.fullgraph)
+            traced(*sample.args, **sample.kwargs)
     except Exception as exc:
+        if cfg.fullgraph and _is_capture_error(exc):
+            raise BuildError(
+                f"fullgraph=True, but TorchDynamo cannot capture the module as one graph: {_describe(exc)}. "
+                "Remove the graph break from the module, or set fullgraph=False to compile the pieces "
+                "(the breaks are then counted in build_info)"
+            ) from exc
         raise BuildError(f"TorchDynamo cannot trace the module: {type(exc).__name__}: {_describe(exc)}") from exc
     breaks = Counter(counters["graph_break"]) - before
     reasons = [_first_line(r) + (f" (x{n})" if n > 1 else "") for r, n in breaks.items()]

@@ -1,0 +1,167 @@
+"""TorchInductorJitBackend on CPU: dynamic batch, graph breaks, fullgraph, save and load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from aitune.backend import LoadContext
+from aitune.converter import unstructure
+from aitune.errors import BuildError
+from aitune.testing import TinyMLP, tiny_samples
+from aitune.testing.conformance import run_in_fresh_process
+from aitune.validation import validate
+from aitune_backend_inductor.config import TorchInductorJitBackendConfig
+from aitune_backend_inductor.jit import TorchInductorJitBackend
+
+
+class WithBreak(torch.nn.Module):
+    """Two graphs for Dynamo: the explicit break splits the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.fc(x))
+        torch._dynamo.graph_break()
+        return y * 2
+
+
+class SizeBranch(torch.nn.Module):
+    """Python control flow on the batch size: Dynamo specializes it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[0] > 4 else x + 1
+
+
+@pytest.fixture(scope="module")
+def dynamic_mlp(build):
+    module = TinyMLP().eval()
+    backend, graph = build(TorchInductorJitBackend(), module, tiny_samples(batch_sizes=(1, 8)))
+    return backend, graph, module
+
+
+def test_dynamic_batch_matches_eager_without_compiling_at_call(dynamic_mlp) -> None:
+    backend, graph, module = dynamic_mlp
+    assert (graph.batch.min, graph.batch.max) == (1, 8)
+    x = torch.randn(3, 16)
+    with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
+        got = backend.infer(x)
+    torch.testing.assert_close(got, module(x).detach())
+    assert backend.build_info["dynamic_dims"] == ["batch"]
+    assert "batch=" in backend.build_info["checked_no_recompile_at"]
+
+
+def test_validates_against_eager(dynamic_mlp) -> None:
+    backend, graph, module = dynamic_mlp
+    with torch.no_grad():
+        report = validate(backend, module, tiny_samples(batch_sizes=(1, 8)), graph)
+    assert report.passed, report.reason
+
+
+def test_graph_breaks_are_counted_even_when_already_compiled(build) -> None:
+    samples = tiny_samples(batch_sizes=(2, 4))
+    for _ in range(2):  # the second build hits Dynamo's cache; the count must not drop to zero
+        module = WithBreak().eval()
+        backend, graph = build(TorchInductorJitBackend(), module, samples)
+        assert backend.build_info["graph_breaks"] == 1
+        assert backend.build_info["graphs"] == 2
+        assert any("graph_break()" in r for r in backend.build_info["break_reasons"])
+    with torch.no_grad():
+        report = validate(backend, module, samples, graph)
+    assert report.passed, report.reason
+
+
+def test_fullgraph_fails_on_a_graph_break_naming_it(build) -> None:
+    backend = TorchInductorJitBackend(TorchInductorJitBackendConfig(fullgraph=True))
+    with pytest.raises(BuildError, match=r"fullgraph=True.*graph_break\(\).*test_jit\.py"):
+        build(backend, WithBreak().eval(), tiny_samples(batch_sizes=(2, 4)))
+
+
+def test_a_module_that_fixes_its_batch_size_fails_the_build(build) -> None:
+    with pytest.raises(BuildError, match="would compile again at run time"):
+        build(TorchInductorJitBackend(), SizeBranch(), tiny_samples(batch_sizes=(1, 8)))
+
+
+def test_static_only_config_refuses_a_dynamic_graph(dynamic_mlp) -> None:
+    _, graph, _ = dynamic_mlp
+    backend = TorchInductorJitBackend(TorchInductorJitBackendConfig(dynamic=False))
+    reason = backend.unsupported_reason(graph, torch.device("cpu"))
+    assert reason is not None and "batch 1..8" in reason
+
+
+def test_build_leaves_the_module_unchanged(dynamic_mlp) -> None:
+    _, _, module = dynamic_mlp
+    fresh = TinyMLP().eval()
+    assert type(module) is TinyMLP
+    for (name, p), q in zip(module.named_parameters(), fresh.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_save_then_load_in_a_fresh_process_recompiles_and_matches(dynamic_mlp, tmp_path: Path) -> None:
+    backend, graph, _ = dynamic_mlp
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    metadata = backend.save(payload)
+    assert metadata["recompile_on_load"] is True
+    assert list(payload.iterdir()) == [], "nothing compiled is saved"
+    (tmp_path / "graph.json").write_text(json.dumps(unstructure(graph)))
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = backend.infer(x)
+
+    got = run_in_fresh_process(
+        f"""
+        import json, torch
+        from pathlib import Path
+        from aitune.backend import LoadContext
+        from aitune.converter import structure
+        from aitune.graph import GraphSpec
+        from aitune.testing import TinyMLP
+        from aitune_backend_inductor.jit import TorchInductorJitBackend
+
+        tmp = Path({str(tmp_path)!r})
+        graph = structure(json.loads((tmp / "graph.json").read_text()), GraphSpec)
+        context = LoadContext(graph, torch.device("cpu"), json.loads((tmp / "metadata.json").read_text()), tmp / "cache")
+        backend = TorchInductorJitBackend()
+        backend.load(TinyMLP().eval(), tmp / "payload", context)
+        x = torch.randn(5, 16, generator=torch.Generator().manual_seed(7))
+        with torch.compiler.set_stance("fail_on_recompile"):
+            y = backend.infer(x)
+        print(json.dumps({{"y": y.tolist(), "compiled_on_load": backend.build_info["compiled_on_load"]}}))
+        """
+    )
+    assert got["compiled_on_load"] is True
+    torch.testing.assert_close(torch.tensor(got["y"]), want)
+
+
+def test_load_in_process_uses_the_graph_shapes(dynamic_mlp, tmp_path: Path) -> None:
+    backend, graph, module = dynamic_mlp
+    loaded = TorchInductorJitBackend()
+    with torch.no_grad():
+        loaded.load(module, tmp_path, LoadContext(graph, torch.device("cpu"), backend.save(tmp_path), tmp_path))
+    assert loaded.build_info["compiled_on_load"] is True
+    assert loaded.build_info["warmup_shapes"][1:] == ["batch=1", "batch=8"]
+    x = torch.randn(6, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.infer(x), module(x))
+
+
+@pytest.mark.gpu
+def test_cuda_build_matches_eager(build, tmp_path: Path) -> None:
+    from aitune.backend import BuildContext
+    from aitune.graph import infer_graph
+
+    module = TinyMLP().eval().cuda()
+    samples = tiny_samples(batch_sizes=(1, 8), device="cuda")
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+        for config in (TorchInductorJitBackendConfig(), TorchInductorJitBackendConfig(mode="reduce-overhead")):
+            backend = TorchInductorJitBackend(config)
+            backend.build(module, BuildContext(graph, samples, torch.device("cuda"), tmp_path, tmp_path / "cache"))
+            report = validate(backend, module, samples, graph)
+            assert report.passed, (config, report.reason)
