@@ -35,4 +35,3 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Backe
         return backend, graph
 
     return run
-

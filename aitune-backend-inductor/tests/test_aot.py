@@ -87,7 +87,7 @@ def test_payload_is_one_package_with_a_compiled_library(payload) -> None:
 def test_load_in_a_fresh_process_without_a_compiler(built, payload, tmp_path: Path) -> None:
     """No C++ compiler is reachable there, so a load that tried to compile would fail."""
     backend, graph, _ = built
-    folder, metadata = payload
+    _, metadata = payload
     (tmp_path / "graph.json").write_text(json.dumps(unstructure(graph)))
     (tmp_path / "metadata.json").write_text(json.dumps(metadata))
     sample = samples(5, seed=9)[0]
@@ -128,7 +128,7 @@ def test_load_in_a_fresh_process_without_a_compiler(built, payload, tmp_path: Pa
 
 
 def test_load_then_save_again(built, payload, tmp_path: Path) -> None:
-    backend, graph, _ = built
+    _, graph, _ = built
     folder, metadata = payload
     loaded = TorchInductorAotBackend()
     loaded.load(torch.nn.Identity(), folder, LoadContext(graph, torch.device("cpu"), metadata, tmp_path))
@@ -165,7 +165,9 @@ def test_load_refuses_a_package_it_would_have_to_unpickle_or_compile(built, payl
     folder, metadata = payload
     _rewrite(folder / "model.pt2", extra, drop)
     with pytest.raises(SerializationError, match=message):
-        TorchInductorAotBackend().load(torch.nn.Identity(), folder, LoadContext(graph, torch.device("cpu"), metadata, tmp_path))
+        TorchInductorAotBackend().load(
+            torch.nn.Identity(), folder, LoadContext(graph, torch.device("cpu"), metadata, tmp_path)
+        )
 
 
 def test_load_refuses_another_torch_minor(built, payload, tmp_path: Path) -> None:
@@ -173,16 +175,20 @@ def test_load_refuses_another_torch_minor(built, payload, tmp_path: Path) -> Non
     folder, metadata = payload
     with pytest.raises(SerializationError, match="rebuild the artifact with this torch"):
         TorchInductorAotBackend().load(
-            torch.nn.Identity(), folder, LoadContext(graph, torch.device("cpu"), {**metadata, "torch": "1.0.0"}, tmp_path)
+            torch.nn.Identity(),
+            folder,
+            LoadContext(graph, torch.device("cpu"), {**metadata, "torch": "1.0.0"}, tmp_path),
         )
 
 
 def test_load_refuses_a_package_name_that_leaves_the_payload(built, payload, tmp_path: Path) -> None:
     _, graph, _ = built
     folder, metadata = payload
-    with pytest.raises(SerializationError, match="plain .pt2 file name"):
+    with pytest.raises(SerializationError, match=r"plain \.pt2 file name"):
         TorchInductorAotBackend().load(
-            torch.nn.Identity(), folder, LoadContext(graph, torch.device("cpu"), {**metadata, "package": "../x.pt2"}, tmp_path)
+            torch.nn.Identity(),
+            folder,
+            LoadContext(graph, torch.device("cpu"), {**metadata, "package": "../x.pt2"}, tmp_path),
         )
 
 
@@ -201,7 +207,9 @@ def test_cuda_build_save_load(tmp_path: Path) -> None:
     from aitune.graph import infer_graph
 
     module = Scaled().eval().cuda()
-    cuda_samples = [Sample(tuple(a.cuda() for a in s.args), {k: v.cuda() for k, v in s.kwargs.items()}) for s in samples(1, 8)]
+    cuda_samples = [
+        Sample(tuple(a.cuda() for a in s.args), {k: v.cuda() for k, v in s.kwargs.items()}) for s in samples(1, 8)
+    ]
     with torch.no_grad():
         graph = infer_graph(cuda_samples, ["x"], outputs=[module(*s.args, **s.kwargs) for s in cuda_samples])
         backend = TorchInductorAotBackend()

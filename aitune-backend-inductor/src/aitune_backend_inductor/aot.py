@@ -54,7 +54,11 @@ class TorchInductorAotBackend(Backend):
         with inductor_cache(context.cache_dir) as folder:
             try:
                 exported = torch.export.export(
-                    module, tuple(sample.args), dict(sample.kwargs), dynamic_shapes=dynamic_shapes, strict=self.config.strict
+                    module,
+                    tuple(sample.args),
+                    dict(sample.kwargs),
+                    dynamic_shapes=dynamic_shapes,
+                    strict=self.config.strict,
                 )
             except Exception as exc:
                 raise BuildError(
@@ -68,8 +72,13 @@ class TorchInductorAotBackend(Backend):
                 options = dict(self.config.options) if self.config.options else None
                 aoti_compile_and_package(exported, package_path=str(path), inductor_configs=options)
             except Exception as exc:
-                raise BuildError(f"AOTInductor failed to compile the exported module: {type(exc).__name__}: {_first_lines(exc)}") from exc
-        self._meta = {"exported_dims": ranges, "traced_at": {n: v for n, v in trace_sizes(graph).items() if n in ranges}}
+                raise BuildError(
+                    f"AOTInductor failed to compile the exported module: {type(exc).__name__}: {_first_lines(exc)}"
+                ) from exc
+        self._meta = {
+            "exported_dims": ranges,
+            "traced_at": {n: v for n, v in trace_sizes(graph).items() if n in ranges},
+        }
         try:
             self._open(path, graph, context.device)
         except SerializationError as exc:

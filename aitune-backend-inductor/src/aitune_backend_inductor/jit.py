@@ -113,9 +113,11 @@ class TorchInductorJitBackend(Backend):
     def _warm(self, compiled: Any, graph: GraphSpec, sample: Sample, label: str, mark: bool) -> None:
         args, kwargs = _marked(graph, sample) if mark else (sample.args, sample.kwargs)
         try:
-            if self._cudagraphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            compiled(*args, **kwargs)
+            # CUDA graph trees run a shape once eagerly and record it on a later call: do both here
+            for _ in range(3 if self._cudagraphs else 1):
+                if self._cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                compiled(*args, **kwargs)
         except Exception as exc:
             if isinstance(exc, torch._dynamo.exc.FailOnRecompileLimitHit):
                 raise BuildError(
@@ -123,7 +125,9 @@ class TorchInductorJitBackend(Backend):
                     f"forward was reached in this process while compiling {label}; raise "
                     "torch._dynamo.config.recompile_limit or build fewer variants of this module per process"
                 ) from exc
-            raise BuildError(f"torch.compile (inductor) failed on {label}: {type(exc).__name__}: {_describe(exc)}") from exc
+            raise BuildError(
+                f"torch.compile (inductor) failed on {label}: {type(exc).__name__}: {_describe(exc)}"
+            ) from exc
 
     def _check_no_recompile(self, compiled: Any, graph: GraphSpec, sample: Sample, sizes: dict[str, int]) -> None:
         """A call at sizes no warm-up used must run the compiled code as it is."""

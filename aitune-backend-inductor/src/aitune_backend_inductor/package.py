@@ -68,7 +68,7 @@ def compatibility_problem(metadata: dict[str, str], device: torch.device) -> str
     if device.type == "cpu":
         isa = (metadata.get("AOTI_CPU_ISA") or "").split()
         have = torch.backends.cpu.get_cpu_capability()
-        needs = {"AVX512": ("AVX512",), "AVX2": ("AVX2", "AVX512")}.get(isa[0] if isa else "", None)
+        needs = {"AVX512": ("AVX512",), "AVX2": ("AVX2", "AVX512")}.get(isa[0] if isa else "")
         if needs is not None and have not in needs:
             return f"its kernels use {isa[0]} instructions and this CPU runs {have}"
     if device.type == "cuda" and metadata.get("AOTI_COMPUTE_CAPABILITY") and torch.version.hip is None:
@@ -84,7 +84,7 @@ def open_package(path: Path, device: torch.device) -> tuple[Any, dict[str, str],
     library = check_archive(path)
     loader_class = torch._C._aoti.AOTIModelPackageLoader
     try:
-        metadata = dict(loader_class.load_metadata_from_package(str(path), MODEL))
+        metadata = dict(loader_class.load_metadata_from_package(str(path), MODEL))  # type: ignore[attr-defined]
     except RuntimeError as exc:
         raise SerializationError(f"cannot read the metadata of {path.name}: {exc}") from None
     problem = compatibility_problem(metadata, device)

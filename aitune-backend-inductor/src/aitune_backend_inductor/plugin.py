@@ -12,7 +12,9 @@ from aitune.registry import BackendRegistry, BackendSpec, module_importable
 
 def _cxx() -> str:
     """The C++ compiler Inductor looks for: ``$CXX``, else its platform default."""
-    return os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "cl" if sys.platform == "win32" else "g++")
+    return os.environ.get("CXX") or (
+        "clang++" if sys.platform == "darwin" else "cl" if sys.platform == "win32" else "g++"
+    )
 
 
 def _probe(device: str) -> str | None:
