@@ -176,8 +176,11 @@ def test_report_json_round_trip_and_log_line(toy_backends, tmp_path, caplog):
     again = TuneReport.read(tmp_path / "report.json")
     assert again.modules[0].graphs[0].candidates[0].validation.passed
     assert report.environment["torch"] == torch.__version__
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: "))
-    assert line.startswith("encoder: toy, ") and "x eager (p50" in line and "max rel err" in line
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: toy, "))
+    assert "x eager (p50" in line and "max rel err" in line
+    steps = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("encoder: build toy done in") for m in steps), "every step is logged"
+    assert any(m.startswith("encoder: profile torch_eager, toy at batch") for m in steps)
 
 
 def test_offloading_weights_requires_a_tuned_module():

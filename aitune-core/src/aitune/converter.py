@@ -46,9 +46,18 @@ def reset() -> None:
 
 def _message(exc: Exception, what: str) -> str:
     if isinstance(exc, (cattrs.BaseValidationError, cattrs.ForbiddenExtraKeysError)):
-        lines = cattrs.transform_error(exc, path=what)
+        lines = cattrs.transform_error(exc, path=what, format_exception=_describe)
         return "; ".join(lines)
     return f"{what}: {exc}"
+
+
+def _describe(exc: BaseException, type_: Any) -> str:
+    """Our own errors already say what is wrong; cattrs' generic wording for the rest."""
+    from .errors import AituneError
+
+    if isinstance(exc, AituneError):
+        return str(exc)
+    return cattrs.v.format_exception(exc, type_)
 
 
 def unstructure(obj: Any) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -43,9 +43,9 @@ class BackendSpec:
     """``"package.module:ClassName"`` of its :class:`~aitune.backend.BackendConfig` subclass."""
     exports: Mapping[str, str] = attrs.field(factory=dict)
     """Further public names for ``aitune.torch.backend`` (enums, helper configs): name -> path."""
-    requirements: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    requirements: Sequence[str] = attrs.field(default=(), converter=tuple)
     """PEP 508 strings of the runtime libraries this backend needs (``"onnxruntime>=1.17"``)."""
-    devices: tuple[str, ...] = attrs.field(default=("cpu", "cuda"), converter=tuple)
+    devices: Sequence[str] = attrs.field(default=("cpu", "cuda"), converter=tuple)
     probe: Probe | None = attrs.field(default=None, eq=False)
     """A cheap availability check per device; it must not import heavy runtimes."""
     description: str = ""
@@ -182,7 +182,7 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def _missing_requirements(requirements: tuple[str, ...]) -> str | None:
+def _missing_requirements(requirements: Sequence[str]) -> str | None:
     problems = []
     for text in requirements:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..artifact import load, save
 from ..graph import BatchDim, DynamicDim
 from ..report import TuneReport
+from .inspect import InspectResult, inspect
 from .module import Module
 from .strategies import (
     FirstWinsStrategy,
@@ -27,6 +28,7 @@ __all__ = [
     "BatchDim",
     "DynamicDim",
     "FirstWinsStrategy",
+    "InspectResult",
     "LatencyBudgetStrategy",
     "MaxThroughputStrategy",
     "MinLatencyStrategy",
@@ -35,6 +37,7 @@ __all__ = [
     "PerformanceValidationMode",
     "TuneReport",
     "TuneStrategy",
+    "inspect",
     "load",
     "save",
     "tune",

@@ -43,6 +43,9 @@ FIRST_PARTY: dict[str, str] = {
 }
 """Public names of the first-party plugins and the distribution that provides each."""
 
+INSTALL: dict[str, str] = {"aitune-backend-onnxruntime": "'aitune-backend-onnxruntime[cpu]' (or [gpu])"}
+"""What to pip install for a distribution, where a plain install is not enough."""
+
 __all__ = [
     "Backend",
     "BackendConfig",
@@ -69,7 +72,7 @@ def __getattr__(name: str) -> Any:
         dist = FIRST_PARTY[name]
         raise ModuleNotFoundError(
             f"{name} is provided by the {dist} distribution, which is not installed (or its plugin is "
-            f"disabled): pip install {dist}",
+            f"disabled): pip install {INSTALL.get(dist, dist)}",
             name=dist.replace("-", "_"),
         )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}; installed backends: {registry.names()}")

@@ -25,7 +25,7 @@ from ..converter import config_to_json
 from ..errors import ConfigError, SerializationError
 from ..graph import GraphSpec, Sample, resize
 from ..report import CandidateReport, GraphReport, ProfileResult
-from . import recording
+from . import progress, recording
 from .task.profiling import ProfilingConfig
 
 logger = logging.getLogger("aitune")
@@ -117,7 +117,7 @@ class GraphTuning:
         workdir = Path(tempfile.mkdtemp(prefix=f"aitune-{backend.name}-"))
         start = time.perf_counter()
         try:
-            with torch.no_grad(), recording.bypass():
+            with progress.step(f"{self.module_name}: build {backend.name}"), torch.no_grad(), recording.bypass():
                 built = self.hook.aitune_build(backend=backend, module=self.module, context=self._context(workdir))
             candidate.backend = built if built is not None else backend
         except Exception as exc:
@@ -133,7 +133,7 @@ class GraphTuning:
 
     def validate(self, candidate: Candidate) -> bool:
         """Compare with eager on every sample; a failure marks the candidate failed."""
-        with torch.no_grad(), recording.bypass():
+        with progress.step(f"{self.module_name}: validate {candidate.name}"), torch.no_grad(), recording.bypass():
             result = self.hook.aitune_validate(
                 backend=candidate.backend,
                 reference=self.module,
@@ -159,8 +159,9 @@ class GraphTuning:
         for batch_size in batch_sizes:
             sample = self._sample_at(batch_size)
             calls = {c.name + f"#{i}": _runner(c.backend, sample) for i, c in enumerate(runners)}
+            names = ", ".join(c.name for c in runners)
             try:
-                with recording.bypass():
+                with progress.step(f"{self.module_name}: profile {names} at batch {batch_size}"), recording.bypass():
                     results = self.hook.aitune_profile(
                         runners=calls, batch_size=batch_size, config=config, device=self.device
                     )

@@ -26,6 +26,7 @@ from ..report import GraphReport, ModuleReport, TuneReport
 from . import recording
 from .candidates import Candidate, GraphTuning
 from .module import Module, wrapped_modules
+from .progress import TuneProgress, step
 from .strategies import MaxThroughputStrategy, TuneStrategy
 
 logger = logging.getLogger("aitune")
@@ -77,13 +78,29 @@ def tune(
     fail_fast: bool = False,
     report_path: str | Path | None = None,
     tolerances: Mapping[str, Tolerance] | None = None,
+    show_progress: bool | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
     ``batch_sizes`` widens the batch range the builds cover and the sizes profiled; ``device``
     defaults to the device of the model's weights. Returns the tuning report (also written to
-    ``report_path`` when given).
+    ``report_path`` when given). ``show_progress`` (default: when stderr is a terminal) shows
+    each step live; every step is logged on the ``aitune`` logger either way.
     """
+    with TuneProgress(show_progress):
+        return _tune(model_or_callable, dataset, batch_sizes, device, max_samples, fail_fast, report_path, tolerances)
+
+
+def _tune(
+    model_or_callable: Any,
+    dataset: Iterable[Any],
+    batch_sizes: Sequence[int] | None,
+    device: str | torch.device | None,
+    max_samples: int,
+    fail_fast: bool,
+    report_path: str | Path | None,
+    tolerances: Mapping[str, Tolerance] | None,
+) -> TuneReport:
     started = time.perf_counter()
     manager = get_manager()
     known = wrapped_modules(model_or_callable)
@@ -95,7 +112,7 @@ def tune(
     for module in known:
         module._reset()
     samples_seen = 0
-    with torch.no_grad(), recording.recording(max_samples) as session:
+    with step("recording calls"), torch.no_grad(), recording.recording(max_samples) as session:
         for sample in dataset:
             _call(model_or_callable, sample)
             samples_seen += 1
