@@ -74,9 +74,10 @@ class TorchInductorJitBackend(Backend):
 
     def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
         graph = context.graph
-        base = graph.example("opt")
+        base = graph.example("opt")  # random values at the graph's shapes: no sample is saved
+        cases = [("graph example at opt", base), *warmup_cases(graph, [base])[1:]]
         with inductor_cache(context.cache_dir) as folder:
-            self._compile(module, graph, context.device, warmup_cases(graph, [base]))
+            self._compile(module, graph, context.device, cases)
         self.build_info.update(cache_dir=str(folder), compiled_on_load=True)
 
     # -- compiling ------------------------------------------------------------------------------
