@@ -153,6 +153,181 @@ def cache_clear() -> None:
     typer.echo(f"removed {buildcache.clear()} cached builds")
 
 
+def _load_target(target: str) -> tuple[Any, list[Any]]:
+    """Import ``package.module:factory`` and call it: it returns ``(model, dataset)``."""
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise typer.BadParameter("TARGET must look like package.module:factory", param_hint="TARGET")
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise typer.BadParameter(f"cannot import {target}: {exc}", param_hint="TARGET") from exc
+    result = factory()
+    if isinstance(result, dict):
+        return result["model"], list(result["dataset"])
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise typer.BadParameter(f"{target}() must return (model, dataset)", param_hint="TARGET")
+    return result[0], list(result[1])
+
+
+STRATEGIES = ("max-throughput", "min-latency", "first-wins", "one-backend", "latency-budget")
+
+
+def _strategy(name: str, backends: list[Any], budget_ms: float | None) -> Any:
+    import aitune.torch as ait
+
+    chosen = backends or None
+    if name == "max-throughput":
+        return ait.MaxThroughputStrategy(backends=chosen)
+    if name == "min-latency":
+        return ait.MinLatencyStrategy(backends=chosen)
+    if name == "first-wins":
+        return ait.FirstWinsStrategy(backends=chosen)
+    if name == "one-backend":
+        if len(backends) != 1:
+            raise typer.BadParameter("one-backend needs exactly one --backend", param_hint="--strategy")
+        return ait.OneBackendStrategy(backends[0])
+    if name == "latency-budget":
+        if budget_ms is None:
+            raise typer.BadParameter("latency-budget needs --budget-ms", param_hint="--strategy")
+        return ait.LatencyBudgetStrategy(budget_ms, backends=chosen)
+    raise typer.BadParameter(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}", param_hint="--strategy")
+
+
+def _backends(names: list[str]) -> list[Any]:
+    from .plugins import get_manager
+
+    registry = get_manager().registry
+    return [registry.backend_class(n)() for n in names]
+
+
+def _write_reports(report: Any, report_path: Path | None, html_path: Path | None, markdown: bool) -> None:
+    from .reporting import render_html, render_markdown
+
+    if report_path is not None:
+        report.save(report_path)
+        typer.echo(f"report: {report_path}")
+    if html_path is not None:
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        html_path.write_text(render_html(report))
+        typer.echo(f"HTML report: {html_path}")
+    if markdown:
+        typer.echo(render_markdown(report))
+
+
+def _print_summary(report: Any) -> None:
+    table = Table(title="aitune: tuned modules")
+    for column in ("module", "status", "result"):
+        table.add_column(column)
+    for module in report.modules:
+        table.add_row(module.name, module.status, module.summary.partition(": ")[2] or module.error or "")
+    Console().print(table)
+
+
+@app.command()
+def tune(
+    target: str = typer.Argument(..., help="package.module:factory returning (model, dataset)."),
+    strategy: str = typer.Option("max-throughput", help=f"One of: {', '.join(STRATEGIES)}."),
+    backend: list[str] = typer.Option([], "--backend", "-b", help="Backend name (repeat); default: all available."),
+    batch_size: list[int] = typer.Option([], "--batch-size", help="Batch sizes to build for and profile (repeat)."),
+    device: str | None = typer.Option(None, help="Tune device (default: where the model's weights are)."),
+    module: list[str] = typer.Option([], "--module", "-m", help="Submodule path to wrap (repeat); default: the whole model."),
+    budget_ms: float | None = typer.Option(None, help="Latency budget for --strategy latency-budget."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the tuned artifact here (.ait)."),
+    report_path: Path | None = typer.Option(None, "--report", help="Write the JSON report here."),
+    html: Path | None = typer.Option(None, "--html", help="Write the HTML report here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of a table."),
+) -> None:
+    """Tune a model from a factory, save the artifact and the reports."""
+    import aitune.torch as ait
+
+    model, dataset = _load_target(target)
+    chosen = _strategy(strategy, _backends(backend), budget_ms)
+    from .torch.module import wrapped_modules
+
+    if module:
+        ait.wrap(model, module, strategy=chosen)
+    elif not wrapped_modules(model):
+        model = ait.Module(model, type(model).__name__, strategy=chosen)
+    report = ait.tune(model, dataset, batch_sizes=batch_size or None, device=device)
+    if output is not None:
+        ait.save(model, output)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        _print_summary(report)
+        if output is not None:
+            typer.echo(f"artifact: {output}")
+    _write_reports(report, report_path, html, False)
+    if any(m.status == "failed" for m in report.modules):
+        raise typer.Exit(1)
+
+
+@app.command("inspect")
+def inspect_command(
+    target: str = typer.Argument(..., help="package.module:factory returning (model, dataset)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    graph_breaks: bool = typer.Option(True, help="Ask torch._dynamo about graph breaks of candidate modules."),
+) -> None:
+    """Show where a model spends its time and which modules are worth tuning."""
+    import aitune.torch as ait
+
+    model, dataset = _load_target(target)
+    result = ait.inspect(model, dataset, detect_graph_breaks=graph_breaks)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        typer.echo(result.describe())
+
+
+@app.command()
+def report(
+    source: Path = typer.Argument(..., help="A JSON report written by ait.tune, or an .ait artifact."),
+    html: Path | None = typer.Option(None, "--html", help="Write the HTML report here."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print the report as markdown."),
+) -> None:
+    """Render a tuning report (from a run's JSON or from an artifact) as markdown or HTML."""
+    from .report import TuneReport
+
+    if source.suffix == ".ait":
+        from .artifact.load import read_report
+
+        loaded = read_report(source)
+    else:
+        try:
+            loaded = TuneReport.read(source)
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(f"{source} is not a readable report: {exc}", param_hint="SOURCE") from exc
+    if not html and not markdown:
+        markdown = True
+    _write_reports(loaded, None, html, markdown)
+
+
+@app.command()
+def demo(
+    output_dir: Path = typer.Option(Path("aitune-demo"), "--output-dir", help="Where the artifact and reports go."),
+) -> None:
+    """Tune a built-in small model with every backend available here; write the artifact and HTML report."""
+    import aitune.torch as ait
+
+    from . import demo as demo_model
+
+    model, dataset = demo_model.model_and_data()
+    backends = demo_model.demo_backends()
+    Console().print(f"[bold]aitune demo[/]: a CNN + MLP classifier, candidates: {', '.join(b.name for b in backends)} (and eager)")
+    model.features = ait.Module(model.features, "features", strategy=ait.MaxThroughputStrategy(backends=backends))
+    model.head = ait.Module(model.head, "head", strategy=ait.MaxThroughputStrategy(backends=backends))
+    result = ait.tune(model, dataset)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    ait.save(model, output_dir / "classifier.ait")
+    _print_summary(result)
+    typer.echo(f"artifact: {output_dir / 'classifier.ait'}")
+    _write_reports(result, output_dir / "report.json", output_dir / "report.html", False)
+
+
 def main() -> None:
     try:
         app()

@@ -138,7 +138,7 @@ class BackendRegistry:
         """Check requirements and the probe for every declared device; imports no runtime."""
         spec = self.spec(name)
         dist = self._entries[name].distribution
-        missing = _missing_requirements(spec.requirements)
+        missing = missing_requirements(spec.requirements)
         if missing and spec.install_hint:
             missing = f"{missing.split(' (pip install')[0]}; install it with: {spec.install_hint}"
         devices: dict[str, str | None] = {}
@@ -182,7 +182,7 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def _missing_requirements(requirements: Sequence[str]) -> str | None:
+def missing_requirements(requirements: Sequence[str]) -> str | None:
     problems = []
     for text in requirements:
         try:

@@ -23,6 +23,7 @@ from ..errors import ArtifactError
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SUMS = "SHA256SUMS"
+REPORT = "report.json"
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 _CHUNK = 1 << 20
 _SAFE = re.compile(r"^[A-Za-z0-9._\-]+$")

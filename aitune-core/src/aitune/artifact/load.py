@@ -22,8 +22,9 @@ from ..backend import Backend, LoadContext
 from ..converter import config_from_json, structure
 from ..errors import AituneError, ArtifactError
 from ..plugins import get_manager
+from ..registry import missing_requirements
 from ..torch.module import Module, wrapped_modules
-from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, Reader, open_artifact
+from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, REPORT, Reader, open_artifact
 from .format import GraphEntry, Manifest, ModuleEntry
 
 DeviceMap = str | torch.device | Mapping[str, str | torch.device] | None
@@ -74,7 +75,8 @@ def _incompatible(entry: GraphEntry, device: torch.device) -> str | None:
         return f"the payload was built for {'/'.join(sorted(saved))} but is being loaded onto {device.type}"
     if device.type == "cuda" and not torch.cuda.is_available():
         return "the payload needs a CUDA device and none is visible here"
-    return registry.status(entry.backend).reason(device.type)
+    # only the runtime libraries: a build-time need (a compiler for Inductor) must not block a load
+    return missing_requirements(registry.spec(entry.backend).requirements)
 
 
 def load(
@@ -168,6 +170,21 @@ def _cache() -> Path:
     from ..cache import cache_dir
 
     return cache_dir()
+
+
+def read_report(path: str | Path) -> Any:
+    """The tuning report saved with the artifact (what ``aitune report model.ait`` shows)."""
+    from ..report import TuneReport
+
+    with open_artifact(Path(path)) as reader:
+        read_manifest(reader)
+        if REPORT not in reader.infos:
+            raise ArtifactError(f"{path} carries no tuning report (it was saved from a loaded model)")
+        raw = reader.read(REPORT, limit=MAX_MANIFEST_BYTES)
+    try:
+        return TuneReport.from_json(json.loads(raw))
+    except (ValueError, AituneError) as exc:
+        raise ArtifactError(f"{path}: the tuning report is malformed: {exc}") from exc
 
 
 def verify(path: str | Path, expected_sha256: str | None = None) -> dict[str, Any]:

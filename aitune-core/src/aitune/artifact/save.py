@@ -16,8 +16,9 @@ from .. import __version__
 from ..converter import config_to_json, unstructure
 from ..errors import ArtifactError, SerializationError
 from ..plugins import get_manager
+from ..report import TuneReport
 from ..torch.module import wrapped_modules
-from .archive import FORMAT_VERSION, MANIFEST, Writer
+from .archive import FORMAT_VERSION, MANIFEST, REPORT, Writer
 from .format import GraphEntry, Manifest, ModuleEntry
 
 
@@ -119,6 +120,10 @@ def save(obj: Any, path: str | Path) -> Path:
                     )
                 manifest.modules.append(entry)
             writer.add_bytes(MANIFEST, json.dumps(unstructure(manifest), indent=1, sort_keys=True).encode())
+            reports = [m.report for m in modules if m.report is not None]
+            if reports:
+                run = TuneReport(aitune_version=__version__, environment=manifest.environment, modules=reports)
+                writer.add_bytes(REPORT, json.dumps(run.to_json(), default=str).encode())
             writer.commit()
     except BaseException:
         writer.abort()

@@ -1,0 +1,78 @@
+"""The rows both renderers show, computed once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..report import CandidateReport, GraphReport, ModuleReport, TuneReport
+
+CANDIDATE_COLUMNS = (
+    "backend", "status", "build s", "cached", "max rel err", "cosine", "p50 ms", "p99 ms", "samples/s", "speedup", "reason",
+)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _profile_at(candidate: CandidateReport, batch: int | None) -> Any:
+    if not candidate.profiles:
+        return None
+    if batch is not None:
+        for p in candidate.profiles:
+            if p.batch_size == batch:
+                return p
+    return max(candidate.profiles, key=lambda p: p.throughput)
+
+
+def candidate_rows(graph: GraphReport) -> list[list[str]]:
+    rows = []
+    eager = CandidateReport("torch_eager (baseline)", {}, status="baseline", profiles=graph.eager_profiles)
+    for c in [*graph.candidates, *([eager] if graph.eager_profiles else [])]:
+        p = _profile_at(c, graph.selected_batch_size)
+        v = c.validation
+        rows.append(
+            [
+                c.backend,
+                c.status if not c.stage else f"{c.status} ({c.stage})",
+                _fmt(c.build_time_s, ".2f"),
+                "yes" if c.from_cache else "",
+                _fmt(v.max_rel_error if v and v.outputs else None, ".1e"),
+                _fmt(v.min_cosine if v and v.outputs else None, ".6f"),
+                _fmt(p.p50_ms if p else None, ".3g"),
+                _fmt(p.p99_ms if p else None, ".3g"),
+                _fmt(p.throughput if p else None, ".1f"),
+                _fmt(c.speedup, ".2f") + ("x" if c.speedup is not None else ""),
+                c.reason or "",
+            ]
+        )
+    return rows
+
+
+def graph_inputs(graph: GraphReport) -> str:
+    spec = graph.graph
+    dims = spec.get("dims", {})
+    parts = []
+    for t in spec.get("inputs", []):
+        shape = ", ".join(d if d else str(s) for s, d in zip(t["shape"], t["dims"]))
+        parts.append(f"{t['path']}: {t['dtype']}[{shape}]")
+    ranges = ", ".join(f"{n} {r['min']}..{r['max']} (opt {r['opt']})" for n, r in dims.items())
+    return "; ".join(parts) + (f" with {ranges}" if ranges else "")
+
+
+def headline(report: TuneReport) -> list[tuple[str, str]]:
+    env = report.environment
+    return [
+        ("aitune", report.aitune_version),
+        ("started", report.started_at),
+        ("duration", f"{report.duration_s:.1f} s"),
+        ("device", report.device),
+        ("machine", str(env.get("gpu") or env.get("cpu", ""))),
+        ("torch", str(env.get("torch", ""))),
+        ("threads", str(env.get("threads", ""))),
+        ("python", str(env.get("python", ""))),
+    ]
+
+
+def module_status(module: ModuleReport) -> str:
+    return module.summary or f"{module.name}: {module.status}"

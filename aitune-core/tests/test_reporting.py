@@ -1,0 +1,141 @@
+"""The report as people read it (markdown, HTML) and the CLI around tuning."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import aitune.torch as ait
+from aitune.cli import app
+from aitune.reporting import render_html, render_markdown
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig, WrongBackend
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+
+QUICK = ProfilingConfig(
+    batch_sizes=[2, 4], measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5)
+)
+
+
+@pytest.fixture
+def report(toy_backends):
+    strategy = ait.MaxThroughputStrategy(
+        backends=[ToyBackend(ToyConfig()), ToyBackend(ToyConfig(speed=2.0)), WrongBackend()], profiling_config=QUICK
+    )
+    model = ait.Module(SlowModule(), "encoder", strategy=strategy)
+    return ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+
+
+def test_markdown_has_every_candidate_and_the_decision(report):
+    text = render_markdown(report)
+    assert "## encoder" in text and "Decision: **toy**" in text
+    assert "| toy_wrong | failed (validate) |" in text
+    assert "torch_eager (baseline)" in text
+    assert "x: float32[batch, 8] with batch 2..4" in text
+
+
+def test_html_is_self_contained_with_inline_plots(report):
+    page = render_html(report)
+    assert page.startswith("<!doctype html>")
+    assert page.count("<svg") == 2, "a latency plot and a throughput-vs-batch plot"
+    for external in ('src="http', "src='http", 'href="http', "url(http", "<link", "<script", "@import"):
+        assert external not in page, f"the page must load nothing from elsewhere: found {external}"
+    assert "failed (validate)" in page and "Environment" in page
+
+
+def test_report_command_reads_json_and_artifacts(report, tmp_path, toy_backends):
+    report.save(tmp_path / "run.json")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "run.json"), "--html", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r.html").read_text().count("<svg") == 2
+    printed = CliRunner().invoke(app, ["report", str(tmp_path / "run.json")])
+    assert printed.exit_code == 0 and "Decision: **toy**" in printed.output, "markdown is the default"
+
+
+def test_artifact_carries_its_report(toy_backends, tmp_path):
+    model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=QUICK))
+    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+    ait.save(model, tmp_path / "m.ait")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "m.ait"), "--markdown"])
+    assert result.exit_code == 0, result.output
+    assert "## m" in result.output and "Decision: **toy**" in result.output
+
+
+def test_tune_command_end_to_end(toy_backends, tmp_path, monkeypatch):
+    (tmp_path / "factory_mod.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from aitune.testing.backends import SlowModule
+
+            def make():
+                return SlowModule().eval(), [torch.randn(2, 8), torch.randn(4, 8)]
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        app,
+        ["tune", "factory_mod:make", "--strategy", "one-backend", "--backend", "toy", "--output", "out.ait",
+         "--report", "out.json", "--html", "out.html"],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "SlowModule" in result.output and "tuned" in result.output
+    assert json.loads((tmp_path / "out.json").read_text())["modules"][0]["graphs"][0]["decision"] == "toy"
+    assert (tmp_path / "out.ait").stat().st_size > 0 and "<svg" in (tmp_path / "out.html").read_text()
+    bad = CliRunner().invoke(app, ["tune", "nope"])
+    assert bad.exit_code == 2 and "package.module:factory" in bad.output
+    needs_one = CliRunner().invoke(app, ["tune", "factory_mod:make", "--strategy", "one-backend"])
+    assert needs_one.exit_code == 2 and "exactly one --backend" in needs_one.output
+
+
+def test_inspect_recommends_modules(tmp_path, monkeypatch):
+    (tmp_path / "inspect_mod.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Net(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.body = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+                    self.tail = torch.nn.Linear(256, 2)
+
+                def forward(self, x):
+                    return self.tail(self.body(x))
+
+            def make():
+                return Net().eval(), [torch.randn(64, 32)]
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["inspect", "inspect_mod:make", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    modules = data["modules"]
+    assert modules["body"]["parameters"] == 32 * 256 + 256 + 256 * 256 + 256
+    assert modules[""]["recommended"], "the whole model: most of the time, no graph breaks"
+    assert not modules["body"]["recommended"], "nested inside a recommended module"
+
+
+def test_inspect_prefers_children_of_a_module_with_graph_breaks():
+    class Breaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+
+        def forward(self, x):
+            h = self.enc(x)
+            if h.sum() > 0:  # data-dependent Python branch: a graph break
+                h = h * 2
+            return h
+
+    result = ait.inspect(Breaky().eval(), [torch.randn(64, 64)])
+    assert result.modules[""].graph_breaks >= 1 and not result.modules[""].recommended
+    assert result.recommended == ["enc"]
+    assert "enc" in result.describe()
