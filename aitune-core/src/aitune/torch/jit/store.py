@@ -1,0 +1,169 @@
+"""What the JIT remembers across runs: one decision per module, in ``<cache dir>/jit``.
+
+A decision is keyed by everything that could change it: the module's structure and weights
+(``buildcache.module_digest``), the graph specs recorded for it, the candidate backends with
+their configs and plugin versions, and the environment (aitune, torch, device, GPU or CPU model).
+It holds the outcome (``tuned``, ``eager`` or ``descended``), and for a tuned module each graph's
+winner: backend name, config JSON, graph JSON and the payload written by ``aitune_serialize``.
+A changed weight, input range, backend list or upgrade gives another key, so a stale decision is
+never used; entries that fail to load are deleted and the module is tuned again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from ... import __version__
+from ...backend import Backend, LoadContext
+from ...buildcache import module_digest
+from ...converter import config_from_json, config_to_json, unstructure
+from ...errors import ConfigError, SerializationError
+from ...graph import GraphSpec
+from ...plugins import get_manager
+
+logger = logging.getLogger("aitune")
+FORMAT = 1
+EAGER = "torch_eager"
+
+
+@attrs.define
+class Remembered:
+    """A decision read back from the cache: the outcome, why, and each graph's loaded winner."""
+
+    outcome: str
+    reason: str
+    winners: list[tuple[GraphSpec, Backend | None]]
+
+
+def jit_dir() -> Path:
+    from ...cache import cache_dir
+
+    return cache_dir() / "jit"
+
+
+def _backend_identity(backend: Backend) -> dict[str, Any]:
+    registry = get_manager().registry
+    try:
+        config: Any = config_to_json(backend.config, backend.name)
+    except (ConfigError, SerializationError):
+        config = repr(backend.config)
+    version = registry.status(backend.name).version if backend.name in registry else "unknown"
+    return {"backend": backend.name, "config": config, "version": version}
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """The parts of the machine a decision depends on."""
+    from ..tuner import environment as full
+
+    env = full(device)
+    out = {"aitune": __version__, "torch": torch.__version__, "device": str(device), "cuda": env.get("cuda")}
+    for name in ("gpu", "compute_capability"):
+        if name in env:
+            out[name] = env[name]
+    if device.type == "cpu":
+        out["cpu"] = env.get("cpu")
+    return out
+
+
+def decision_key(
+    module: torch.nn.Module, graphs: Sequence[GraphSpec], device: torch.device, strategy: str, candidates: Sequence[Backend]
+) -> str:
+    payload = {
+        "format": FORMAT,
+        "module": module_digest(module),
+        "graphs": [unstructure(g) for g in graphs],
+        "strategy": strategy,
+        "candidates": [_backend_identity(b) for b in candidates],
+        "environment": environment(device),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _entry(key: str) -> Path:
+    return jit_dir() / key[:2] / key
+
+
+def save(
+    key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple[GraphSpec, Backend]] = ()
+) -> bool:
+    """Write one decision atomically; returns False (and stores nothing) when a winner cannot be saved."""
+    entry = _entry(key)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+    hook = get_manager().hook
+    try:
+        graphs = []
+        for index, (graph, backend) in enumerate(winners):
+            record: dict[str, Any] = {"graph": unstructure(graph), "backend": backend.name}
+            if backend.name != EAGER:
+                folder = staging / str(index)
+                folder.mkdir()
+                metadata = hook.aitune_serialize(backend=backend, directory=folder) or {}
+                record.update(config=config_to_json(backend.config, backend.name), metadata=metadata, payload=str(index))
+            graphs.append(record)
+        decision = {"format": FORMAT, "name": name, "outcome": outcome, "reason": reason, "graphs": graphs}
+        (staging / "decision.json").write_text(json.dumps(decision, indent=1, default=str))
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)
+        os.replace(staging, entry)
+        return True
+    except Exception as exc:  # not remembering is never fatal: the next run tunes again
+        logger.info("aitune jit: the decision for %s is not remembered: %s: %s", name, type(exc).__name__, exc)
+        return False
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def load(
+    key: str, name: str, module: torch.nn.Module, graphs: Sequence[GraphSpec], device: torch.device
+) -> Remembered | None:
+    """The remembered decision with its winners loaded (no build), or None when there is none or it is unusable."""
+    entry = _entry(key)
+    path = entry / "decision.json"
+    if not path.is_file():
+        return None
+    from ...cache import cache_dir
+
+    registry = get_manager().registry
+    hook = get_manager().hook
+    try:
+        decision = json.loads(path.read_text())
+        if decision.get("format") != FORMAT:
+            raise ValueError(f"format {decision.get('format')!r}, expected {FORMAT}")
+        winners: list[tuple[GraphSpec, Backend | None]] = []
+        saved = decision["graphs"]
+        if saved and len(saved) != len(graphs):
+            raise ValueError(f"{len(saved)} graphs remembered, {len(graphs)} recorded")
+        for graph, record in zip(graphs, saved):
+            if record["backend"] == EAGER:
+                winners.append((graph, None))
+                continue
+            config = config_from_json(record["config"], f"{name}.config")
+            backend = registry.backend_class(record["backend"])(config)
+            context = LoadContext(graph, device, dict(record.get("metadata") or {}), cache_dir(), name)
+            with torch.no_grad():
+                loaded = hook.aitune_deserialize(
+                    backend=backend, module=module, directory=entry / record["payload"], context=context
+                )
+            winners.append((graph, loaded))
+        return Remembered(decision["outcome"], decision.get("reason", ""), winners)
+    except Exception as exc:
+        logger.warning(
+            "aitune jit: the remembered decision for %s cannot be used (%s: %s); tuning it again",
+            name,
+            type(exc).__name__,
+            exc,
+        )
+        shutil.rmtree(entry, ignore_errors=True)
+        return None

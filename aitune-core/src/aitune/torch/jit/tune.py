@@ -1,0 +1,28 @@
+"""Deferred JIT tuning, for pipelines that call modules a varying number of times per step.
+
+    aitune.torch.jit.config.deferred = True   # or AITUNE_JIT_DEFERRED=1
+    for step in warmup_steps:
+        pipeline(...)                          # recorded, not tuned
+    aitune.torch.jit.tune.deferred()           # tuning happens at each module's next forward
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import engine
+
+logger = logging.getLogger("aitune")
+
+
+def deferred() -> None:
+    """Tune every module recorded so far at its next forward call.
+
+    Modules uncovered later (the children of a module that stays eager) record until the next
+    call of ``deferred()``. Without JIT mode on, this does nothing, so a script runs unchanged
+    with and without ``AITUNE_JIT``.
+    """
+    if not engine.enabled():
+        logger.debug("aitune jit: deferred() called while JIT tuning is off; nothing to do")
+        return
+    engine.request_tuning()
