@@ -24,7 +24,7 @@ HOOKS = sorted(name for name, fn in vars(hookspecs).items() if name.startswith("
 
 
 def test_there_are_hooks():
-    assert len(HOOKS) == 9
+    assert len(HOOKS) == 10
 
 
 @pytest.mark.parametrize("hook", HOOKS)
@@ -158,6 +158,20 @@ def test_hook_aitune_deserialize(aitune_manager, tmp_path):
     )
     x = samples[0].args[0]
     torch.testing.assert_close(loaded.infer(x), module(x))
+
+
+def test_hook_aitune_tune_started(toy_backends, register_plugin, tmp_path):
+    started = []
+
+    class Listener:
+        @hookimpl
+        def aitune_tune_started(self, report, report_path):
+            started.append((report_path, list(report.modules)))
+
+    register_plugin(Listener())
+    returned = ait.tune(_fast_model(), [torch.randn(2, 8)], report_path=tmp_path / "report.json")
+    assert started == [(tmp_path / "report.json", [])], "called once, before any module is tuned"
+    assert returned.modules
 
 
 def test_hook_aitune_build_error(toy_backends, register_plugin):

@@ -11,7 +11,8 @@ There are three kinds of hooks:
 * **operations**: ``aitune_build``, ``aitune_validate``, ``aitune_profile``, ``aitune_serialize``,
   ``aitune_deserialize``; each is *firstresult*: the first non-None result wins and the rest are
   not called;
-* **observers**: ``aitune_build_error``, ``aitune_candidate_result``, ``aitune_tune_finished``;
+* **observers**: ``aitune_tune_started``, ``aitune_build_error``, ``aitune_candidate_result``,
+  ``aitune_tune_finished``;
   for reports, logging and progress; their return values are ignored.
 """
 
@@ -112,6 +113,15 @@ def aitune_deserialize(
 
 
 # -- observers ----------------------------------------------------------------------------------
+
+
+@hookspec
+def aitune_tune_started(report: TuneReport, report_path: Path | None) -> None:
+    """``ait.tune`` recorded the dataset and starts tuning; ``report`` fills in as modules finish.
+
+    ``report_path`` is where the finished report will be written (None when not asked for), so
+    an observer can keep progress beside it. Return value ignored.
+    """
 
 
 @hookspec

@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from .. import tree
+from ..errors import InputError
 from ..graph import Sample
 
 if TYPE_CHECKING:
@@ -113,6 +114,29 @@ def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[int, .
     return tuple(tuple(t.shape) for t in leaves)
 
 
+def _check_finite(args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...]) -> None:
+    """NaN inputs make every comparison with eager meaningless: refuse them, naming the input."""
+    for i, value in [*enumerate(args), *kwargs.items()]:
+        path = names[i] if isinstance(i, int) and i < len(names) else str(i)
+        leaves, _ = tree.flatten(value, path)
+        for leaf in leaves:
+            if (leaf.is_floating_point() or leaf.is_complex()) and bool(torch.isnan(leaf).any()):
+                raise InputError(
+                    f"input {path!r} holds NaN values; validation compares every candidate with eager and "
+                    "cannot judge NaN: give ait.tune finite inputs (clean or drop those batches)"
+                )
+
+
+def _check_output(output: Any) -> None:
+    try:
+        tree.flatten(output, "output")
+    except InputError as exc:
+        raise InputError(
+            f"{exc}. Return tensors in tuples, lists or dicts (for a dataclass, e.g. dataclasses.astuple), "
+            "or wrap the submodule that returns tensors instead"
+        ) from exc
+
+
 @attrs.define
 class GraphRecording:
     """The samples and eager outputs recorded for one graph of one module."""
@@ -148,7 +172,8 @@ class RecordingSession:
                 tree.flatten(value, names[i] if i < len(names) else f"args.{i}")
             for name, value in kwargs.items():
                 tree.flatten(value, name)
-            tree.flatten(output, "output")
+            _check_finite(args, kwargs, names)
+            _check_output(output)
             key = structure_key(args, kwargs)
             graph = rec.graphs.setdefault(key, GraphRecording())
             graph.calls += 1

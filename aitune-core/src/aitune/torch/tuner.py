@@ -110,11 +110,19 @@ def _tune(
             "model = ait.Module(model, 'model') or ait.wrap(model, ['encoder'])"
         )
     for module in known:
+        check_devices(module)
         module._reset()
     samples_seen = 0
+    first: Any = None
     with step("recording calls"), torch.no_grad(), recording.recording(max_samples) as session:
         for sample in dataset:
-            _call(model_or_callable, sample)
+            first = sample if samples_seen == 0 else first
+            try:
+                _call(model_or_callable, sample)
+            except AituneError:
+                raise
+            except Exception as exc:
+                raise _item_error(samples_seen, sample, first, exc) from exc
             samples_seen += 1
     if samples_seen == 0:
         raise InputError("the dataset is empty: give ait.tune at least one input batch")
@@ -131,6 +139,7 @@ def _tune(
         started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         environment=environment(tune_device),
     )
+    manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
     defaults = default_backends(tune_device)
     for rec in session.modules.values():
         module_report = _tune_module(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
@@ -141,6 +150,40 @@ def _tune(
     if report_path is not None:
         report.save(report_path)
     return report
+
+
+def check_devices(module: Module) -> None:
+    """Refuse a module whose weights are split across devices or not materialized (meta)."""
+    devices = {str(t.device) for t in (*module.module.parameters(), *module.module.buffers())}
+    if "meta" in devices:
+        raise InputError(
+            f"{module.name}: some weights are on the meta device (not loaded yet): load the weights "
+            "(e.g. load_state_dict(..., assign=True) or .to_empty(device=...) then load) before ait.tune"
+        )
+    if len(devices) > 1:
+        raise InputError(
+            f"{module.name}: its weights are split across devices ({', '.join(sorted(devices))}); aitune tunes "
+            "a module on one device: move it with .to(device), or wrap the part on each device as its own ait.Module"
+        )
+
+
+def _item_error(index: int, item: Any, first: Any, exc: Exception) -> Exception:
+    """The model failed on dataset item ``index``: say which, and whether it looks unlike item 0."""
+    from .. import tree
+
+    hint = ""
+    if index > 0:
+        try:
+            differs = tree.flatten(item)[1] != tree.flatten(first)[1]
+        except AituneError:
+            differs = True
+        if differs:
+            hint = " It has another structure than item 0; give every item the structure the model takes."
+    return InputError(
+        f"the model raised on dataset item {index} ({type(exc).__name__}: {exc}).{hint} "
+        "Check that each item is what the model's forward takes: a tensor, a tuple of arguments, "
+        "a dict of keyword arguments, or (args, kwargs)"
+    )
 
 
 def _strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
