@@ -57,11 +57,13 @@ class AituneManager:
         self._loaded_entry_points = False
         self._lock = threading.RLock()
         self.pm.hook.aitune_register_backends.call_historic(kwargs={"registry": self.registry})
-        from . import buildcache
+        from . import buildcache, isolation, journal
         from .builtin import eager, operations
 
         self.register(operations, name="aitune.builtin.operations", distribution=CORE_DISTRIBUTION)
         self.register(buildcache, name="aitune.builtin.buildcache", distribution=CORE_DISTRIBUTION)
+        self.register(isolation, name="aitune.builtin.isolation", distribution=CORE_DISTRIBUTION)
+        self.register(journal, name="aitune.builtin.journal", distribution=CORE_DISTRIBUTION)
         self.register(eager, name="aitune.builtin.eager", distribution=CORE_DISTRIBUTION)
 
     @property

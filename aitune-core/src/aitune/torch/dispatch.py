@@ -3,7 +3,7 @@
 No signature binding for calls already in canonical form, no copies: the structure key is built
 in one pass that also collects the tensors, then each candidate graph's precomputed shape checks
 run on them. Anything outside what was tuned runs eager for that call, with one warning (or, in
-strict mode, raises).
+strict mode, raises); so does a call whose tuned backend raises, and one that needs gradients.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from ..graph import GraphSpec
 logger = logging.getLogger("aitune")
 
 Runner = Callable[..., Any]
+_NEEDS_GRAD = (
+    "an input was created with requires_grad=True and grad mode is on, and tuned backends compute no gradients; "
+    "call it under torch.no_grad() or torch.inference_mode() for inference"
+)
 
 
 class ShapeCheck:
@@ -94,8 +98,28 @@ class Dispatcher:
             tree.call_key((args, kwargs), leaves)
         for check, runner in candidates:
             if check.fits(leaves):
-                return runner(*args, **kwargs)
+                if torch.is_grad_enabled() and any(t.requires_grad and t.is_leaf for t in leaves):
+                    return self._eager_because(_NEEDS_GRAD, args, kwargs)
+                try:
+                    return runner(*args, **kwargs)
+                except Exception as exc:
+                    if self.strict:
+                        raise
+                    logger.debug("%s: tuned backend failed", self.name, exc_info=True)
+                    return self._eager_because(
+                        f"the tuned backend raised {type(exc).__name__}: {exc}; tune again or load with "
+                        "another backend if this persists",
+                        args,
+                        kwargs,
+                    )
         return self._fallback(candidates, leaves, args, kwargs)
+
+    def _eager_because(self, reason: str, args: Any, kwargs: Any) -> Any:
+        """Run this call eager, warning once per reason."""
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"{self.name}: running this call eager: {reason}", RuntimeWarning, stacklevel=4)
+        return self.eager(*args, **kwargs)
 
     def _resolve(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, list[Any]]:
         try:

@@ -1,0 +1,242 @@
+"""Isolated builds: a backend's compiler runs in a worker process, so a crash costs one candidate.
+
+A built-in plugin on ``aitune_build``. When a backend implements ``export`` and isolation is on
+for it, the user's process exports the module into a folder, a worker (``python -m
+aitune.worker``) builds the payload from those files alone under a time limit and a memory cap,
+and the user's process loads that payload. A segfault, abort, hang or out-of-memory in the worker
+becomes a :class:`WorkerBuildError` for that candidate; tuning goes on. A build-cache hit answers
+first (``tryfirst``), so it skips all of this; a fresh isolated build is stored by the cache's
+wrapper like any other.
+
+Settings: ``AITUNE_ISOLATE`` = ``native`` (default: backends with ``native_build = True``),
+``all`` (every backend that can export) or ``none``; ``AITUNE_BUILD_TIMEOUT_S`` (default 1800);
+``AITUNE_BUILD_MEMORY_MB`` (default: three quarters of the machine's memory on CPU, no cap for
+CUDA builds, whose driver reserves more address space than any cap; ``0`` means no cap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import hookimpl
+from .backend import Backend, BuildContext, LoadContext
+from .converter import unstructure
+from .errors import BuildError, ConfigError
+from .worker import EXIT_BAD_JOB, EXIT_OUT_OF_MEMORY
+
+logger = logging.getLogger("aitune")
+
+MODES = ("native", "all", "none")
+DEFAULT_TIMEOUT_S = 1800.0
+LOG_LINES = 20
+
+
+class WorkerBuildError(BuildError):
+    """An isolated build failed; ``cause`` is ``crash``, ``timeout``, ``memory``, ``exit`` or ``error``."""
+
+    def __init__(self, message: str, cause: str, exit_code: int | None = None, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+
+
+def mode() -> str:
+    value = os.environ.get("AITUNE_ISOLATE", "native").strip().lower() or "native"
+    if value not in MODES:
+        raise ConfigError(
+            f"AITUNE_ISOLATE={value!r} is not one of {', '.join(MODES)}; unset it for the default (native)"
+        )
+    return value
+
+
+def isolated(backend: Backend) -> bool:
+    """Whether ``backend`` builds in a worker (when it can export) under the current setting."""
+    chosen = mode()
+    return chosen == "all" or (chosen == "native" and backend.native_build)
+
+
+def timeout_s() -> float:
+    return _positive("AITUNE_BUILD_TIMEOUT_S", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S
+
+
+def memory_mb(device: torch.device) -> int | None:
+    """The worker's address-space cap in MB, or None for no cap."""
+    default = None
+    if device.type == "cpu":
+        try:
+            default = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4 // (1024 * 1024)
+        except (ValueError, OSError, AttributeError):
+            default = None
+    value = _positive("AITUNE_BUILD_MEMORY_MB", default)
+    return int(value) if value else None
+
+
+def _positive(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} must be a number >= 0")
+    return value
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+@hookimpl(specname="aitune_build")
+def build_isolated(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
+    """Build in a worker when isolation applies and the backend can export; else leave it to the default."""
+    if not isolated(backend):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="isolated-", dir=context.workdir))
+    exported, payload = folder / "exported", folder / "payload"
+    exported.mkdir()
+    notes = backend.export(module, context, exported)
+    if notes is None:
+        return None
+    start = time.perf_counter()
+    metadata = run_worker(backend, notes, context, folder)
+    worker_s = time.perf_counter() - start
+    from .plugins import get_manager
+
+    load_context = LoadContext(context.graph, context.device, metadata, context.cache_dir, context.module_name)
+    loaded: Backend = get_manager().hook.aitune_deserialize(
+        backend=backend, module=module, directory=payload, context=load_context
+    )
+    loaded.build_info["isolated"] = True
+    loaded.build_info["worker_s"] = round(worker_s, 3)
+    return loaded
+
+
+def run_worker(backend: Backend, notes: dict[str, Any], context: BuildContext, folder: Path) -> dict[str, Any]:
+    """Run ``build_exported`` for ``backend`` in a worker; returns the payload's metadata or raises."""
+    limit, cap = timeout_s(), memory_mb(context.device)
+    result, log = folder / "result.json", folder / "worker.log"
+    job = {
+        "backend": backend.name,
+        "backend_class": _class_path(type(backend)),
+        "config": unstructure(backend.config),
+        "graph": unstructure(context.graph),
+        "device": str(context.device),
+        "exported": str(folder / "exported"),
+        "notes": notes,
+        "payload": str(folder / "payload"),
+        "workdir": str(folder),
+        "cache_dir": str(context.cache_dir),
+        "module_name": context.module_name,
+        "result": str(result),
+        "memory_mb": cap,
+    }
+    job_path = folder / "job.json"
+    job_path.write_text(json.dumps(job, default=str))
+    what = f"{backend.name} build of {context.module_name or 'the module'} in a worker process"
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aitune.worker", str(job_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a timeout stops the worker and its children
+        )
+        try:
+            code = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            raise WorkerBuildError(
+                f"{what} did not finish within {limit:g} s and was stopped; if the build is only slow, raise "
+                f"AITUNE_BUILD_TIMEOUT_S{_tail_text(log)}",
+                "timeout",
+                None,
+                _tail(log),
+            ) from None
+        except BaseException:  # Ctrl-C while waiting: take the worker down with us
+            _stop(proc)
+            raise
+    return _outcome(what, code, result, log, cap)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _outcome(what: str, code: int, result: Path, log: Path, cap: int | None) -> dict[str, Any]:
+    tail = _tail(log)
+    answer: dict[str, Any] = {}
+    if result.is_file():
+        try:
+            answer = json.loads(result.read_text())
+        except ValueError:
+            answer = {}
+    if code == 0 and answer.get("ok"):
+        return dict(answer.get("metadata") or {})
+    cap_text = f"{cap} MB" if cap else "none"
+    if code == EXIT_OUT_OF_MEMORY or _says_out_of_memory(answer, tail):
+        raise WorkerBuildError(
+            f"{what} ran out of memory (address-space cap {cap_text}, AITUNE_BUILD_MEMORY_MB); raise the cap, "
+            f"free memory, or build with a smaller max batch{_tail_text(log)}",
+            "memory",
+            code,
+            tail,
+        )
+    if code < 0:
+        name = _signal_name(-code)
+        hint = " (the kernel's out-of-memory killer sends this too)" if -code == signal.SIGKILL else ""
+        raise WorkerBuildError(
+            f"{what} crashed with {name}{hint}; the candidate is skipped and your process is unharmed. "
+            f"Report it to the backend's authors with the log{_tail_text(log)}",
+            "crash",
+            code,
+            tail,
+        )
+    if answer.get("ok") is False:
+        raise WorkerBuildError(
+            f"{what} failed: {answer.get('error')}: {answer.get('message')}{_tail_text(log)}", "error", code, tail
+        )
+    why = "could not read its job" if code == EXIT_BAD_JOB else "exited without a result"
+    raise WorkerBuildError(f"{what} {why} (exit code {code}){_tail_text(log)}", "exit", code, tail)
+
+
+def _says_out_of_memory(answer: dict[str, Any], tail: str) -> bool:
+    text = f"{answer.get('error', '')} {answer.get('message', '')}".lower()
+    return answer.get("error") == "MemoryError" or "can't allocate memory" in text or "out of memory" in text
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _tail(log: Path) -> str:
+    try:
+        with open(log, errors="replace") as f:
+            return "".join(deque(f, maxlen=LOG_LINES)).rstrip()
+    except OSError:
+        return ""
+
+
+def _tail_text(log: Path) -> str:
+    tail = _tail(log)
+    return f"\nlast lines of the worker's log:\n{tail}" if tail else ""
