@@ -61,9 +61,9 @@ def _plots(graph: GraphReport) -> list[str]:
         ax.plot([p.p50_ms, p.p90_ms], [i, i], color="#3b6fd8", linewidth=6, solid_capstyle="butt")
         ax.plot([p.p50_ms], [i], "o", color="#1d2330", markersize=4)
     ax.set_yticks(range(len(names)), names)
-    ax.set_xlabel(f"latency (ms) at batch {batch or 'recorded'}: min-p99 line, p50-p90 bar, p50 dot")
-    ax.set_xlim(left=0)
-    ax.grid(axis="x", alpha=0.3)
+    ax.set_xlabel(f"latency (ms, log scale) at batch {batch or 'recorded'}: min-p99 line, p50-p90 bar, p50 dot")
+    ax.set_xscale("log")
+    ax.grid(axis="x", which="both", alpha=0.3)
     plots.append(_svg(fig))
     if any(len(p) > 1 for p in series.values()):
         fig, ax = plt.subplots(figsize=(6, 3.2))
