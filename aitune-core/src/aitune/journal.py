@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Generator
 from pathlib import Path
 from typing import IO, Any
 
@@ -102,6 +103,15 @@ def aitune_candidate_result(module_name: str, graph: Any, candidate: CandidateRe
     journal.write(
         {"event": "candidate", "module": module_name, "graph_key": graph.key, "candidate": unstructure(candidate)}
     )
+
+
+@hookimpl(wrapper=True, tryfirst=True)
+def aitune_build(backend: Any, module: Any, context: Any) -> Generator[None, Any, Any]:
+    """Before each build, write the modules finished since the last line (a build may never return)."""
+    journal = _current()
+    if journal is not None:
+        journal.catch_up()
+    return (yield)
 
 
 @hookimpl
