@@ -86,3 +86,10 @@ def build(session: nox.Session) -> None:
     session.install("build>=1.2")
     for member in MEMBERS:
         session.run("python", "-m", "build", "--outdir", "dist", member)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The performance harness (benchmarks/): every member installed; ``nox -s bench -- --quick --out r.json``."""
+    _install(session, *MEMBERS)
+    session.run("python", "-m", "benchmarks", *(session.posargs or ["--quick"]))
