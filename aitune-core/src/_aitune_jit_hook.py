@@ -1,6 +1,8 @@
-"""Started by ``aitune_jit.pth`` at every interpreter start: turns JIT tuning on when ``AITUNE_JIT`` is set.
+"""Turns JIT tuning on at interpreter start; ``aitune_jit.pth`` imports it only when ``AITUNE_JIT`` is set.
 
-With the variable unset this costs one environment lookup: nothing else is imported.
+The .pth line checks the variable itself, so with it unset no module is even imported (and
+pytest, which rewrites every module of a plugin's distribution, never sees this one loaded).
+``AITUNE_JIT=0`` (or ``false``, ``no``, ``off``) leaves JIT tuning off.
 """
 
 import os

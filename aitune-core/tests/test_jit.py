@@ -1,0 +1,281 @@
+"""JIT mode: tuning with no code change, top-down, deferred, and remembered across runs.
+
+Toy backends stand in for compilers: what is checked is the JIT's own logic (what it records,
+when it tunes, what it installs and remembers), never speed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from aitune import hookimpl
+from aitune.torch import FirstWinsStrategy
+from aitune.torch import jit
+from aitune.torch.jit import TunedForward
+from aitune.torch.jit import config as jit_config
+from aitune.torch.jit.tune import deferred
+from aitune.torch.recording import bypass
+
+SCRIPTS = Path(__file__).parent / "jit_scripts"
+SRC = Path(__file__).parent.parent / "src"
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
+
+
+class Branchy(torch.nn.Module):
+    """Data-dependent control flow: TorchDynamo cannot capture it as one graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        return y * 2 if y.sum() > 0 else y - 1
+
+
+class Builds:
+    def __init__(self) -> None:
+        self.count = 0
+
+    @hookimpl(wrapper=True)
+    def aitune_build(self, backend: Any, module: Any, context: Any) -> Any:
+        self.count += 1
+        return (yield)
+
+
+@pytest.fixture
+def builds(toy_backends: Any, register_plugin: Any) -> Builds:
+    return register_plugin(Builds(), name="build-counter")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def jit_on(toy_backends: Any) -> Iterator[None]:
+    """JIT tuning on with the toy backend and test-sized thresholds; off and forgotten afterwards."""
+    from aitune.testing.backends import ToyBackend
+
+    jit_config.reset()
+    strategy = FirstWinsStrategy([ToyBackend()], performance_validation=False)
+    with jit_config.patch(strategy=strategy, min_parameters=0, min_samples=2):
+        jit.enable()
+        try:
+            yield
+        finally:
+            jit.disable()
+    jit_config.reset()
+
+
+def run_and_compare(model: torch.nn.Module, batches: list[int], features: int = 8) -> None:
+    """Call ``model`` like a program would and check every output against its own eager forward."""
+    with torch.no_grad():
+        for batch in batches:
+            x = torch.randn(batch, features)
+            y = model(x)
+            with bypass():
+                expected = model(x)
+            torch.testing.assert_close(y, expected)
+
+
+def outcomes() -> list[tuple[str, str, bool]]:
+    return [(d.name, d.outcome, d.from_cache) for d in jit.decisions()]
+
+
+# -- in process -------------------------------------------------------------------------------
+
+
+def test_tunes_a_top_level_module_after_min_samples_and_keeps_its_hooks(jit_on: None) -> None:
+    torch.manual_seed(0)
+    model = Block().eval()
+    seen = []
+    model.register_forward_hook(lambda m, a, out: seen.append(out.shape[0]))
+    keys = list(model.state_dict())
+    run_and_compare(model, [2])
+    assert jit.decisions() == []  # one call is not enough
+    run_and_compare(model, [3, 2, 3])
+    assert outcomes() == [("Block", "tuned", False)]
+    assert isinstance(model.__dict__["forward"], TunedForward)
+    assert jit.decisions()[0].backends == ("toy",)
+    assert list(model.state_dict()) == keys and type(model) is Block
+    assert seen == [2, 2, 3, 3, 2, 2, 3, 3]  # the user's hook still runs on every call, tuned or eager
+    jit.disable()
+    assert "forward" not in model.__dict__
+
+
+def test_graph_break_keeps_parent_eager_and_tunes_child(jit_on: None) -> None:
+    torch.manual_seed(0)
+    model = Branchy().eval()
+    run_and_compare(model, [2, 3])
+    assert outcomes() == [("Branchy", "descended", False)]
+    assert "Data-dependent" in jit.decisions()[0].reason
+    run_and_compare(model, [2, 3, 2])
+    assert outcomes() == [("Branchy", "descended", False), ("Branchy.inner", "tuned", False)]
+    assert "forward" not in model.__dict__
+    assert isinstance(model.inner.__dict__["forward"], TunedForward)
+
+
+def test_max_depth_zero_stops_at_the_top(jit_on: None) -> None:
+    model = Branchy().eval()
+    with jit_config.patch(max_depth=0):
+        run_and_compare(model, [2, 3, 2, 3])
+    assert outcomes() == [("Branchy", "eager", False)]
+    assert "max_depth=0" in jit.decisions()[0].reason
+
+
+def test_deferred_mode_tunes_only_after_deferred(jit_on: None) -> None:
+    model = Block().eval()
+    with jit_config.patch(deferred=True, min_samples=1):
+        run_and_compare(model, [2, 3, 4, 2, 3])
+        assert jit.decisions() == []
+        deferred()
+        assert jit.decisions() == []  # tuning starts at the next forward, not inside deferred()
+        run_and_compare(model, [2])
+        assert outcomes() == [("Block", "tuned", False)]
+        run_and_compare(model, [3, 4])
+
+
+def test_skips_small_excluded_and_training_modules(jit_on: None, caplog: pytest.LogCaptureFixture) -> None:
+    with jit_config.patch(min_parameters=10_000):
+        run_and_compare(Block().eval(), [2, 3, 2])
+    with jit_config.patch(exclude=("Bl",)):
+        run_and_compare(Block().eval(), [2, 3, 2])
+    training = Block()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        run_and_compare(training, [2, 3, 2])
+    assert jit.decisions() == []
+    assert "training mode" in caplog.text
+
+
+def test_remembered_decision_is_reused_and_invalidated_by_new_weights(jit_on: None, builds: Builds) -> None:
+    torch.manual_seed(0)
+    model = Block().eval()
+    run_and_compare(model, [2, 3, 2])
+    assert outcomes() == [("Block", "tuned", False)] and builds.count == 1
+    jit.disable()  # a "new run" in this process: everything forgotten but the cache dir
+    jit.enable()
+    run_and_compare(model, [2, 3, 2])
+    assert outcomes() == [("Block", "tuned", True)] and builds.count == 1
+    jit.disable()
+    with torch.no_grad():
+        model.fc.weight.add_(0.5)
+    jit.enable()
+    run_and_compare(model, [2, 3, 2])
+    assert outcomes() == [("Block", "tuned", False)] and builds.count == 2
+
+
+def test_graph_break_decision_is_remembered(jit_on: None, builds: Builds) -> None:
+    model = Branchy().eval()
+    run_and_compare(model, [2, 3, 2, 3])
+    assert outcomes() == [("Branchy", "descended", False), ("Branchy.inner", "tuned", False)]
+    jit.disable()
+    jit.enable()
+    run_and_compare(model, [2, 3, 2, 3])
+    assert outcomes() == [("Branchy", "descended", True), ("Branchy.inner", "tuned", True)]
+    assert builds.count == 1
+
+
+def test_config_checks_values_and_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="min_samples"):
+        jit_config.min_samples = 0
+    with pytest.raises(AttributeError, match="no setting 'min_sample'"):
+        jit_config.min_sample = 3  # type: ignore[attr-defined]
+    monkeypatch.setenv("AITUNE_JIT_MIN_SAMPLES", "7")
+    monkeypatch.setenv("AITUNE_JIT_EXCLUDE", "Dropout, mypkg.")
+    monkeypatch.setenv("AITUNE_JIT_DEFERRED", "1")
+    try:
+        jit_config.reset()
+        assert (jit_config.min_samples, jit_config.exclude, jit_config.deferred) == (7, ("Dropout", "mypkg."), True)
+    finally:
+        monkeypatch.delenv("AITUNE_JIT_MIN_SAMPLES")
+        monkeypatch.delenv("AITUNE_JIT_EXCLUDE")
+        monkeypatch.delenv("AITUNE_JIT_DEFERRED")
+        jit_config.reset()
+
+
+def test_deferred_without_jit_does_nothing() -> None:
+    assert not jit.enabled()
+    deferred()
+    assert jit.decisions() == []
+
+
+# -- in a fresh interpreter -------------------------------------------------------------------
+
+
+def _env(cache: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AITUNE_JIT")}
+    env.update(AITUNE_CACHE_DIR=str(cache), **extra)
+    return env
+
+
+def _run(args: list[str], env: dict[str, str]) -> tuple[dict[str, Any], str]:
+    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_second_run_reuses_the_first_runs_decision_without_building(tmp_path: Path) -> None:
+    env = _env(tmp_path / "cache")
+    first, first_log = _run([str(SCRIPTS / "with_import.py")], env)
+    assert [(d["name"], d["outcome"], d["from_cache"]) for d in first["decisions"]] == [("Encoder", "tuned", False)]
+    assert first["builds"] == 1 and first["matches"]
+    assert "reusing" not in first_log
+
+    second, second_log = _run([str(SCRIPTS / "with_import.py")], env)
+    assert [(d["name"], d["outcome"], d["from_cache"]) for d in second["decisions"]] == [("Encoder", "tuned", True)]
+    assert second["builds"] == 0 and second["matches"]
+    assert second["routed"] == 3  # the three calls after min_samples=2 ran the remembered toy winner
+    lines = [line for line in second_log.splitlines() if "aitune jit:" in line]
+    assert lines == ["aitune: aitune jit: reusing tuned Encoder (toy) from cache"]
+
+
+def test_aitune_jit_env_var_turns_jit_on_through_the_installed_pth(tmp_path: Path) -> None:
+    site = Path(sysconfig.get_paths()["purelib"])
+    if not (site / "aitune_jit.pth").is_file():
+        pytest.skip("aitune-core was installed before it shipped aitune_jit.pth; reinstall it (pip install -e aitune-core)")
+    report, _ = _run([str(SCRIPTS / "no_import.py")], _env(tmp_path, AITUNE_JIT="1"))
+    assert report["enabled"] and [d["outcome"] for d in report["decisions"]] == ["tuned"] and report["matches"]
+    report, _ = _run([str(SCRIPTS / "no_import.py")], _env(tmp_path / "other"))
+    assert not report["enabled"] and report["decisions"] == []
+
+
+def test_shipped_pth_line_runs_the_hook(tmp_path: Path) -> None:
+    """The .pth as shipped, processed by ``site`` from a fresh site dir; ``-S`` keeps the installed copy out."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "aitune_jit.pth").write_text((SRC / "aitune_jit.pth").read_text())
+    code = (
+        "import site, sys; site.addsitedir(sys.argv[1]); import aitune.torch.jit as jit; "
+        "print(jit.enabled())"
+    )
+    for flag, expected in (("1", "True"), ("0", "False"), ("", "False")):
+        env = {k: v for k, v in os.environ.items() if k != "AITUNE_JIT"}
+        env["AITUNE_JIT"] = flag
+        env["PYTHONPATH"] = os.pathsep.join([str(SRC), sysconfig.get_paths()["purelib"]])
+        done = subprocess.run([sys.executable, "-S", "-c", code, str(site_dir)], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == expected
+
+
+def test_hook_imports_nothing_when_aitune_jit_is_unset() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AITUNE_JIT"}
+    code = "import sys, _aitune_jit_hook; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'aitune')))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
