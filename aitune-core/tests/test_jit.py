@@ -18,10 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from aitune import hookimpl
-from aitune.torch import FirstWinsStrategy
-from aitune.torch import jit
+from aitune.torch import FirstWinsStrategy, jit
 from aitune.torch.jit import TunedForward
 from aitune.torch.jit import config as jit_config
 from aitune.torch.jit.tune import deferred
@@ -248,7 +246,9 @@ def test_second_run_reuses_the_first_runs_decision_without_building(tmp_path: Pa
 def test_aitune_jit_env_var_turns_jit_on_through_the_installed_pth(tmp_path: Path) -> None:
     site = Path(sysconfig.get_paths()["purelib"])
     if not (site / "aitune_jit.pth").is_file():
-        pytest.skip("aitune-core was installed before it shipped aitune_jit.pth; reinstall it (pip install -e aitune-core)")
+        pytest.skip(
+            "aitune-core was installed before it shipped aitune_jit.pth; reinstall it (pip install -e aitune-core)"
+        )
     report, _ = _run([str(SCRIPTS / "no_import.py")], _env(tmp_path, AITUNE_JIT="1"))
     assert report["enabled"] and [d["outcome"] for d in report["decisions"]] == ["tuned"] and report["matches"]
     report, _ = _run([str(SCRIPTS / "no_import.py")], _env(tmp_path / "other"))
@@ -260,22 +260,23 @@ def test_shipped_pth_line_runs_the_hook(tmp_path: Path) -> None:
     site_dir = tmp_path / "site"
     site_dir.mkdir()
     (site_dir / "aitune_jit.pth").write_text((SRC / "aitune_jit.pth").read_text())
-    code = (
-        "import site, sys; site.addsitedir(sys.argv[1]); import aitune.torch.jit as jit; "
-        "print(jit.enabled())"
-    )
+    code = "import site, sys; site.addsitedir(sys.argv[1]); import aitune.torch.jit as jit; print(jit.enabled())"
     for flag, expected in (("1", "True"), ("0", "False"), ("", "False")):
         env = {k: v for k, v in os.environ.items() if k != "AITUNE_JIT"}
         env["AITUNE_JIT"] = flag
         env["PYTHONPATH"] = os.pathsep.join([str(SRC), sysconfig.get_paths()["purelib"]])
-        done = subprocess.run([sys.executable, "-S", "-c", code, str(site_dir)], env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", code, str(site_dir)], env=env, capture_output=True, text=True
+        )
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == expected
 
 
 def test_hook_imports_nothing_when_aitune_jit_is_unset() -> None:
     env = {k: v for k, v in os.environ.items() if k != "AITUNE_JIT"}
-    code = "import sys, _aitune_jit_hook; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'aitune')))"
+    code = (
+        "import sys, _aitune_jit_hook; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'aitune')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

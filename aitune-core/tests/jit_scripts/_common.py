@@ -13,7 +13,6 @@ from typing import Any
 
 import attrs
 import torch
-
 from aitune import hookimpl
 
 

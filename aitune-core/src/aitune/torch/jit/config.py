@@ -143,9 +143,7 @@ class _ConfigModule(types.ModuleType):
             super().__setattr__(name, value)
             return
         if check is None:
-            raise AttributeError(
-                f"aitune.torch.jit.config has no setting {name!r}; the settings are {sorted(_CHECKS)}"
-            )
+            raise AttributeError(f"aitune.torch.jit.config has no setting {name!r}; the settings are {sorted(_CHECKS)}")
         super().__setattr__(name, check(name, value))
 
 

@@ -374,7 +374,9 @@ def _descend(module: torch.nn.Module, cand: _Candidate, why: str, from_cache: bo
     return _decision(module, cand, "descended", from_cache=from_cache, reason=why)
 
 
-def _install(module: torch.nn.Module, cand: _Candidate, winners: Sequence[tuple[GraphSpec, Backend]]) -> tuple[str, ...]:
+def _install(
+    module: torch.nn.Module, cand: _Candidate, winners: Sequence[tuple[GraphSpec, Backend]]
+) -> tuple[str, ...]:
     routes = [(g, b.infer) for g, b in winners if b.name != store.EAGER]
     names = tuple(b.name for g, b in winners if b.name != store.EAGER)
     module.forward = TunedForward(module, cand.name, cand.wrapper._canonicalize, routes, names)
@@ -443,8 +445,8 @@ def _children(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, 
 
 
 def _device_of(module: torch.nn.Module) -> torch.device:
-    for tensor in module.parameters():
-        return tensor.device
-    for tensor in module.buffers():
-        return tensor.device
+    for param in module.parameters():
+        return param.device
+    for buffer in module.buffers():
+        return buffer.device
     return torch.device("cpu")

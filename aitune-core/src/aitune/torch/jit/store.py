@@ -77,7 +77,11 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 
 def decision_key(
-    module: torch.nn.Module, graphs: Sequence[GraphSpec], device: torch.device, strategy: str, candidates: Sequence[Backend]
+    module: torch.nn.Module,
+    graphs: Sequence[GraphSpec],
+    device: torch.device,
+    strategy: str,
+    candidates: Sequence[Backend],
 ) -> str:
     payload = {
         "format": FORMAT,
@@ -94,9 +98,7 @@ def _entry(key: str) -> Path:
     return jit_dir() / key[:2] / key
 
 
-def save(
-    key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple[GraphSpec, Backend]] = ()
-) -> bool:
+def save(key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple[GraphSpec, Backend]] = ()) -> bool:
     """Write one decision atomically; returns False (and stores nothing) when a winner cannot be saved."""
     entry = _entry(key)
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +112,9 @@ def save(
                 folder = staging / str(index)
                 folder.mkdir()
                 metadata = hook.aitune_serialize(backend=backend, directory=folder) or {}
-                record.update(config=config_to_json(backend.config, backend.name), metadata=metadata, payload=str(index))
+                record.update(
+                    config=config_to_json(backend.config, backend.name), metadata=metadata, payload=str(index)
+                )
             graphs.append(record)
         decision = {"format": FORMAT, "name": name, "outcome": outcome, "reason": reason, "graphs": graphs}
         (staging / "decision.json").write_text(json.dumps(decision, indent=1, default=str))

@@ -1,9 +1,8 @@
 """Deferred JIT tuning, for pipelines that call modules a varying number of times per step.
 
-    aitune.torch.jit.config.deferred = True   # or AITUNE_JIT_DEFERRED=1
-    for step in warmup_steps:
-        pipeline(...)                          # recorded, not tuned
-    aitune.torch.jit.tune.deferred()           # tuning happens at each module's next forward
+Set ``aitune.torch.jit.config.deferred = True`` (or ``AITUNE_JIT_DEFERRED=1``), run a few
+representative steps (they are recorded, not tuned), then call ``deferred()``: each recorded
+module is tuned at its next forward call.
 """
 
 from __future__ import annotations
