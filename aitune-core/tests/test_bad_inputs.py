@@ -1,0 +1,161 @@
+"""Bad input, good errors: each mistake gets a message that names the problem and the fix.
+
+docs/errors.md lists every case below with its message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import aitune.torch as ait
+import pytest
+import torch
+from aitune.errors import InputError
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+from aitune.torch.tuner import check_devices
+
+QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+
+
+def _model(inner: torch.nn.Module | None = None, **kwargs) -> ait.Module:
+    strategy = ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK).enable_performance_validation(
+        False
+    )
+    return ait.Module(inner if inner is not None else SlowModule(), "m", strategy=strategy, **kwargs)
+
+
+def test_an_empty_dataset(toy_backends):
+    with pytest.raises(InputError, match="the dataset is empty: give ait.tune at least one input batch"):
+        ait.tune(_model(), [])
+
+
+def test_items_of_mismatched_structure_name_the_item(toy_backends):
+    data = [torch.randn(2, 8), {"x": torch.randn(2, 8), "weird": 1}]
+    with pytest.raises(
+        InputError,
+        match=r"the model raised on dataset item 1 \(TypeError: .*weird.*\)\. It has another "
+        r"structure than item 0; give every item the structure the model takes\.",
+    ) as info:
+        ait.tune(_model(), data)
+    assert isinstance(info.value.__cause__, TypeError), "the model's own error stays attached"
+
+
+def test_a_model_error_on_a_well_formed_item_still_names_the_item(toy_backends):
+    with pytest.raises(
+        InputError, match=r"dataset item 0 \(RuntimeError: .*shapes cannot be multiplied.*\)\. Check that"
+    ):
+        ait.tune(_model(), [torch.randn(2, 5)])
+
+
+def test_inputs_that_require_grad_tune_and_then_run_eager_with_gradients(toy_backends):
+    model = _model()
+    data = [torch.randn(2, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)]
+    report = ait.tune(model, data)
+    assert report.modules[0].status == "tuned", "recorded samples are detached copies"
+    x = torch.randn(3, 8, requires_grad=True)
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"running this call eager: an input was created with requires_grad=True.*"
+        r"call it under torch.no_grad\(\) or torch.inference_mode\(\)",
+    ):
+        y = model(x)
+    y.sum().backward()
+    assert x.grad is not None, "gradients flow through the eager fallback"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(x)  # under no_grad the tuned backend runs, silently
+
+
+def test_a_model_split_across_devices():
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    inner[1].to("meta")
+    with pytest.raises(InputError, match="some weights are on the meta device"):
+        check_devices(ait.Module(inner, "split"))
+
+
+def test_a_model_split_across_devices_names_the_devices(monkeypatch):
+    """Two real devices need two devices; the check sees only the device names, so fake them."""
+
+    class Fake:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+    module = ait.Module(torch.nn.Linear(4, 4), "split")
+    monkeypatch.setattr(module.module, "parameters", lambda: iter([Fake("cpu"), Fake("cuda:1")]))
+    with pytest.raises(
+        InputError,
+        match=r"split: its weights are split across devices \(cpu, cuda:1\); aitune tunes a "
+        r"module on one device: move it with .to\(device\), or wrap the part on each device",
+    ):
+        check_devices(module)
+
+
+def test_a_model_with_weights_on_meta_is_refused_before_running_the_dataset(toy_backends):
+    model = _model()
+    model.module.to("meta")
+    with pytest.raises(
+        InputError, match=r"m: some weights are on the meta device \(not loaded yet\): load the weights"
+    ):
+        ait.tune(model, [torch.randn(2, 8)])
+
+
+def test_nan_in_the_inputs(toy_backends):
+    x = torch.randn(2, 8)
+    x[0, 3] = float("nan")
+    model = _model()
+    report = ait.tune(model, [x])
+    assert report.modules[0].status == "failed"
+    assert "input 'x' holds NaN values" in report.modules[0].error
+    assert "give ait.tune finite inputs" in report.modules[0].error
+    assert model.state == "passthrough", "the module still runs, eager"
+    with pytest.raises(InputError, match="holds NaN values"):
+        ait.tune(_model(), [x], fail_fast=True)
+
+
+def test_inf_in_the_inputs_is_allowed(toy_backends):
+    """Attention masks use -inf: infinities are real values, only NaN is refused."""
+    x = torch.randn(2, 8)
+    mask = torch.zeros(2, 8)
+    mask[0, 0] = float("-inf")
+    report = ait.tune(_model(), [((x, mask.exp()), {})])
+    assert report.modules[0].status == "tuned"
+
+
+@dataclasses.dataclass
+class Result:
+    logits: torch.Tensor
+
+
+class ReturnsDataclass(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return Result(self.fc(x))
+
+
+def test_a_dataclass_output(toy_backends):
+    report = ait.tune(_model(ReturnsDataclass()), [torch.randn(2, 8)])
+    error = report.modules[0].error
+    assert "unsupported value of type Result at output" in error
+    assert "Return tensors in tuples, lists or dicts (for a dataclass, e.g. dataclasses.astuple)" in error
+
+
+class ReturnsStringAndNone(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x), "logits", None
+
+
+def test_string_and_none_outputs_are_kept(toy_backends):
+    model = _model(ReturnsStringAndNone())
+    report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+    assert report.modules[0].status == "tuned"
+    y, label, nothing = model(torch.randn(3, 8))
+    assert y.shape == (3, 8) and label == "logits" and nothing is None
