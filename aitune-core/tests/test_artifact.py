@@ -14,15 +14,14 @@ import time
 import zipfile
 from pathlib import Path
 
+import aitune.torch as ait
 import pytest
 import torch
-from typer.testing import CliRunner
-
-import aitune.torch as ait
 from aitune.cli import app
 from aitune.errors import ArtifactError
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+from typer.testing import CliRunner
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
 REGISTER_TOYS = (
@@ -34,7 +33,9 @@ REGISTER_TOYS = (
 
 def tuned(name="m", seed=0):
     torch.manual_seed(seed)
-    model = ait.Module(SlowModule(), name, strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK))
+    model = ait.Module(
+        SlowModule(), name, strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK)
+    )
     ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
     return model
 
@@ -308,7 +309,9 @@ def test_a_corrupt_cache_entry_is_rebuilt(toy_backends, _isolated_cache):
     for meta in (_isolated_cache / "builds").rglob("meta.json"):
         meta.write_text("{not json")
     torch.manual_seed(0)
-    model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK))
+    model = ait.Module(
+        SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK)
+    )
     report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
     assert not report.modules[0].graphs[0].candidates[0].from_cache
     assert model.state == "tuned"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from typer.testing import CliRunner
-
 from aitune.cli import app
+from typer.testing import CliRunner
 
 
 def test_backends_json_lists_every_installed_backend_with_status(aitune_manager):

@@ -8,7 +8,6 @@ import sys
 import warnings
 
 import pytest
-
 from aitune.errors import DuplicateBackendError, PluginError, PluginLoadError
 from aitune.plugins import AituneManager
 from aitune.registry import BackendSpec
@@ -80,9 +79,7 @@ def test_duplicate_backend_registration_raises_directly():
 
         @hookimpl
         def aitune_register_backends(self, registry):
-            registry.add(
-                BackendSpec(name="torch_eager", backend_class="x:Y", config_class="x:Z")
-            )
+            registry.add(BackendSpec(name="torch_eager", backend_class="x:Y", config_class="x:Z"))
 
     with pytest.raises(DuplicateBackendError, match="both aitune-core and my-dist"):
         manager.register(Plugin(), name="dup", distribution="my-dist")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import aitune.torch as ait
 import pytest
 import torch
-
-import aitune.torch as ait
 from aitune.errors import TuningError, ValidationError
 from aitune.testing.backends import MutatingBackend, NaNBackend, SlowModule, ToyBackend, ToyConfig, WrongBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
@@ -168,7 +167,11 @@ def test_ties_go_to_eager(toy_backends):
 
 
 def test_wrong_numbers_are_never_chosen_even_when_fastest(toy_backends):
-    model = wrap(ait.MaxThroughputStrategy(backends=[WrongBackend(FAST), ToyBackend(ToyConfig(speed=0.5))], profiling_config=QUICK))
+    model = wrap(
+        ait.MaxThroughputStrategy(
+            backends=[WrongBackend(FAST), ToyBackend(ToyConfig(speed=0.5))], profiling_config=QUICK
+        )
+    )
     graph = graph_report(ait.tune(model, data(2, 4)))
     assert statuses(graph) == [("toy_wrong", "failed"), ("toy", "selected")]
 

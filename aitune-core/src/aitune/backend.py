@@ -83,9 +83,7 @@ class Backend(abc.ABC):
         if config is None:
             config = self.config_class()
         if not isinstance(config, self.config_class):
-            raise TypeError(
-                f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(config).__name__}"
-            )
+            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(config).__name__}")
         self.config = config
         self.build_info: dict[str, Any] = {}
 
@@ -155,8 +153,7 @@ class PendingBackend(Backend):
 
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
         raise BackendNotImplementedError(
-            f"backend {self.name!r} is not implemented yet (planned for {self.planned}); "
-            "choose another backend for now"
+            f"backend {self.name!r} is not implemented yet (planned for {self.planned}); choose another backend for now"
         )
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:

@@ -107,7 +107,9 @@ def show(
         typer.echo(json.dumps(unstructure(manifest), indent=2))
         return
     console = Console()
-    console.print(f"[bold]{artifact}[/] format {manifest.format_version}, aitune {manifest.aitune_version}, {manifest.created_at}")
+    console.print(
+        f"[bold]{artifact}[/] format {manifest.format_version}, aitune {manifest.aitune_version}, {manifest.created_at}"
+    )
     env = manifest.environment
     console.print(f"tuned on: torch {env.get('torch')}, {env.get('gpu') or env.get('cpu')}, CUDA {env.get('cuda')}")
     table = Table()
@@ -234,7 +236,9 @@ def tune(
     backend: list[str] = typer.Option([], "--backend", "-b", help="Backend name (repeat); default: all available."),
     batch_size: list[int] = typer.Option([], "--batch-size", help="Batch sizes to build for and profile (repeat)."),
     device: str | None = typer.Option(None, help="Tune device (default: where the model's weights are)."),
-    module: list[str] = typer.Option([], "--module", "-m", help="Submodule path to wrap (repeat); default: the whole model."),
+    module: list[str] = typer.Option(
+        [], "--module", "-m", help="Submodule path to wrap (repeat); default: the whole model."
+    ),
     budget_ms: float | None = typer.Option(None, help="Latency budget for --strategy latency-budget."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the tuned artifact here (.ait)."),
     report_path: Path | None = typer.Option(None, "--report", help="Write the JSON report here."),
@@ -315,9 +319,12 @@ def demo(
 
     from . import demo as demo_model
 
+    model: Any
     model, dataset = demo_model.model_and_data()
     backends = demo_model.demo_backends()
-    Console().print(f"[bold]aitune demo[/]: a CNN + MLP classifier, candidates: {', '.join(b.name for b in backends)} (and eager)")
+    Console().print(
+        f"[bold]aitune demo[/]: a CNN + MLP classifier, candidates: {', '.join(b.name for b in backends)} (and eager)"
+    )
     model.features = ait.Module(model.features, "features", strategy=ait.MaxThroughputStrategy(backends=backends))
     model.head = ait.Module(model.head, "head", strategy=ait.MaxThroughputStrategy(backends=backends))
     result = ait.tune(model, dataset)

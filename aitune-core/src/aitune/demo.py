@@ -31,7 +31,10 @@ class Head(torch.nn.Module):
     def __init__(self, features: int = 64, hidden: int = 512, classes: int = 10) -> None:
         super().__init__()
         self.mlp = torch.nn.Sequential(
-            torch.nn.Linear(features, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden), torch.nn.GELU(),
+            torch.nn.Linear(features, hidden),
+            torch.nn.GELU(),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.GELU(),
             torch.nn.Linear(hidden, classes),
         )
 

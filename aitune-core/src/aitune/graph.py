@@ -303,14 +303,13 @@ def infer_graph(
             path=paths[i],
             dtype=str(leaves[0][i].dtype).removeprefix("torch."),
             device=leaves[0][i].device.type,
-            shape=tuple(
-                dims[n].opt if n is not None else size for size, n in zip(sizes[0][i], names[i])
-            ),
+            shape=tuple(dims[n].opt if n is not None else size for size, n in zip(sizes[0][i], names[i])),
             dims=tuple(names[i]),
         )
         for i in range(n_leaves)
     )
-    out_structure, out_specs = (None, ())
+    out_structure: dict[str, Any] | None = None
+    out_specs: tuple[TensorSpec, ...] = ()
     if outputs:
         out_structure, out_specs = _output_specs(outputs)
     return GraphSpec(

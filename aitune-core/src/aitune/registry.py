@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,6 +32,10 @@ def _import_path(path: str) -> Any:
     return obj
 
 
+def _strings(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class BackendSpec:
     """What a plugin declares about one backend."""
@@ -43,9 +47,9 @@ class BackendSpec:
     """``"package.module:ClassName"`` of its :class:`~aitune.backend.BackendConfig` subclass."""
     exports: Mapping[str, str] = attrs.field(factory=dict)
     """Further public names for ``aitune.torch.backend`` (enums, helper configs): name -> path."""
-    requirements: Sequence[str] = attrs.field(default=(), converter=tuple)
+    requirements: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     """PEP 508 strings of the runtime libraries this backend needs (``"onnxruntime>=1.17"``)."""
-    devices: Sequence[str] = attrs.field(default=("cpu", "cuda"), converter=tuple)
+    devices: tuple[str, ...] = attrs.field(default=("cpu", "cuda"), converter=_strings)
     probe: Probe | None = attrs.field(default=None, eq=False)
     """A cheap availability check per device; it must not import heavy runtimes."""
     description: str = ""

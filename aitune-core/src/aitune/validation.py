@@ -105,7 +105,9 @@ def _check_one(
         _compare(label, path, exp, act.to(exp.device), tolerance_for(exp.dtype, backend, tolerances), cmp)
 
 
-def _compare(label: str, path: str, exp: torch.Tensor, act: torch.Tensor, tol: Tolerance, cmp: OutputComparison) -> None:
+def _compare(
+    label: str, path: str, exp: torch.Tensor, act: torch.Tensor, tol: Tolerance, cmp: OutputComparison
+) -> None:
     if not (exp.dtype.is_floating_point or exp.dtype.is_complex):
         if not torch.equal(exp, act):
             wrong = int((exp != act).sum())

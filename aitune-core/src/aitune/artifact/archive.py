@@ -147,7 +147,9 @@ class Reader:
         if name not in self.infos or name == SUMS:
             raise ArtifactError(f"{self.path} has no member {name!r}")
         if limit is not None and self.infos[name].file_size > limit:
-            raise ArtifactError(f"{self.path}: member {name!r} is implausibly large ({self.infos[name].file_size} bytes)")
+            raise ArtifactError(
+                f"{self.path}: member {name!r} is implausibly large ({self.infos[name].file_size} bytes)"
+            )
         data = self._raw(name)
         if hashlib.sha256(data).hexdigest() != self.digests[name]:
             raise ArtifactError(f"{self.path}: member {name!r} does not match its SHA-256; the file was altered")

@@ -152,7 +152,9 @@ def _load_module(
             reader.extract(graph_entry.payload, folder)
             context = LoadContext(graph_entry.graph, device, dict(graph_entry.metadata), _cache(), entry.name)
             with torch.no_grad():
-                loaded = hook.aitune_deserialize(backend=backend, module=target.module, directory=folder, context=context)
+                loaded = hook.aitune_deserialize(
+                    backend=backend, module=target.module, directory=folder, context=context
+                )
             winners.append((graph_entry.graph, loaded))
         except ArtifactError as exc:
             if fallback != "eager" or "does not match its SHA-256" in str(exc):

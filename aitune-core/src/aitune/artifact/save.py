@@ -102,8 +102,12 @@ def save(obj: Any, path: str | Path) -> Path:
                         metadata = manager.hook.aitune_serialize(backend=backend, directory=folder)
                         json.dumps(metadata)
                     except (TypeError, ValueError) as exc:
-                        raise SerializationError(f"{module.name}: {backend.name} returned metadata that is not JSON: {exc}") from exc
-                    files = sorted(str(p.relative_to(folder)).replace("\\", "/") for p in folder.rglob("*") if p.is_file())
+                        raise SerializationError(
+                            f"{module.name}: {backend.name} returned metadata that is not JSON: {exc}"
+                        ) from exc
+                    files = sorted(
+                        str(p.relative_to(folder)).replace("\\", "/") for p in folder.rglob("*") if p.is_file()
+                    )
                     for rel in files:
                         writer.add_file(f"{prefix}/{rel}", folder / rel)
                     entry.graphs.append(
@@ -129,4 +133,3 @@ def save(obj: Any, path: str | Path) -> Path:
         writer.abort()
         raise
     return path
-

@@ -45,7 +45,11 @@ def _plots(graph: GraphReport) -> list[str]:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise AituneError("the HTML report draws plots with matplotlib: pip install 'aitune-core[report]'") from exc
-    series = {c.backend + ("" if c.status != "selected" else " (selected)"): c.profiles for c in graph.candidates if c.profiles}
+    series = {
+        c.backend + ("" if c.status != "selected" else " (selected)"): c.profiles
+        for c in graph.candidates
+        if c.profiles
+    }
     if graph.eager_profiles:
         series["torch_eager (baseline)"] = graph.eager_profiles
     if not series:

@@ -20,7 +20,11 @@ def render_markdown(report: TuneReport) -> str:
             lines += ["", f"Error: `{module.error}`"]
         for i, graph in enumerate(module.graphs):
             lines += ["", f"### graph {i}: {graph_inputs(graph)}", ""]
-            lines += [f"Decision: **{graph.decision}**" + (f" at batch {graph.selected_batch_size}" if graph.selected_batch_size else ""), ""]
+            lines += [
+                f"Decision: **{graph.decision}**"
+                + (f" at batch {graph.selected_batch_size}" if graph.selected_batch_size else ""),
+                "",
+            ]
             if graph.reason:
                 lines += [f"Why: {graph.reason}", ""]
             lines += [_row(CANDIDATE_COLUMNS), _row(["---"] * len(CANDIDATE_COLUMNS))]

@@ -7,7 +7,17 @@ from typing import Any
 from ..report import CandidateReport, GraphReport, ModuleReport, TuneReport
 
 CANDIDATE_COLUMNS = (
-    "backend", "status", "build s", "cached", "max rel err", "cosine", "p50 ms", "p99 ms", "samples/s", "speedup", "reason",
+    "backend",
+    "status",
+    "build s",
+    "cached",
+    "max rel err",
+    "cosine",
+    "p50 ms",
+    "p99 ms",
+    "samples/s",
+    "speedup",
+    "reason",
 )
 
 

@@ -52,6 +52,7 @@ class ToyBackend(Backend):
 
     name = "toy"
     config_class = ToyConfig
+    config: ToyConfig
 
     def __init__(self, config: ToyConfig | None = None) -> None:
         super().__init__(config)
@@ -63,7 +64,7 @@ class ToyBackend(Backend):
             raise RuntimeError("toy compiler crashed on purpose")
         self.module = copy.deepcopy(module)
         for sub in self.module.modules():
-            if hasattr(sub, "delay_s"):
+            if isinstance(sub, SlowModule):
                 sub.delay_s *= self.config.speed
                 sub.per_row_s *= self.config.speed
         self.build_info["built_for"] = context.graph.key

@@ -1,8 +1,8 @@
 """The aitune API: ``import aitune.torch as ait``.
 
-    model = ait.Module(model, "encoder", strategy=ait.MaxThroughputStrategy(backends=[...]))
-    ait.tune(model, dataset)
-    y = model(x)
+model = ait.Module(model, "encoder", strategy=ait.MaxThroughputStrategy(backends=[...]))
+ait.tune(model, dataset)
+y = model(x)
 """
 
 from __future__ import annotations

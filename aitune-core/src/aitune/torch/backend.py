@@ -27,7 +27,13 @@ FIRST_PARTY: dict[str, str] = {
     ),
     **dict.fromkeys(["TorchAOBackend", "TorchAOBackendConfig"], "aitune-backend-torchao"),
     **dict.fromkeys(
-        ["TensorRTBackend", "TensorRTBackendConfig", "TensorRTProfile", "ONNXAutoCastConfig", "ModelOptQuantizationConfig"],
+        [
+            "TensorRTBackend",
+            "TensorRTBackendConfig",
+            "TensorRTProfile",
+            "ONNXAutoCastConfig",
+            "ModelOptQuantizationConfig",
+        ],
         "aitune-backend-tensorrt",
     ),
     **dict.fromkeys(

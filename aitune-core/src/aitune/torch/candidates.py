@@ -166,7 +166,9 @@ class GraphTuning:
                         runners=calls, batch_size=batch_size, config=config, device=self.device
                     )
             except torch.OutOfMemoryError:
-                logger.warning("%s: out of memory at batch size %d; profiling stops there", self.module_name, batch_size)
+                logger.warning(
+                    "%s: out of memory at batch size %d; profiling stops there", self.module_name, batch_size
+                )
                 break
             for key, candidate in zip(calls, runners):
                 target = self.report.eager_profiles if candidate is self.eager else candidate.report.profiles

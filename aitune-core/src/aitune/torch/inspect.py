@@ -178,7 +178,9 @@ def _recommend(
         chosen.append(name)
 
 
-def _graph_breaks(info: ModuleInfo, module: torch.nn.Module, samples: list[Any], run: Callable[[Any, Any], Any], obj: Any) -> None:
+def _graph_breaks(
+    info: ModuleInfo, module: torch.nn.Module, samples: list[Any], run: Callable[[Any, Any], Any], obj: Any
+) -> None:
     captured: list[tuple[Any, Any]] = []
 
     def grab(mod: torch.nn.Module, args: Any, kwargs: Any) -> None:

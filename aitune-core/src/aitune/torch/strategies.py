@@ -236,9 +236,7 @@ class _ProfilingStrategy(TuneStrategy):
             tuning.finish(None, f"eager is as fast or faster than the best backend ({figures})", best_batch)
             return None
         if cmp.low_speedup <= 1.0:
-            tuning.finish(
-                None, f"{figures}, but the gap is inside the measured spread; keeping eager", best_batch
-            )
+            tuning.finish(None, f"{figures}, but the gap is inside the measured spread; keeping eager", best_batch)
             return None
         tuning.finish(best, figures, best_batch)
         return best
@@ -306,17 +304,15 @@ class LatencyBudgetStrategy(_ProfilingStrategy):
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
         result = super().tune(tuning, default_backends)
-        within = [
-            c
-            for c in tuning.report.candidates
-            if any(p.p50_ms <= self.latency_budget_ms for p in c.profiles)
-        ]
+        within = [c for c in tuning.report.candidates if any(p.p50_ms <= self.latency_budget_ms for p in c.profiles)]
         if not within:
             raise TuningError(
                 f"{tuning.module_name}: no backend stays within the latency budget of {self.latency_budget_ms} ms "
                 f"at the profiled batch sizes; best p50 per backend: "
                 + ", ".join(
-                    f"{c.backend} {min(p.p50_ms for p in c.profiles):.3g} ms" for c in tuning.report.candidates if c.profiles
+                    f"{c.backend} {min(p.p50_ms for p in c.profiles):.3g} ms"
+                    for c in tuning.report.candidates
+                    if c.profiles
                 )
                 + ". Raise the budget or profile smaller batch sizes."
             )

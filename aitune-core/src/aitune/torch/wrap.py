@@ -54,7 +54,7 @@ def _get(node: Any, attr: str, path: str) -> Any:
     if isinstance(node, (torch.nn.ModuleList, torch.nn.Sequential)) and attr.isdigit():
         if int(attr) < len(node):
             return node[int(attr)]
-    elif isinstance(node, Mapping) or isinstance(node, torch.nn.ModuleDict):
+    elif isinstance(node, (Mapping, torch.nn.ModuleDict)):
         if attr in node:
             return node[attr]
     elif hasattr(node, attr):

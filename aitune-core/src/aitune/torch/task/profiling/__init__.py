@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -54,19 +54,24 @@ class ModelExecutionTimeMeasuringStrategy:
         return (time.perf_counter_ns() - t0) / 1e6
 
 
-class MeasuringStopStrategy:
-    """Decides how many timed steps a runner needs."""
+class MeasuringStopStrategy(Protocol):
+    """Decides how many timed steps a runner needs: ``warmup`` untimed calls, then windows of
+    ``window`` timed calls until ``done`` (never more than ``max_steps``)."""
 
-    warmup: int
-    window: int
-    max_steps: int
+    @property
+    def warmup(self) -> int: ...
 
-    def done(self, times_ms: Sequence[float]) -> bool:
-        raise NotImplementedError
+    @property
+    def window(self) -> int: ...
+
+    @property
+    def max_steps(self) -> int: ...
+
+    def done(self, times_ms: Sequence[float]) -> bool: ...
 
 
 @attrs.frozen
-class NumStepsMeasuringStopStrategy(MeasuringStopStrategy):
+class NumStepsMeasuringStopStrategy:
     """A fixed number of timed steps per runner, after ``warmup`` untimed ones."""
 
     num_steps: int = attrs.field(default=60, validator=attrs.validators.ge(1))
@@ -82,7 +87,7 @@ class NumStepsMeasuringStopStrategy(MeasuringStopStrategy):
 
 
 @attrs.frozen
-class CvMeasuringStopStrategy(MeasuringStopStrategy):
+class CvMeasuringStopStrategy:
     """Measure until the last ``stable_windows`` window medians agree within ``max_cv``.
 
     The coefficient of variation (std / mean) of recent window medians says whether the figure
