@@ -2,7 +2,8 @@
 
 * ``tests``: every member installed together, every test (the command CI runs);
 * ``tests-<member>``: one member alone with core, its own tests (proves it installs by itself);
-* ``lint``, ``typecheck``, ``build``.
+* ``lint``, ``typecheck``, ``build``;
+* ``gpu``: the prepared GPU check (``scripts/gpu_check.py``), run on a machine with an NVIDIA GPU.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def _member_session(member: str) -> None:
 
 for _member in MEMBERS:
     _member_session(_member)
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """On an NVIDIA GPU machine: install the GPU runtimes into this environment, run every
+    gpu-marked test and tune a CNN and a transformer layer with every GPU backend (one table)."""
+    session.run("python", "scripts/gpu_check.py", *session.posargs)
 
 
 @nox.session
