@@ -58,6 +58,7 @@ _states: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictio
 _tuned: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 _decisions: list[Decision] = []
 _requests = 0
+_COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
 
 @attrs.frozen
@@ -140,6 +141,9 @@ def enable() -> None:
             return
         _handles.append(register_module_forward_pre_hook(_pre))
         _handles.append(register_module_forward_hook(_post, with_kwargs=True, always_call=True))
+        # torch warns that global hooks also fire for torch.compile's wrapper module; the hooks
+        # here skip that wrapper, so the warning (raised by every compiling backend) is noise
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
         logger.debug("aitune jit: enabled")
 
 
@@ -154,6 +158,8 @@ def disable() -> None:
         for handle in _handles:
             handle.remove()
         _handles.clear()
+        for entry in [f for f in warnings.filters if f[1] is not None and f[1].pattern == _COMPILE_WARNING]:
+            warnings.filters.remove(entry)  # type: ignore[attr-defined]
         for module in list(_tuned):
             installed = module.__dict__.get("forward")
             if isinstance(installed, TunedForward):
