@@ -1,0 +1,57 @@
+"""The harness's own logic, cheaply: flags, statistics and the table (``pytest benchmarks``)."""
+
+from __future__ import annotations
+
+from benchmarks.__main__ import CASE_NAMES, parse
+from benchmarks.measure import interleaved, spread
+from benchmarks.models import CASES
+from benchmarks.report import markdown
+
+
+def test_quick_defaults_are_lighter_than_full() -> None:
+    quick, full = parse(["--quick"]), parse([])
+    assert quick.batch_sizes == [1, 8] and full.batch_sizes == [1, 8, 32]
+    assert quick.repeats < full.repeats and quick.cold_start_models == ["mlp"]
+    assert quick.tune_time_models == ["mlp"] and full.tune_time_models == ["mlp", "encoder"]
+    assert list(CASE_NAMES) == list(CASES)
+
+
+def test_spread_is_median_and_quartiles() -> None:
+    s = spread([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s["median"], s["q1"], s["q3"], s["min"], s["max"]) == (3.0, 2.0, 4.0, 1.0, 5.0)
+
+
+def test_interleaved_times_every_contender_every_round() -> None:
+    calls = {"a": 0, "b": 0}
+
+    def bump(name: str):  # type: ignore[no-untyped-def]
+        return lambda: calls.__setitem__(name, calls[name] + 1)
+
+    stats = interleaved({"a": bump("a"), "b": bump("b")}, steps=4, repeats=3, warmup=1)
+    assert calls == {"a": 13, "b": 13} and stats["a"]["n"] == stats["b"]["n"] == 3
+
+
+def test_markdown_marks_a_missed_pick_and_a_failed_backend() -> None:
+    stat = {"median": 2.0, "q1": 1.9, "q3": 2.1, "min": 1.8, "max": 2.2, "n": 3}
+    results = {
+        "machine": {"cpu": "Test CPU", "cores": 2, "torch": "2.x", "torch_threads": 1, "OMP_NUM_THREADS": "1",
+                    "OMP_WAIT_POLICY": "ACTIVE", "python": "3.11"},
+        "settings": {"device": "cpu", "quick": True, "repeats": 3, "steps": 4, "batch_sizes": [8]},
+        "backends": ["onnxruntime", "torch_inductor_aot"],
+        "skipped_backends": {"tensorrt": "needs CUDA"},
+        "cases": [{
+            "case": "mlp",
+            "oracle": {"onnxruntime": {"ok": True, "build_s": 1.0, "modules": {"mlp": {
+                "max_rel_error": 1e-7, "cosine": 1.0}}}, "torch_inductor_aot": {"ok": False, "error": "boom"}},
+            "batches": [{
+                "batch": 8, "oracle_best": "onnxruntime",
+                "stats": {"eager": {**stat, "speedup": 1.0}, "backend:onnxruntime": {**stat, "speedup": 2.0},
+                          "strategy:first_wins": {**stat, "speedup": 1.5}},
+                "picks": {"first_wins": {"decisions": ["torch_eager"], "picked_best": False, "miss": 0.33}},
+            }],
+        }],
+    }  # fmt: skip
+    text = markdown(results)
+    assert "Test CPU" in text and "`tensorrt`: needs CUDA" in text
+    assert "| mlp | 8 | 2 (1.9–2.1) | 2.00x | failed | ort |" in text
+    assert "no, +33% vs best" in text and "mlp / inductor-aot: boom" in text
