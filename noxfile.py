@@ -3,11 +3,13 @@
 * ``tests``: every member installed together, every test (the command CI runs);
 * ``tests-<member>``: one member alone with core, its own tests (proves it installs by itself);
 * ``lint``, ``typecheck``, ``build``;
+* ``fuzz``: the artifact fuzzers with many examples (``AITUNE_FUZZ_EXAMPLES``), then the survival table;
 * ``gpu``: the prepared GPU check (``scripts/gpu_check.py``), run on a machine with an NVIDIA GPU.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -71,6 +73,16 @@ def gpu(session: nox.Session) -> None:
     """On an NVIDIA GPU machine: install the GPU runtimes into this environment, run every
     gpu-marked test and tune a CNN and a transformer layer with every GPU backend (one table)."""
     session.run("python", "scripts/gpu_check.py", *session.posargs)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The artifact fuzzers at length (AITUNE_FUZZ_EXAMPLES per strategy, default 2000, fresh seeds), then the survival table."""
+    _install(session)
+    env = {**_test_env(session), "AITUNE_FUZZ_RANDOM": "1"}
+    env["AITUNE_FUZZ_EXAMPLES"] = os.environ.get("AITUNE_FUZZ_EXAMPLES", "2000")
+    session.run("pytest", f"{CORE}/tests/test_fuzz_artifact.py", *session.posargs, env=env)
+    session.run("python", "-m", "aitune.survival", "--fuzz-examples", "1000", env=env)
 
 
 @nox.session

@@ -98,8 +98,9 @@ class Reader:
         try:
             self.zip = zipfile.ZipFile(path)
             infos = self.zip.infolist()
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:  # NotImplementedError too
             raise ArtifactError(f"{path} is not a readable .ait artifact (truncated or corrupt): {exc}") from exc
+        size = path.stat().st_size
         names = [i.filename for i in infos]
         if len(set(names)) != len(names):
             raise ArtifactError(f"{path} holds duplicate members; the file is corrupt or hostile")
@@ -107,6 +108,17 @@ class Reader:
             check_member_name(info.filename)
             if info.is_dir():
                 raise ArtifactError(f"{path}: unexpected folder entry {info.filename!r}")
+            # aitune writes members uncompressed, so no member can be larger than the file: this
+            # refuses zip bombs before a byte is inflated
+            if (
+                info.compress_type != zipfile.ZIP_STORED
+                or info.file_size != info.compress_size
+                or info.file_size > size
+            ):
+                raise ArtifactError(
+                    f"{path}: member {info.filename!r} is compressed or larger than the file; aitune writes "
+                    "uncompressed members, so the file was altered or is not an aitune artifact"
+                )
         self.infos = {i.filename: i for i in infos}
         if SUMS not in self.infos:
             raise ArtifactError(f"{path} has no {SUMS} member: it is not an aitune artifact or it is truncated")

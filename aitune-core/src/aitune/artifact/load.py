@@ -59,7 +59,13 @@ def _device_for(name: str, device_map: DeviceMap, entry: ModuleEntry) -> torch.d
     elif device_map is not None:
         return torch.device(device_map)
     saved = {spec.device for g in entry.graphs for spec in g.graph.inputs}
-    return torch.device(saved.pop() if len(saved) == 1 else "cpu")
+    device = saved.pop() if len(saved) == 1 else "cpu"
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ArtifactError(
+            f"{entry.name}: the manifest names an unknown device {device!r}; the file is corrupt"
+        ) from exc
 
 
 def _incompatible(entry: GraphEntry, device: torch.device) -> str | None:
@@ -108,7 +114,15 @@ def load(
             )
         with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
             for entry in manifest.modules:
-                _load_module(reader, entry, targets[entry.name], device_map, fallback, Path(tmp))
+                try:
+                    _load_module(reader, entry, targets[entry.name], device_map, fallback, Path(tmp))
+                except AituneError:
+                    raise
+                except Exception as exc:  # an inconsistent manifest that passed its schema (found by fuzzing)
+                    raise ArtifactError(
+                        f"{path}: {entry.name} cannot be loaded from this artifact ({type(exc).__name__}: {exc}); "
+                        "the file is corrupt or was written by an incompatible aitune: tune and save again"
+                    ) from exc
     return obj
 
 

@@ -1,0 +1,306 @@
+"""The artifact loader against hostile files: every mutation ends in an aitune error, never another.
+
+Valid artifacts are mutated (flipped bytes, truncation, reordered, renamed, dropped, duplicated or
+compressed members, lying zip headers, hostile manifests and digest lists whose sums are
+recomputed so the loader reads deep into them) and both ``ait.load`` and ``verify`` must either
+succeed or raise an :class:`~aitune.errors.AituneError`, within a deadline. The suite runs a fast
+slice; ``nox -s fuzz`` runs ``AITUNE_FUZZ_EXAMPLES`` examples per strategy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import struct
+import tempfile
+import tracemalloc
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aitune.torch as ait
+import pytest
+import torch
+from aitune.artifact.load import verify
+from aitune.errors import AituneError
+from aitune.plugins import AituneManager, set_manager
+from aitune.testing import backends
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+EXAMPLES = int(os.environ.get("AITUNE_FUZZ_EXAMPLES", "300"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=5000,  # a hang is a failure
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=os.environ.get("AITUNE_FUZZ_RANDOM", "") == "",
+    database=None,
+)
+SUMS, MANIFEST = "SHA256SUMS", "manifest.json"
+
+
+# -- the target -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def manager():
+    manager = AituneManager()
+    manager.load_entry_points()
+    manager.register(backends, name="aitune.testing.backends", distribution="aitune-core")
+    previous = set_manager(manager)
+    yield manager
+    set_manager(previous)
+
+
+def _fresh() -> ait.Module:
+    return ait.Module(SlowModule(delay_s=0.0), "m")
+
+
+@pytest.fixture(scope="module")
+def valid(manager, tmp_path_factory) -> bytes:
+    """A real artifact: a tuned module with a toy payload and its weights."""
+    strategy = ait.OneBackendStrategy(
+        ToyBackend(ToyConfig()),
+        profiling_config=ProfilingConfig(
+            measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5)
+        ),
+    ).enable_performance_validation(False)
+    model = ait.Module(SlowModule(delay_s=0.0), "m", strategy=strategy)
+    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+    path = tmp_path_factory.mktemp("valid") / "model.ait"
+    ait.save(model, path)
+    return path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def must_end_cleanly(data: bytes, folder: Path) -> None:
+    """Load and verify ``data``: success or an AituneError, nothing else escapes."""
+    fd, name = tempfile.mkstemp(suffix=".ait", dir=folder)
+    path = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        for attempt in (lambda: ait.load(_fresh(), path), lambda: verify(path)):
+            with contextlib.suppress(AituneError):
+                attempt()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+# -- rebuilding archives --------------------------------------------------------------------------
+
+
+def members(data: bytes) -> list[tuple[str, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        return [(i.filename, z.read(i)) for i in z.infolist()]
+
+
+def pack(items: list[tuple[str, bytes]], compress: set[int] = frozenset()) -> bytes:  # type: ignore[assignment]
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for index, (name, body) in enumerate(items):
+            info = zipfile.ZipInfo(name)
+            info.compress_type = zipfile.ZIP_DEFLATED if index in compress else zipfile.ZIP_STORED
+            z.writestr(info, body)
+    return out.getvalue()
+
+
+def with_sums(items: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """Recompute the digest list, so a changed member passes the digest check and reaches the parser."""
+    rest = [(n, b) for n, b in items if n != SUMS]
+    sums = "".join(f"{hashlib.sha256(b).hexdigest()}  {n}\n" for n, b in sorted(rest))
+    return [*rest, (SUMS, sums.encode())]
+
+
+# -- hostile JSON ---------------------------------------------------------------------------------
+
+DEEP = "\x00deep\x00"
+hostile_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([-1, 0, 2**31, 2**63, -(2**63), 10**30]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.sampled_from(["../../etc/passwd", "/abs", "a\\b", "modules/0/graphs/9", "", "x" * 5000, DEEP]),
+    st.lists(st.integers(-5, 5), max_size=4),
+    st.dictionaries(st.text(max_size=5), st.integers(-3, 3), max_size=3),
+)
+
+
+def paths_of(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += paths_of(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += paths_of(v, (*prefix, i))
+    return out
+
+
+def replaced(node: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(node, dict):
+        return {**node, head: replaced(node[head], rest, value)}
+    copy = list(node)
+    copy[head] = replaced(copy[head], rest, value)
+    return copy
+
+
+def dumps(value: Any, depth: int) -> bytes:
+    text = json.dumps(value, allow_nan=True)
+    return text.replace(json.dumps(DEEP), "[" * depth + "]" * depth).encode()
+
+
+# -- the fuzzers ----------------------------------------------------------------------------------
+
+
+def test_the_valid_artifact_loads(valid, scratch):
+    path = scratch / "ok.ait"
+    path.write_bytes(valid)
+    model = ait.load(_fresh(), path)
+    assert model.state == "tuned" and verify(path)["integrity"] == "ok"
+
+
+@FUZZ
+@given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), min_size=1, max_size=8))
+def test_flipped_bytes(valid, scratch, flips):
+    data = bytearray(valid)
+    for where, mask in flips:
+        data[int(where * len(data))] ^= mask
+    must_end_cleanly(bytes(data), scratch)
+
+
+@FUZZ
+@given(keep=st.floats(0, 1, exclude_max=True), tail=st.binary(max_size=64))
+def test_truncated_or_padded(valid, scratch, keep, tail):
+    must_end_cleanly(valid[: int(keep * len(valid))] + tail, scratch)
+
+
+member_ops = st.one_of(
+    st.tuples(
+        st.just("rename"),
+        st.integers(0, 99),
+        st.sampled_from(
+            ["x", "../x", "/x", "a\\b", "modules/0", "SHA256SUMS", "manifest.json", "modules/0/graphs/0/toy.txt/.."]
+        ),
+    ),
+    st.tuples(st.just("drop"), st.integers(0, 99), st.none()),
+    st.tuples(st.just("duplicate"), st.integers(0, 99), st.none()),
+    st.tuples(st.just("compress"), st.integers(0, 99), st.none()),
+    st.tuples(st.just("empty"), st.integers(0, 99), st.none()),
+)
+
+
+@FUZZ
+@given(order=st.randoms(use_true_random=False), ops=st.lists(member_ops, max_size=4), resum=st.booleans())
+def test_reordered_renamed_dropped_members(valid, scratch, order, ops, resum):
+    items = members(valid)
+    order.shuffle(items)
+    compress: set[int] = set()
+    for op, index, arg in ops:
+        if not items:
+            break
+        i = index % len(items)
+        if op == "rename":
+            items[i] = (arg, items[i][1])
+        elif op == "drop":
+            items.pop(i)
+        elif op == "duplicate":
+            items.append(items[i])
+        elif op == "compress":
+            compress.add(i)
+        elif op == "empty":
+            items[i] = (items[i][0], b"")
+    if resum:
+        items = with_sums(items)
+    must_end_cleanly(pack(items, compress), scratch)
+
+
+@FUZZ
+@given(data=st.data(), depth=st.sampled_from([1, 50, 5000, 200000]))
+def test_hostile_manifests(valid, scratch, data, depth):
+    items = members(valid)
+    manifest = json.loads(dict(items)[MANIFEST])
+    edits = data.draw(st.lists(st.tuples(st.integers(0, 10**6), hostile_values), min_size=1, max_size=3))
+    for pick, value in edits:
+        paths = paths_of(manifest)
+        manifest = replaced(manifest, paths[pick % len(paths)], value)
+    body = dumps(manifest, depth)
+    items = with_sums([(n, body if n == MANIFEST else b) for n, b in items])
+    must_end_cleanly(pack(items), scratch)
+
+
+@FUZZ
+@given(lines=st.lists(st.text(max_size=100), max_size=5), keep=st.booleans())
+def test_hostile_digest_lists(valid, scratch, lines, keep):
+    items = members(valid)
+    sums = dict(items)[SUMS].decode()
+    text = (sums if keep else "") + "\n".join(lines)
+    items = [(n, text.encode("utf-8", "surrogatepass") if n == SUMS else b) for n, b in items]
+    must_end_cleanly(pack(items), scratch)
+
+
+@FUZZ
+@given(
+    which=st.integers(0, 99),
+    field=st.sampled_from([(20, 4), (24, 4), (28, 2), (30, 2), (42, 4), (10, 2)]),
+    value=st.sampled_from([0, 1, 0x7FFFFFFF, 0xFFFF, 0xFFFFFFFE, 0xFFFFFFFF]),
+)
+def test_lying_zip_headers(valid, scratch, which, field, value):
+    """Sizes, name lengths, offsets and compression methods in the central directory that lie."""
+    data = bytearray(valid)
+    starts = [i for i in range(len(data) - 4) if data[i : i + 4] == b"PK\x01\x02"]
+    start = starts[which % len(starts)]
+    offset, width = field
+    data[start + offset : start + offset + width] = struct.pack(
+        "<I" if width == 4 else "<H", value & (0xFFFFFFFF if width == 4 else 0xFFFF)
+    )
+    must_end_cleanly(bytes(data), scratch)
+
+
+def test_a_zip_bomb_is_refused_without_inflating_it(valid, scratch):
+    """A consistent archive (sums recomputed) whose weights member inflates to 256 MB: no blow-up."""
+    items = members(valid)
+    weights = next(n for n, _ in items if n.endswith("weights.safetensors"))
+    bomb = bytes(256 * 1024 * 1024)
+    items = with_sums([(n, bomb if n == weights else b) for n, b in items])
+    del bomb
+    data = pack(items, compress={i for i, (n, _) in enumerate(items) if n == weights})
+    assert len(data) < 4 * 1024 * 1024
+    tracemalloc.start()
+    try:
+        must_end_cleanly(data, scratch)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024 * 1024, f"loading took {peak >> 20} MB for a {len(data) >> 10} kB file"
+
+
+def _raises_aitune_error(fn: Callable[[], Any]) -> str:
+    try:
+        fn()
+    except AituneError as exc:
+        return str(exc)
+    raise AssertionError("expected an AituneError")
+
+
+def test_messages_say_what_happened(valid, scratch):
+    path = scratch / "cut.ait"
+    path.write_bytes(valid[: len(valid) // 2])
+    assert "not a readable .ait artifact (truncated or corrupt)" in _raises_aitune_error(
+        lambda: ait.load(_fresh(), path)
+    )
