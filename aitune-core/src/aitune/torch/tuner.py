@@ -142,7 +142,7 @@ def _tune(
     manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
     defaults = default_backends(tune_device)
     for rec in session.modules.values():
-        module_report = _tune_module(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
+        module_report = tune_recorded(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
         report.modules.append(module_report)
         logger.info("%s", module_report.summary)
     report.duration_s = time.perf_counter() - started
@@ -197,7 +197,7 @@ def _strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
     return module.strategy if module.strategy is not None else MaxThroughputStrategy()
 
 
-def _tune_module(
+def tune_recorded(
     rec: recording.ModuleRecording,
     device: torch.device,
     batch_sizes: Sequence[int] | None,
@@ -205,6 +205,7 @@ def _tune_module(
     tolerances: Mapping[str, Tolerance] | None,
     fail_fast: bool,
 ) -> ModuleReport:
+    """Tune one recorded module graph by graph and install the winners (also the JIT's entry point)."""
     module = rec.module
     manager = get_manager()
     report = ModuleReport(name=module.name, strategy=repr(module.strategy or MaxThroughputStrategy()))
@@ -238,7 +239,6 @@ def _tune_module(
             try:
                 winner: Candidate | None = strategy.tune(tuning, defaults)
             except Exception as exc:
-                exc.add_note(f"while tuning {module.name} with {strategy!r}")
                 if strategy.raises_on_failure:
                     fail_fast = True
                 raise

@@ -327,10 +327,10 @@ def _decide(module: torch.nn.Module, cand: _Candidate) -> Decision:
                 _remember(key, cand, "descended", why)
                 logger.info("aitune jit: %s stays eager (%s); trying its children", cand.name, why)
                 return _descend(module, cand, why)
-    from ..tuner import _tune_module
+    from ..tuner import tune_recorded
 
     object.__setattr__(cand.wrapper, "strategy", strategy)
-    report = _tune_module(rec, device, None, candidates, None, False)
+    report = tune_recorded(rec, device, None, candidates, None, False)
     winners = list(cand.wrapper.tuned_graphs)
     if cand.wrapper.state == "tuned":
         names = _install(module, cand, winners)
