@@ -14,14 +14,15 @@ import time
 import zipfile
 from pathlib import Path
 
-import aitune.torch as ait
 import pytest
 import torch
+from typer.testing import CliRunner
+
+import aitune.torch as ait
 from aitune.cli import app
 from aitune.errors import ArtifactError
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
-from typer.testing import CliRunner
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
 REGISTER_TOYS = (

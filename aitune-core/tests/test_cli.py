@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from aitune.cli import app
 from typer.testing import CliRunner
+
+from aitune.cli import app
 
 
 def test_backends_json_lists_every_installed_backend_with_status(aitune_manager):

@@ -6,6 +6,7 @@ import json
 
 import attrs
 import pytest
+
 from aitune import converter
 from aitune.backend import BackendConfig
 from aitune.builtin.eager import TorchEagerBackendConfig

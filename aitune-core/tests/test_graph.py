@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from aitune.errors import InputError
 from aitune.graph import BatchDim, DynamicDim, Sample, infer_graph, resize
 

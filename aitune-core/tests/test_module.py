@@ -6,9 +6,10 @@ import json
 import logging
 import warnings
 
-import aitune.torch as ait
 import pytest
 import torch
+
+import aitune.torch as ait
 from aitune.errors import InputError, UnsupportedCallError
 from aitune.report import TuneReport
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig

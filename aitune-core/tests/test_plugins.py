@@ -8,6 +8,7 @@ import sys
 import warnings
 
 import pytest
+
 from aitune.errors import DuplicateBackendError, PluginError, PluginLoadError
 from aitune.plugins import AituneManager
 from aitune.registry import BackendSpec

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+
 from aitune.report import ProfileResult
 from aitune.torch.candidates import compare
 from aitune.torch.task.profiling import (

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import textwrap
 
-import aitune.torch as ait
 import pytest
 import torch
+from typer.testing import CliRunner
+
+import aitune.torch as ait
 from aitune.cli import app
 from aitune.reporting import render_html, render_markdown
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig, WrongBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
-from typer.testing import CliRunner
 
 QUICK = ProfilingConfig(
     batch_sizes=[2, 4], measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5)

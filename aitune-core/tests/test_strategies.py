@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import aitune.torch as ait
 import pytest
 import torch
+
+import aitune.torch as ait
 from aitune.errors import TuningError, ValidationError
 from aitune.testing.backends import MutatingBackend, NaNBackend, SlowModule, ToyBackend, ToyConfig, WrongBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from aitune.backend import Tolerance
 from aitune.graph import Sample, infer_graph
 from aitune.testing import TinyMLP, tiny_samples
