@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-import aitune.torch as ait
 import pytest
 import torch
+
+import aitune.torch as ait
 from aitune.errors import InputError
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig

@@ -22,17 +22,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aitune.torch as ait
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import aitune.torch as ait
 from aitune.artifact.load import verify
 from aitune.errors import AituneError
 from aitune.plugins import AituneManager, set_manager
 from aitune.testing import backends
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 EXAMPLES = int(os.environ.get("AITUNE_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(
@@ -304,3 +305,13 @@ def test_messages_say_what_happened(valid, scratch):
     assert "not a readable .ait artifact (truncated or corrupt)" in _raises_aitune_error(
         lambda: ait.load(_fresh(), path)
     )
+
+
+def test_the_survival_command_fuzz_batch_counts_every_outcome(manager, tmp_path):
+    from aitune import survival
+
+    rows = survival.fuzz_batch(tmp_path, per_kind=3)
+    assert [kind for kind, *_ in rows] == list(survival.FUZZ_KINDS)
+    assert all(counts["other"] == 0 for _, _, counts, _ in rows), rows
+    bomb = rows[-1][2]
+    assert bomb == {"loaded": 0, "aitune error": 1, "other": 0}

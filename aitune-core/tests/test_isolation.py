@@ -11,9 +11,10 @@ import os
 import signal
 import warnings
 
-import aitune.torch as ait
 import pytest
 import torch
+
+import aitune.torch as ait
 from aitune import hookimpl, isolation
 from aitune.errors import BuildError, ConfigError
 from aitune.testing import faults

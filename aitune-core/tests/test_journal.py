@@ -9,9 +9,10 @@ import sys
 import textwrap
 import time
 
-import aitune.torch as ait
 import pytest
 import torch
+
+import aitune.torch as ait
 from aitune.errors import InputError
 from aitune.journal import journal_path, partial_report
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig

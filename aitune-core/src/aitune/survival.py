@@ -321,7 +321,7 @@ def _mutate(valid: bytes, kind: str, rng: random.Random) -> bytes:
         return _pack(items, resum=rng.random() < 0.5)
     if kind == "hostile manifest (sums recomputed)":
         manifest = json.loads(dict(items)["manifest.json"])
-        hostile = rng.choice([None, -1, 2**63, 10**30, "../../x", [], {}, float("nan"), "x" * 10000, True])
+        hostile: Any = rng.choice([None, -1, 2**63, 10**30, "../../x", [], {}, float("nan"), "x" * 10000, True])
         node = manifest
         for _ in range(rng.randint(1, 6)):
             keys = list(node) if isinstance(node, dict) else list(range(len(node))) if isinstance(node, list) else []
