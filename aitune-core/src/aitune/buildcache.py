@@ -8,6 +8,7 @@ payload into the cache. ``AITUNE_BUILD_CACHE=0`` turns it off.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -51,7 +52,8 @@ def module_digest(module: torch.nn.Module) -> str:
     for name, tensor in state.items():
         t = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():  # raw bytes through ctypes: torch's CPU wheel does not bring numpy
+            digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
     _digests[id(module)] = (stamp, digest.hexdigest())
     return digest.hexdigest()
 
