@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune.backend import LoadContext
 from aitune.converter import unstructure
 from aitune.errors import SerializationError
@@ -136,6 +137,46 @@ def test_load_then_save_again(built, payload, tmp_path: Path) -> None:
     again.mkdir()
     assert loaded.save(again)["exported_dims"] == {"batch": [1, 8]}
     assert (again / "model.pt2").read_bytes() == (folder / "model.pt2").read_bytes()
+
+
+def test_isolated_build_compiles_in_a_worker_from_the_exported_file_alone(built, tmp_path: Path) -> None:
+    """export here, ``build_exported`` in ``python -m aitune.worker``, load here: what tuning does by default."""
+    from aitune.backend import BuildContext
+    from aitune.isolation import run_worker
+
+    _, graph, _ = built
+
+    class OnlyHere(Scaled):
+        """Defined in this test: a worker that needed the module object could not even import its class."""
+
+    module = OnlyHere().eval()
+    backend = TorchInductorAotBackend()
+    context = BuildContext(graph, samples(1, 8), torch.device("cpu"), tmp_path, tmp_path / "cache")
+    folder = tmp_path / "isolated"
+    (folder / "exported").mkdir(parents=True)
+    with torch.no_grad():
+        notes = backend.export(module, context, folder / "exported")
+    assert notes is not None and json.loads(json.dumps(notes)) == notes
+    assert notes["exported_dims"] == {"batch": [1, 8]}
+    assert [p.name for p in (folder / "exported").iterdir()] == ["program.pt2"]
+
+    metadata = run_worker(backend, notes, context, folder)  # a real subprocess, given JSON and that file
+
+    assert [p.name for p in (folder / "payload").iterdir()] == ["model.pt2"]
+    assert metadata == {
+        "format": 1,
+        "package": "model.pt2",
+        "torch": torch.__version__,
+        "exported_dims": {"batch": [1, 8]},
+        "traced_at": {"batch": 2},
+    }
+    loaded = TorchInductorAotBackend()
+    loaded.load(module, folder / "payload", LoadContext(graph, torch.device("cpu"), metadata, tmp_path))
+    for sample in samples(3, 1, 8, seed=7):
+        got = loaded.infer(*sample.args, **sample.kwargs)
+        with torch.no_grad():
+            want = module(*sample.args, **sample.kwargs)
+        torch.testing.assert_close(got, want)
 
 
 def _rewrite(package: Path, extra: dict[str, bytes], drop_suffix: str | None = None) -> None:

@@ -9,16 +9,20 @@ from pathlib import Path, PurePath
 from typing import Any
 
 import torch
-from aitune.backend import Backend, BuildContext, LoadContext
+
+from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext
 from aitune.errors import BuildError, SerializationError
 from aitune.graph import GraphSpec, Sample, resize
 
 from .cache import inductor_cache
 from .config import TorchInductorAotBackendConfig
-from .package import open_package
+from .package import check_archive, open_package
 from .shapes import export_dynamic_shapes, trace_sizes
 
 PACKAGE = "model.pt2"
+EXPORTED = "program.pt2"
+"""The exported program an isolated build hands its worker (scratch, never part of a payload)."""
+META_KEYS = ("exported_dims", "traced_at")
 
 
 class TorchInductorAotBackend(Backend):
@@ -26,7 +30,9 @@ class TorchInductorAotBackend(Backend):
 
     ``build`` exports the module with one ``torch.export.Dim`` per named dynamic dimension of the
     graph, compiles and packages it; ``save`` copies the package; ``load`` opens it with the C++
-    package loader, which compiles nothing.
+    package loader, which compiles nothing. An isolated build splits ``build`` in two: ``export``
+    saves the exported program, ``build_exported`` compiles it in a worker into the payload
+    ``save`` would write, and the user's process ``load`` s that.
     """
 
     name = "torch_inductor_aot"
@@ -47,43 +53,56 @@ class TorchInductorAotBackend(Backend):
         return None
 
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
-        graph = context.graph
-        sample = _contiguous(graph, resize(graph, context.samples[0], trace_sizes(graph)))
-        dynamic_shapes, ranges = export_dynamic_shapes(module, graph, sample)
+        program, self._meta = _export(module, context, self.config.strict)
         path = self._workspace() / PACKAGE
-        with inductor_cache(context.cache_dir) as folder:
-            try:
-                exported = torch.export.export(
-                    module,
-                    tuple(sample.args),
-                    dict(sample.kwargs),
-                    dynamic_shapes=dynamic_shapes,
-                    strict=self.config.strict,
-                )
-            except Exception as exc:
-                raise BuildError(
-                    f"torch.export failed with dynamic dims {ranges or 'none'}: {type(exc).__name__}: {_first_lines(exc)}. "
-                    "If a dimension was specialized, the module's code fixes its size: narrow the graph's range "
-                    "or declare the axis static"
-                ) from exc
-            try:
-                from torch._inductor import aoti_compile_and_package
-
-                options = dict(self.config.options) if self.config.options else None
-                aoti_compile_and_package(exported, package_path=str(path), inductor_configs=options)
-            except Exception as exc:
-                raise BuildError(
-                    f"AOTInductor failed to compile the exported module: {type(exc).__name__}: {_first_lines(exc)}"
-                ) from exc
-        self._meta = {
-            "exported_dims": ranges,
-            "traced_at": {n: v for n, v in trace_sizes(graph).items() if n in ranges},
-        }
+        folder = _compile(program, self.config, context.cache_dir, path)
         try:
-            self._open(path, graph, context.device)
+            self._open(path, context.graph, context.device)
         except SerializationError as exc:
             raise BuildError(f"the package AOTInductor wrote cannot be loaded: {exc}") from exc
         self.build_info.update(self._meta, cache_dir=str(folder))
+
+    # -- isolated builds: export here, compile in a worker, load the package it wrote ---------------
+
+    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any] | None:
+        """``torch.export`` in this process, saved with ``torch.export.save`` for the worker to compile."""
+        program, meta = _export(module, context, self.config.strict)
+        torch.export.save(program, Path(directory) / EXPORTED)
+        return {"program": EXPORTED, **meta}
+
+    @classmethod
+    def build_exported(
+        cls,
+        config: BackendConfig,
+        exported: Path,
+        notes: dict[str, Any],
+        context: BuildContext,
+        payload: Path,
+    ) -> dict[str, Any]:
+        """In the worker: load the exported program, compile and package it as ``save`` would write it.
+
+        ``torch.export.load`` may unpickle parts of the program; the file is the one ``export``
+        wrote moments ago into aitune's own scratch folder, never one read from an artifact.
+        """
+        if not isinstance(config, TorchInductorAotBackendConfig):
+            raise TypeError(f"{cls.__name__} builds from a TorchInductorAotBackendConfig, got {type(config).__name__}")
+        name = notes.get("program", EXPORTED)
+        if not isinstance(name, str) or PurePath(name).name != name:
+            raise BuildError(f"the export notes name the program {name!r}, which is not a plain file name")
+        try:
+            program = torch.export.load(Path(exported) / name)
+        except Exception as exc:
+            raise BuildError(
+                f"the worker cannot read the exported program: {type(exc).__name__}: {_first_lines(exc)}. "
+                "Build in-process instead (AITUNE_ISOLATE=none)"
+            ) from exc
+        path = Path(payload) / PACKAGE
+        _compile(program, config, context.cache_dir, path)
+        try:
+            check_archive(path)
+        except SerializationError as exc:
+            raise BuildError(f"the package AOTInductor wrote cannot be loaded: {exc}") from exc
+        return _metadata({k: notes[k] for k in META_KEYS if k in notes})
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         if self._loader is None or self._graph is None:
@@ -103,7 +122,7 @@ class TorchInductorAotBackend(Backend):
         if self._package is None:
             raise SerializationError("TorchInductorAotBackend.save() called before build() or load()")
         shutil.copyfile(self._package, Path(directory) / PACKAGE)
-        return {"format": 1, "package": PACKAGE, "torch": torch.__version__, **self._meta}
+        return _metadata(self._meta)
 
     def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
         metadata = context.metadata
@@ -121,7 +140,7 @@ class TorchInductorAotBackend(Backend):
             )
         path = self._workspace() / PACKAGE
         shutil.copyfile(source, path)
-        self._meta = {k: metadata[k] for k in ("exported_dims", "traced_at") if k in metadata}
+        self._meta = {k: metadata[k] for k in META_KEYS if k in metadata}
         self._open(path, context.graph, context.device)
         self.build_info.update(self._meta, compiled_on_load=False)
 
@@ -144,6 +163,47 @@ class TorchInductorAotBackend(Backend):
         folder = Path(tempfile.mkdtemp(prefix="aitune-aoti-"))
         weakref.finalize(self, shutil.rmtree, folder, True)
         return folder
+
+
+def _export(module: torch.nn.Module, context: BuildContext, strict: bool) -> tuple[Any, dict[str, Any]]:
+    """``torch.export`` with one ``Dim`` per named dynamic dimension; the program and the facts for ``build_info``."""
+    graph = context.graph
+    if not context.samples:
+        raise BuildError("AOTInductor needs one recorded sample to trace the module; none was given")
+    sizes = trace_sizes(graph)
+    sample = _contiguous(graph, resize(graph, context.samples[0], sizes))
+    dynamic_shapes, ranges = export_dynamic_shapes(module, graph, sample)
+    try:
+        program = torch.export.export(
+            module, tuple(sample.args), dict(sample.kwargs), dynamic_shapes=dynamic_shapes, strict=strict
+        )
+    except Exception as exc:
+        raise BuildError(
+            f"torch.export failed with dynamic dims {ranges or 'none'}: {type(exc).__name__}: {_first_lines(exc)}. "
+            "If a dimension was specialized, the module's code fixes its size: narrow the graph's range "
+            "or declare the axis static"
+        ) from exc
+    return program, {"exported_dims": ranges, "traced_at": {n: v for n, v in sizes.items() if n in ranges}}
+
+
+def _compile(program: Any, config: TorchInductorAotBackendConfig, cache_dir: Path, path: Path) -> Path:
+    """AOTInductor: compile ``program`` and package it at ``path``; returns Inductor's cache folder."""
+    with inductor_cache(cache_dir) as folder:
+        try:
+            from torch._inductor import aoti_compile_and_package
+
+            options = dict(config.options) if config.options else None
+            aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
+        except Exception as exc:
+            raise BuildError(
+                f"AOTInductor failed to compile the exported module: {type(exc).__name__}: {_first_lines(exc)}"
+            ) from exc
+    return folder
+
+
+def _metadata(meta: dict[str, Any]) -> dict[str, Any]:
+    """What ``save`` returns and ``load`` reads: the package's name, torch's version, the export facts."""
+    return {"format": 1, "package": PACKAGE, "torch": torch.__version__, **meta}
 
 
 def _contiguous(graph: GraphSpec, sample: Sample) -> Sample:
