@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune.graph import GraphSpec, Sample, infer_graph
 
 

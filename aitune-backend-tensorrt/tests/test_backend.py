@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune.backend import BuildContext, LoadContext
 from aitune.errors import ArtifactError, BackendUnavailableError, ConfigError
 from aitune.graph import Sample

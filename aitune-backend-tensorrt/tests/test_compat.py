@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from aitune.errors import ArtifactError, BackendUnavailableError
 from aitune_backend_tensorrt import compat
 from aitune_backend_tensorrt.compat import Machine, check_compatible, version_tuple

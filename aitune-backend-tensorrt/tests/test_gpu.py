@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune.backend import BuildContext, LoadContext
 from aitune.graph import Sample, infer_graph
 from aitune.validation import validate
@@ -165,6 +166,27 @@ def test_int8_quantized_engine_calibrates_on_all_samples(tmp_path):
         TensorRTBackendConfig(quantization_config=ModelOptQuantizationConfig(mode="int8")), tmp_path
     )
     assert backend.build_info["calibration_samples"] >= len(samples)
+    with torch.no_grad():
+        report = validate(backend, module, samples, graph)
+    assert report.passed, report.reason
+
+
+def test_isolated_build_runs_the_engine_build_in_a_worker(tmp_path):
+    """export here, build_exported in ``python -m aitune.worker`` from the ONNX files alone, load here."""
+    from aitune.isolation import run_worker
+    from aitune_backend_tensorrt import TensorRTBackend, TensorRTBackendConfig
+
+    module, samples, graph, context = _setup(tmp_path)
+    backend = TensorRTBackend(TensorRTBackendConfig())
+    folder = tmp_path / "isolated"
+    (folder / "exported").mkdir(parents=True)
+    with torch.no_grad():
+        notes = backend.export(module, context, folder / "exported")
+    metadata = run_worker(backend, notes, context, folder)
+    assert [p.name for p in (folder / "payload").iterdir()] == ["engine.plan"]
+    assert metadata["compute_capability"] == list(torch.cuda.get_device_capability())
+    assert metadata["build"]["dynamic"] and metadata["build"]["layers"] > 0
+    backend.load(module, folder / "payload", LoadContext(graph, torch.device("cuda"), metadata, tmp_path / "cache"))
     with torch.no_grad():
         report = validate(backend, module, samples, graph)
     assert report.passed, report.reason

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+
 from aitune_backend_tensorrt.config import ModelOptQuantizationConfig, ONNXAutoCastConfig
 from aitune_backend_tensorrt.precision import autocast, calibration_feeds, quantize
 

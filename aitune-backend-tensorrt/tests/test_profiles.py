@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from aitune.errors import ConfigError
 from aitune.graph import BatchDim, DynamicDim, Sample
 from aitune.testing import TinyMLP, tiny_samples

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from aitune.backend import Backend, BuildContext, LoadContext, Tolerance
+
+from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, Tolerance
 from aitune.errors import ArtifactError, BackendUnavailableError, BuildError, ConfigError
 from aitune.graph import GraphSpec
 
@@ -65,10 +66,39 @@ class TensorRTBackend(Backend):
         return None
 
     # -- build ----------------------------------------------------------------------------------
+    #
+    # A build is three steps, the same in-process and isolated: ``export`` (ONNX, then AutoCast or
+    # quantization, in the user's process), ``build_exported`` (the engine, from those files
+    # alone; in aitune's worker process when the build is isolated), then loading the plan.
 
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        reason = self.unsupported_reason(context.graph, context.device) or compat.availability_reason(
+            context.device.type
+        )
+        if reason:
+            raise BackendUnavailableError(f"backend 'tensorrt' cannot build here: {reason}")
+        folder = context.workdir / "tensorrt"
+        payload = folder / "payload"
+        payload.mkdir(parents=True, exist_ok=True)
+        notes = self.export(module, context, folder / "exported")
+        metadata = self.build_exported(self.config, folder / "exported", notes, context, payload)
+        self._graph, self._plan, self._metadata = context.graph, (payload / PLAN_FILE).read_bytes(), metadata
+        self._start_runner(context.device)
+        with torch.no_grad():
+            for sample in context.samples:  # warm-up (and CUDA graph capture) belong to the build
+                self.infer(*sample.args, **sample.kwargs)
+        torch.cuda.synchronize(context.device)
+        self.build_info.update(metadata["build"], precision=metadata["precision"])
+
+    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any] | None:
+        """The ONNX model the engine is built from, with its precision lowered, written into ``directory``.
+
+        Runs without TensorRT or a GPU. The notes (JSON) carry everything the engine build needs
+        besides the files: the model's file names, input and output names, paths and dtypes, the
+        optimisation profiles by input name and the precision label.
+        """
         graph = context.graph
-        reason = self.unsupported_reason(graph, context.device) or compat.availability_reason(context.device.type)
+        reason = self.unsupported_reason(graph, context.device)
         if reason:
             raise BackendUnavailableError(f"backend 'tensorrt' cannot build here: {reason}")
         if not context.samples:
@@ -79,14 +109,15 @@ class TensorRTBackend(Backend):
         if gap:
             raise ConfigError(f"TensorRTBackendConfig.profiles: {gap}")
 
-        from aitune.onnx_export import ONNXExportConfig, export_onnx
+        from aitune.onnx_export import ONNXExportConfig, export_onnx, model_files
 
+        directory = Path(directory)
         start = time.perf_counter()
         exported = export_onnx(
             module,
             graph,
             context.samples[0],
-            context.workdir / "onnx",
+            directory,
             ONNXExportConfig(exporter=self.config.onnx_exporter, opset=self.config.onnx_opset),
         )
         info: dict[str, Any] = {
@@ -94,44 +125,68 @@ class TensorRTBackend(Backend):
             "onnx_opset": exported.opset,
             "export_seconds": round(time.perf_counter() - start, 3),
         }
-        onnx_path, precision = self._lower_precision(exported, graph, context, info)
+        onnx_path, precision = self._lower_precision(exported, graph, context, info, directory)
+        names = list(exported.input_names)
+        return {
+            "onnx": onnx_path.name,
+            "files": list(model_files(onnx_path)),
+            "input_names": names,
+            "profiles": [p.to_json(names) for p in profiles],
+            "inputs": [{"name": n, "path": s.path, "dtype": s.dtype} for n, s in zip(names, graph.inputs)],
+            "outputs": [
+                {"name": n, "path": s.path, "dtype": s.dtype} for n, s in zip(exported.output_names, graph.outputs)
+            ],
+            "precision": precision,
+            "export": info,
+        }
 
+    @classmethod
+    def build_exported(
+        cls,
+        config: BackendConfig,
+        exported: Path,
+        notes: dict[str, Any],
+        context: BuildContext,
+        payload: Path,
+    ) -> dict[str, Any]:
+        """Build the engine from the ONNX model ``export`` wrote; write ``engine.plan`` into ``payload``.
+
+        Needs TensorRT and the CUDA device the engine is for; returns the metadata ``load`` reads.
+        """
+        if not isinstance(config, TensorRTBackendConfig):
+            raise TypeError(f"{cls.__name__} builds from a TensorRTBackendConfig, got {type(config).__name__}")
+        reason = compat.availability_reason(context.device.type)
+        if reason:
+            raise BackendUnavailableError(f"backend 'tensorrt' cannot build here: {reason}")
+        onnx_path = _exported_file(Path(exported), notes["onnx"])
+        names = list(notes["input_names"])
+        profiles = [ShapeProfile.from_json(p, names) for p in notes["profiles"]]
         machine = compat.this_machine(context.device.index)
         from .engine import build_plan, timing_cache_path
 
-        cache = timing_cache_path(context.cache_dir, machine) if self.config.use_timing_cache else None
-        plan, engine_info = build_plan(onnx_path, profiles, exported.input_names, self.config, cache)
-        info.update(engine_info)
+        cache = timing_cache_path(context.cache_dir, machine) if config.use_timing_cache else None
+        with torch.cuda.device(context.device):  # TensorRT builds for the current CUDA device
+            plan, engine_info = build_plan(onnx_path, profiles, names, config, cache)
         if not engine_info["dynamic"]:
             profiles = profiles[:1]
-        self._graph, self._plan = graph, plan
-        self._metadata = {
+        (Path(payload) / PLAN_FILE).write_bytes(plan)
+        return {
             "metadata_version": METADATA_VERSION,
             "plan": PLAN_FILE,
             "tensorrt_version": engine_info["tensorrt_version"],
             "gpu_name": machine.gpu_name,
             "compute_capability": list(machine.compute_capability or ()),
-            "hardware_compatible": self.config.hardware_compatible,
-            "version_compatible": self.config.version_compatible,
-            "precision": precision,
-            "profiles": [p.to_json(exported.input_names) for p in profiles],
-            "inputs": [
-                {"name": n, "path": s.path, "dtype": s.dtype} for n, s in zip(exported.input_names, graph.inputs)
-            ],
-            "outputs": [
-                {"name": n, "path": s.path, "dtype": s.dtype} for n, s in zip(exported.output_names, graph.outputs)
-            ],
+            "hardware_compatible": config.hardware_compatible,
+            "version_compatible": config.version_compatible,
+            "precision": notes["precision"],
+            "profiles": [p.to_json(names) for p in profiles],
+            "inputs": notes["inputs"],
+            "outputs": notes["outputs"],
+            "build": {**notes.get("export", {}), **engine_info},
         }
-        self._start_runner(context.device)
-        with torch.no_grad():
-            for sample in context.samples:  # warm-up (and CUDA graph capture) belong to the build
-                self.infer(*sample.args, **sample.kwargs)
-        torch.cuda.synchronize(context.device)
-        info["precision"] = precision
-        self.build_info.update(info)
 
     def _lower_precision(
-        self, exported: Any, graph: GraphSpec, context: BuildContext, info: dict[str, Any]
+        self, exported: Any, graph: GraphSpec, context: BuildContext, info: dict[str, Any], directory: Path
     ) -> tuple[Path, str]:
         quantization = self.config.quantization_config
         if quantization is None:
@@ -140,12 +195,19 @@ class TensorRTBackend(Backend):
 
         feeds = precision.calibration_feeds(graph, context.samples, exported.input_names)
         start = time.perf_counter()
+        scratch = context.workdir / "tensorrt-calibration"
+        scratch.mkdir(parents=True, exist_ok=True)
         if isinstance(quantization, ONNXAutoCastConfig):
-            path = precision.autocast(exported.path, quantization, feeds, context.workdir)
+            path = precision.autocast(exported.path, quantization, feeds, scratch, output=directory)
             label = f"{quantization.low_precision_type} (ModelOpt AutoCast)"
         else:
             path, served = precision.quantize(
-                exported.path, quantization, feeds, context.workdir, external_data=len(exported.files) > 1
+                exported.path,
+                quantization,
+                feeds,
+                scratch,
+                external_data=len(exported.files) > 1,
+                output=directory,
             )
             info["calibration_samples"] = served
             label = f"{quantization.mode} (ModelOpt quantization)"
@@ -201,6 +263,17 @@ class TensorRTBackend(Backend):
         self._graph, self._plan, self._metadata = context.graph, plan_path.read_bytes(), metadata
         start = time.perf_counter()
         self._start_runner(context.device)
+        self.build_info.update(metadata.get("build") or {})
         self.build_info.update(
             {"loaded": True, "load_seconds": round(time.perf_counter() - start, 3), "precision": metadata["precision"]}
         )
+
+
+def _exported_file(folder: Path, name: Any) -> Path:
+    """``folder / name`` for a plain file name that exists, else a :class:`BuildError`."""
+    if not isinstance(name, str) or Path(name).name != name:
+        raise BuildError(f"the export notes name the ONNX model {name!r}, which is not a plain file name")
+    path = folder / name
+    if not path.is_file():
+        raise BuildError(f"the exported ONNX model {name} is missing from {folder}; the export did not finish")
+    return path

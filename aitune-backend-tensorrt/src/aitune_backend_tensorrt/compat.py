@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+
 from aitune.errors import ArtifactError, BackendUnavailableError
 
 INSTALL_HINT = "pip install 'aitune-backend-tensorrt[runtime]'"

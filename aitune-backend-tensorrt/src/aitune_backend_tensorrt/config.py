@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import attrs
+
 from aitune.backend import BackendConfig
 from aitune.errors import ConfigError
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from aitune.errors import BackendUnavailableError, BuildError
 from aitune.graph import GraphSpec, Sample
 
@@ -61,8 +62,17 @@ def _save(model: Any, path: Path) -> Path:
     return path
 
 
-def autocast(onnx_path: Path, config: ONNXAutoCastConfig, feeds: Sequence[dict[str, Any]], workdir: Path) -> Path:
-    """The model with nodes cast to ``config.low_precision_type`` where the recorded ranges allow it."""
+def autocast(
+    onnx_path: Path,
+    config: ONNXAutoCastConfig,
+    feeds: Sequence[dict[str, Any]],
+    workdir: Path,
+    output: Path | None = None,
+) -> Path:
+    """The model with nodes cast to ``config.low_precision_type`` where the recorded ranges allow it.
+
+    Calibration data goes to ``workdir``, the model to ``output`` (default: ``workdir``).
+    """
     import numpy as np
 
     convert = _modelopt("modelopt.onnx.autocast").convert_to_mixed_precision
@@ -88,7 +98,7 @@ def autocast(onnx_path: Path, config: ONNXAutoCastConfig, feeds: Sequence[dict[s
         raise BuildError(
             f"ModelOpt AutoCast to {config.low_precision_type} failed: {type(exc).__name__}: {exc}"
         ) from exc
-    return _save(model, workdir / f"model.{config.low_precision_type}.onnx")
+    return _save(model, (output or workdir) / f"model.{config.low_precision_type}.onnx")
 
 
 def quantize(
@@ -97,8 +107,12 @@ def quantize(
     feeds: Sequence[dict[str, Any]],
     workdir: Path,
     external_data: bool = False,
+    output: Path | None = None,
 ) -> tuple[Path, int]:
-    """The model with Q/DQ nodes calibrated on every feed; also how many feeds calibration read."""
+    """The model with Q/DQ nodes calibrated on every feed; also how many feeds calibration read.
+
+    The model goes to ``output`` (default: ``workdir``).
+    """
     quantization = _modelopt("modelopt.onnx.quantization")
     from onnxruntime.quantization.calibrate import CalibrationDataReader
 
@@ -123,7 +137,7 @@ def quantize(
     if not feeds:
         raise BuildError("ModelOpt quantization needs recorded samples to calibrate on; none were given")
     reader = SampleReader()
-    out = workdir / f"model.{config.mode}.onnx"
+    out = (output or workdir) / f"model.{config.mode}.onnx"
     try:
         quantization.quantize(
             onnx_path=str(onnx_path),

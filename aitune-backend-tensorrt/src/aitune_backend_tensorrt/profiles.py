@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+
 from aitune.errors import ConfigError
 from aitune.graph import GraphSpec
 

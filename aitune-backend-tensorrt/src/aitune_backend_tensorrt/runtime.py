@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 import torch
+
 from aitune.errors import BuildError, InputError
 
 from .config import Shape
