@@ -34,3 +34,10 @@ def test_backends_table_shows_failed_plugins(fake_distribution, monkeypatch):
     assert result.exit_code == 0
     assert "broken_plugin" in result.output and "failed to load" in result.output
     assert "libfoo missing" in result.output
+
+
+def test_backends_table_keeps_install_hints_intact(aitune_manager):
+    result = CliRunner().invoke(app, ["backends"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0
+    if "tensorrt" in aitune_manager.registry.names() and aitune_manager.registry.status("tensorrt").reason():
+        assert "aitune-backend-tensorrt[runtime]" in result.output, "rich markup must not eat '[runtime]'"

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(help="aitune: tune PyTorch modules across inference backends.", no_args_is_help=True)
@@ -58,13 +59,15 @@ def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON for 
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="aitune backends")
-    for column in ("backend", "distribution", "version", "status", "devices"):
+    for column in ("backend", "distribution", "version", "status", "devices", "why not"):
         table.add_column(column)
     for row in rows:
         style = {"available": "green", "unavailable": "yellow"}.get(row["status"], "red")
-        status = row["status"] if not row["reason"] else f"{row['status']}: {row['reason']}"
         devices = ", ".join(f"{d} ✓" if r is None else f"{d} ✗" for d, r in row["devices"].items())
-        table.add_row(row["backend"], row["distribution"], row["version"], f"[{style}]{status}[/]", devices)
+        reasons = {r: [d for d, x in row["devices"].items() if x == r] for r in row["devices"].values() if r}
+        why = "; ".join(f"{'/'.join(ds)}: {r}" for r, ds in reasons.items()) or (row["reason"] or "")
+        cells = [escape(str(c)) for c in (row["backend"], row["distribution"], row["version"])]
+        table.add_row(*cells, f"[{style}]{escape(row['status'])}[/]", devices, escape(why))
     Console().print(table)
 
 
@@ -116,13 +119,13 @@ def show(
     for column in ("module", "graph", "backend", "inputs", "payload"):
         table.add_column(column)
     for module in manifest.modules:
-        table.add_row(module.name, "weights", "", "", _size(sizes.get(module.weights, 0)))
+        table.add_row(escape(module.name), "weights", "", "", _size(sizes.get(module.weights, 0)))
         for i, graph in enumerate(module.graphs):
             inputs = ", ".join(
                 f"{t.path}({', '.join(d or str(s) for s, d in zip(t.shape, t.dims))})" for t in graph.graph.inputs
             )
             payload = sum(sizes.get(f"{graph.payload}/{f}", 0) for f in graph.files)
-            table.add_row("", str(i), graph.backend, inputs, _size(payload))
+            table.add_row("", str(i), graph.backend, escape(inputs), _size(payload))
     console.print(table)
 
 
@@ -225,7 +228,9 @@ def _print_summary(report: Any) -> None:
     for column in ("module", "status", "result"):
         table.add_column(column)
     for module in report.modules:
-        table.add_row(module.name, module.status, module.summary.partition(": ")[2] or module.error or "")
+        table.add_row(
+            escape(module.name), module.status, escape(module.summary.partition(": ")[2] or module.error or "")
+        )
     Console().print(table)
 
 
