@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from aitune.graph import GraphSpec, Sample, infer_graph
 
 

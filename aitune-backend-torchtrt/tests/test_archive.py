@@ -11,6 +11,7 @@ import zipfile
 
 import pytest
 import torch
+
 from aitune.errors import SerializationError
 from aitune_backend_torchtrt.archive import check_engine_pickle, check_pt2_archive, load_exported_program
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from aitune.converter import config_from_json, config_to_json
 from aitune.errors import ConfigError
 from aitune.validation import DEFAULT_TOLERANCES

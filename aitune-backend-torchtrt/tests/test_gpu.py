@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune import tree
 from aitune.backend import Backend, BuildContext, LoadContext
 from aitune.validation import validate
@@ -60,3 +61,27 @@ def test_compile_validate_save_load(template: Backend, tmp_path: Path, encoder, 
         got = tree.flatten(loaded.infer(*sample.args, **sample.kwargs))[0]
         for w, g in zip(want, got):
             torch.testing.assert_close(g, w)
+
+
+def test_isolated_aot_build_compiles_in_a_worker(tmp_path: Path, encoder, make_samples, make_graph) -> None:
+    """export here, Torch-TensorRT in ``python -m aitune.worker`` from the exported file alone, load here."""
+    from aitune.isolation import run_worker
+
+    module = copy.deepcopy(encoder).to("cuda")
+    samples = make_samples(device="cuda")
+    graph = make_graph(module, samples)
+    context = BuildContext(graph, samples, torch.device("cuda"), tmp_path, tmp_path / "cache")
+    backend = TorchTensorRTAotBackend(
+        TorchTensorRTAotBackendConfig(compile_config=TorchTensorRTConfig(min_block_size=1))
+    )
+    folder = tmp_path / "isolated"
+    (folder / "exported").mkdir(parents=True)
+    notes = backend.export(module, context, folder / "exported")
+    metadata = run_worker(backend, notes, context, folder)
+    assert [p.name for p in (folder / "payload").iterdir()] == [PROGRAM_FILE]
+    check_pt2_archive((folder / "payload" / PROGRAM_FILE).read_bytes())
+    assert metadata["build"]["tensorrt_subgraphs"] >= 1
+    backend.load(module, folder / "payload", LoadContext(graph, torch.device("cuda"), metadata, tmp_path / "cache"))
+    assert backend.build_info["load_compiles"] is False
+    report = validate(backend, module, samples, graph)
+    assert report.passed, report.reason

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune.backend import BuildContext
 from aitune.errors import BackendUnavailableError
 from aitune.plugins import get_manager

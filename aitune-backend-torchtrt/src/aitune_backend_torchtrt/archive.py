@@ -24,6 +24,7 @@ import zipfile
 from typing import Any
 
 import torch
+
 from aitune.errors import SerializationError
 
 ALLOWED_GLOBALS = frozenset({("torch_tensorrt.dynamo.runtime._TRTEngine", "_reconstruct_trt_engine")})

@@ -12,8 +12,9 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
 from aitune import tree
-from aitune.backend import Backend, BuildContext, LoadContext, Tolerance
+from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, Tolerance
 from aitune.errors import BackendUnavailableError, BuildError, SerializationError
 from aitune.graph import GraphSpec, Sample
 from aitune.validation import DEFAULT_TOLERANCES
@@ -36,6 +37,8 @@ from .shapes import (
 from .versions import runtime_problem
 
 PROGRAM_FILE = "program.pt2"
+EXPORTED_FILE = "exported.pt2"
+"""The plain exported program an isolated build hands its worker (scratch, never part of a payload)."""
 
 
 def require_runtime(backend: str, device: torch.device) -> None:
@@ -166,7 +169,8 @@ class TorchTensorRTAotBackend(Backend):
 
     Saved as a torch.export ``.pt2`` archive with the TensorRT engines inside; loading checks the
     archive holds nothing that would be unpickled, then ``torch.export.load`` restores it with no
-    recompilation.
+    recompilation. An isolated build splits ``build`` in two: ``export`` saves the plain exported
+    program, ``build_exported`` compiles it in a worker into the archive ``save`` would write.
     """
 
     name = "torch_tensorrt_aot"
@@ -177,6 +181,7 @@ class TorchTensorRTAotBackend(Backend):
         super().__init__(config)
         self._program: Callable[..., Any] | None = None
         self._graph: GraphSpec | None = None
+        self._facts: dict[str, Any] = {}
 
     @property
     def compile_config(self) -> TorchTensorRTConfig:
@@ -190,33 +195,60 @@ class TorchTensorRTAotBackend(Backend):
 
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
         require_runtime(self.name, context.device)
-        graph = context.graph
-        reason = unexportable_reason(graph)
+        program = self._export(module, context)
+        self._program, self._facts = _compile_program(program, self.compile_config, context)
+        self._graph = context.graph
+        with torch.no_grad():
+            for call in warmup_samples(context.graph, context.samples):
+                self.infer(*call.args, **call.kwargs)
+        self.build_info.update(self._facts, load_compiles=False)
+
+    # -- isolated builds: torch.export here, Torch-TensorRT in a worker, load its archive here ----
+
+    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any] | None:
+        """``torch.export`` in this process, saved with ``torch.export.save`` for the worker to compile.
+
+        Needs neither Torch-TensorRT nor a GPU beyond the module's own device.
+        """
+        program = self._export(module, context)
+        torch.export.save(program, Path(directory) / EXPORTED_FILE)
+        return {"program": EXPORTED_FILE, "dynamic_dims": _dims(context.graph)}
+
+    @classmethod
+    def build_exported(
+        cls,
+        config: BackendConfig,
+        exported: Path,
+        notes: dict[str, Any],
+        context: BuildContext,
+        payload: Path,
+    ) -> dict[str, Any]:
+        """In the worker: Torch-TensorRT compiles the exported program; the archive ``save`` writes goes to ``payload``.
+
+        ``torch.export.load`` may unpickle parts of the program; the file is the one ``export``
+        wrote moments ago into aitune's own scratch folder, never one read from an artifact.
+        """
+        if not isinstance(config, TorchTensorRTAotBackendConfig):
+            raise TypeError(f"{cls.__name__} builds from a TorchTensorRTAotBackendConfig, got {type(config).__name__}")
+        require_runtime(cls.name, context.device)
+        name = notes.get("program", EXPORTED_FILE)
+        if not isinstance(name, str) or Path(name).name != name:
+            raise BuildError(f"{cls.name}: the export notes name the program {name!r}, which is not a plain file name")
+        program = torch.export.load(Path(exported) / name)
+        compiled, facts = _compile_program(program, config.compile_config, context)
+        metadata = _save_program(cls.name, compiled, Path(payload) / PROGRAM_FILE)
+        return {**metadata, "build": facts}
+
+    def _export(self, module: torch.nn.Module, context: BuildContext) -> torch.export.ExportedProgram:
+        reason = _unsupported_device(context.device)
+        if reason:
+            raise BackendUnavailableError(f"backend {self.name!r} cannot run here: {reason}")
+        reason = unexportable_reason(context.graph)
         if reason:
             raise BuildError(f"{self.name}: {reason}")
-        torch_tensorrt = import_torch_tensorrt(self.name)
-        exported = export_program(module, graph, context.samples[0])
-        arg_inputs, kwarg_inputs = tensorrt_inputs(graph, torch_tensorrt.Input)
-        self._program = torch_tensorrt.dynamo.compile(
-            exported,
-            arg_inputs=list(arg_inputs),
-            kwarg_inputs=kwarg_inputs or None,
-            device=context.device,
-            timing_cache_path=_timing_cache(context.cache_dir),
-            **to_torch_tensorrt_kwargs(self.compile_config),
-        )
-        self._graph = graph
-        with torch.no_grad():
-            for call in warmup_samples(graph, context.samples):
-                self.infer(*call.args, **call.kwargs)
-        children = [name for name, _ in self._program.named_children()]  # type: ignore[union-attr]
-        self.build_info.update(
-            torch_tensorrt=str(torch_tensorrt.__version__),
-            dynamic_dims={n: [r.min, r.opt, r.max] for n, r in dynamic_ranges(graph).items()},
-            tensorrt_subgraphs=sum(c.startswith("_run_on_acc") for c in children),
-            pytorch_subgraphs=sum(c.startswith("_run_on_gpu") for c in children),
-            load_compiles=False,
-        )
+        if not context.samples:
+            raise BuildError(f"{self.name}: torch.export needs one recorded sample to trace the module; none was given")
+        return export_program(module, context.graph, context.samples[0])
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         if self._program is None or self._graph is None:
@@ -230,19 +262,7 @@ class TorchTensorRTAotBackend(Backend):
     def save(self, directory: Path) -> dict[str, Any]:
         if self._program is None:
             raise SerializationError(f"{self.name}: nothing to save before build()")
-        import torch_tensorrt
-
-        path = directory / PROGRAM_FILE
-        torch_tensorrt.save(self._program, str(path), output_format="exported_program", retrace=False)
-        try:
-            check_pt2_archive(path.read_bytes())
-        except SerializationError as exc:
-            path.unlink()
-            raise SerializationError(
-                f"{self.name}: torch_tensorrt {torch_tensorrt.__version__} wrote an archive aitune could not load "
-                f"safely: {exc}"
-            ) from exc
-        return {"file": PROGRAM_FILE, "format": "torch.export pt2", "torch_tensorrt": str(torch_tensorrt.__version__)}
+        return {**_save_program(self.name, self._program, directory / PROGRAM_FILE), "build": self._facts}
 
     def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
         require_runtime(self.name, context.device)
@@ -253,4 +273,48 @@ class TorchTensorRTAotBackend(Backend):
         program = load_exported_program((directory / file).read_bytes())
         self._program = program.module()
         self._graph = context.graph
-        self.build_info["load_compiles"] = False
+        self._facts = dict(context.metadata.get("build") or {})
+        self.build_info.update(self._facts, load_compiles=False)
+
+
+def _dims(graph: GraphSpec) -> dict[str, list[int]]:
+    return {n: [r.min, r.opt, r.max] for n, r in dynamic_ranges(graph).items()}
+
+
+def _compile_program(
+    program: torch.export.ExportedProgram, config: TorchTensorRTConfig, context: BuildContext
+) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
+    """``torch_tensorrt.dynamo.compile`` for the graph's shape ranges; the module and facts for the report."""
+    torch_tensorrt = import_torch_tensorrt(TorchTensorRTAotBackend.name)
+    arg_inputs, kwarg_inputs = tensorrt_inputs(context.graph, torch_tensorrt.Input)
+    compiled = torch_tensorrt.dynamo.compile(
+        program,
+        arg_inputs=list(arg_inputs),
+        kwarg_inputs=kwarg_inputs or None,
+        device=context.device,
+        timing_cache_path=_timing_cache(context.cache_dir),
+        **to_torch_tensorrt_kwargs(config),
+    )
+    children = [name for name, _ in compiled.named_children()]
+    return compiled, {
+        "torch_tensorrt": str(torch_tensorrt.__version__),
+        "dynamic_dims": _dims(context.graph),
+        "tensorrt_subgraphs": sum(c.startswith("_run_on_acc") for c in children),
+        "pytorch_subgraphs": sum(c.startswith("_run_on_gpu") for c in children),
+    }
+
+
+def _save_program(backend: str, program: Any, path: Path) -> dict[str, Any]:
+    """Write ``program`` as a torch.export archive aitune can load without unpickling; its metadata."""
+    import torch_tensorrt
+
+    torch_tensorrt.save(program, str(path), output_format="exported_program", retrace=False)
+    try:
+        check_pt2_archive(path.read_bytes())
+    except SerializationError as exc:
+        path.unlink()
+        raise SerializationError(
+            f"{backend}: torch_tensorrt {torch_tensorrt.__version__} wrote an archive aitune could not load "
+            f"safely: {exc}"
+        ) from exc
+    return {"file": PROGRAM_FILE, "format": "torch.export pt2", "torch_tensorrt": str(torch_tensorrt.__version__)}

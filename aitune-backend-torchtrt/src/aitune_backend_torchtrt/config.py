@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 import torch
+
 from aitune.backend import BackendConfig
 
 PRECISIONS: dict[str, torch.dtype] = {

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 import torch
+
 from aitune.graph import DimRange, GraphSpec, Sample, TensorSpec, resize
 
 
