@@ -141,13 +141,12 @@ class Dispatcher:
             reason = "; ".join(filter(None, (c.graph.mismatch(leaves) for c, _ in candidates)))
         else:
             reason = "its input structure (types, dtypes, ranks or devices) was never seen while tuning"
-        message = f"{self.name}: this call is outside what was tuned ({reason})"
         if self.strict:
-            raise UnsupportedCallError(message + "; tune with inputs like this one, or drop strict=True")
-        if reason not in self._warned:
-            self._warned.add(reason)
-            warnings.warn(message + "; running eager for such calls", RuntimeWarning, stacklevel=4)
-        return self.eager(*args, **kwargs)
+            raise UnsupportedCallError(
+                f"{self.name}: this call is outside what was tuned ({reason}); tune with inputs like this one, "
+                "or drop strict=True"
+            )
+        return self._eager_because(f"it is outside what was tuned ({reason})", args, kwargs)
 
 
 def _same_structure(graph: GraphSpec, structure: dict[str, Any], leaves: Sequence[torch.Tensor]) -> bool:
