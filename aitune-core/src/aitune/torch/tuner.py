@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import platform
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -294,6 +295,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": _cpu_model(),
         "threads": torch.get_num_threads(),
+        "thread_settings": {k: os.environ[k] for k in _THREAD_VARS if k in os.environ},
         "cuda": torch.version.cuda,
     }
     if device.type == "cuda" and torch.cuda.is_available():
@@ -301,6 +303,10 @@ def environment(device: torch.device) -> dict[str, Any]:
         env["gpu"] = torch.cuda.get_device_name(index)
         env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
     return env
+
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "KMP_BLOCKTIME", "OPENBLAS_NUM_THREADS")
+"""Settings that change CPU timings a lot (a busy 2-core machine swings eager latency 5x without them)."""
 
 
 def _cpu_model() -> str:
