@@ -64,7 +64,7 @@ class TorchInductorAotBackend(Backend):
 
     # -- isolated builds: export here, compile in a worker, load the package it wrote ---------------
 
-    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any] | None:
+    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any]:
         """``torch.export`` in this process, saved with ``torch.export.save`` for the worker to compile."""
         program, meta = _export(module, context, self.config.strict)
         torch.export.save(program, Path(directory) / EXPORTED)

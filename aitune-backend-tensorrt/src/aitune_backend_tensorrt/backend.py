@@ -90,7 +90,7 @@ class TensorRTBackend(Backend):
         torch.cuda.synchronize(context.device)
         self.build_info.update(metadata["build"], precision=metadata["precision"])
 
-    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any] | None:
+    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any]:
         """The ONNX model the engine is built from, with its precision lowered, written into ``directory``.
 
         Runs without TensorRT or a GPU. The notes (JSON) carry everything the engine build needs

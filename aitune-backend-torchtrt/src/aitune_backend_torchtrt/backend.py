@@ -205,7 +205,7 @@ class TorchTensorRTAotBackend(Backend):
 
     # -- isolated builds: torch.export here, Torch-TensorRT in a worker, load its archive here ----
 
-    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any] | None:
+    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any]:
         """``torch.export`` in this process, saved with ``torch.export.save`` for the worker to compile.
 
         Needs neither Torch-TensorRT nor a GPU beyond the module's own device.
