@@ -114,11 +114,12 @@ class BackendConformance:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "", f"checking availability imported: {out.stdout.strip()}"
 
-    def test_build_infer_save_load(self, tmp_path: Path) -> None:
+    def test_build_infer_save_load(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         from ..plugins import get_manager
         from ..validation import validate
 
         self._require_available()
+        monkeypatch.setenv("AITUNE_BUILD_CACHE", "0")  # a cache hit would pass without building
         module, samples = self.make_module(), self.make_samples()
         graph = self._graph(module, samples)
         backend = self.make_backend()
