@@ -157,6 +157,7 @@ def candidate_figures(tuned: Any, backend: str) -> dict[str, Any]:
                     "max_abs_error": max((o.max_abs_error for o in v.outputs), default=0.0) if v else None,
                     "cosine": v.min_cosine if v else None,
                     "from_cache": c.from_cache,
+                    "build_info": c.build_info,
                 }
     return figures
 
@@ -231,8 +232,9 @@ def cold_starts(
     case: Case, base: Any, oracle: dict[str, Any], figures: dict[str, Any], args: Any, tmp: Path
 ) -> dict[str, Any]:
     """Fresh process to first output: ait.load of an artifact, eager, torch.compile with a cold and a warm cache."""
-    import aitune.torch as ait
     from safetensors.torch import save_file
+
+    import aitune.torch as ait
 
     weights = tmp / f"{case.name}.safetensors"
     save_file({k: v.detach().contiguous().clone() for k, v in base.state_dict().items()}, str(weights))

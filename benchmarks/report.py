@@ -129,5 +129,16 @@ def markdown(r: dict[str, Any]) -> str:
                              f"{a['cosine']:.6f}" if a["cosine"] is not None else "",
                              f"{f['build_s']:.1f}"])  # fmt: skip
     out += ["", "### Accuracy against eager (tuning report's validation) and build time", "",
-            table(["case", "backend", "max rel err", "cosine", "build s"], rows)]  # fmt: skip
+            table(["case", "backend", "max rel err", "cosine", "build s"], rows),
+            "", "Build s is the oracle's build in the main process, summed over a case's modules: a later "
+            "build of an already compiled model class reuses Dynamo's work, so cold figures are in the "
+            "tune wall time table."]  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":  # python -m benchmarks.report results.json: the tables again, from the JSON
+    import json
+    import sys
+    from pathlib import Path
+
+    print(markdown(json.loads(Path(sys.argv[1]).read_text())), end="")
