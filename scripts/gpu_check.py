@@ -131,8 +131,9 @@ def backends() -> list[tuple[str, Any]]:
 
 
 def tune_one(label: str, backend: Any, model: Any, data: list[Any], workdir: Path) -> dict[str, Any]:
-    import aitune.torch as ait
     import torch
+
+    import aitune.torch as ait
 
     row: dict[str, Any] = {"backend": label}
     if isinstance(backend, Exception):

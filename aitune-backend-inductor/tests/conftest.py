@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune.backend import Backend, BuildContext
 from aitune.graph import GraphSpec, Sample, infer_graph
 

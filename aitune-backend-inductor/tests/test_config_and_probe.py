@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune.converter import config_from_json, config_to_json
 from aitune.errors import ConfigError
 from aitune.graph import Sample, infer_graph

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune.backend import LoadContext
 from aitune.converter import unstructure
 from aitune.errors import BuildError

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from aitune import tree
 from aitune.backend import BuildContext, LoadContext
 from aitune.converter import config_from_json, config_to_json, unstructure

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from aitune.backend import BuildContext, LoadContext
 from aitune.graph import Sample, infer_graph
 from aitune.validation import validate

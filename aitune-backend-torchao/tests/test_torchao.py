@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+
 from aitune.backend import BuildContext, LoadContext, Tolerance
 from aitune.converter import config_from_json, config_to_json
 from aitune.errors import BuildError, ConfigError, SerializationError
@@ -19,7 +21,6 @@ from aitune.testing.conformance import run_in_fresh_process
 from aitune.validation import validate
 from aitune_backend_torchao.backend import TorchAOBackend
 from aitune_backend_torchao.config import ModuleFilter, TorchAOBackendConfig
-from safetensors.torch import load_file, save_file
 
 MODULES = {
     "mlp": "TinyMLP()",

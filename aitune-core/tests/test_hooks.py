@@ -47,7 +47,9 @@ def test_firstresult_hooks_say_so(hook):
 
 
 def _fast_model():
-    return ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK))
+    return ait.Module(
+        SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK)
+    )
 
 
 def _setup(tmp_path):
@@ -91,7 +93,13 @@ def test_hook_aitune_build(toy_backends, register_plugin, tmp_path):
 
     register_plugin(Wrapper())
     register_plugin(PreEmpt())
-    model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig(speed=0.5)), profiling_config=QUICK).enable_performance_validation(False))
+    model = ait.Module(
+        SlowModule(),
+        "m",
+        strategy=ait.OneBackendStrategy(
+            ToyBackend(ToyConfig(speed=0.5)), profiling_config=QUICK
+        ).enable_performance_validation(False),
+    )
     report = ait.tune(model, [torch.randn(2, 8)])
     assert seen == [("before", "toy"), ("after", "toy")]
     candidate = report.modules[0].graphs[0].candidates[0]
@@ -105,7 +113,9 @@ def test_hook_aitune_validate(toy_backends, register_plugin):
             return ValidationReport(passed=False, reason="vetoed by policy plugin")
 
     register_plugin(Veto())
-    model = ait.Module(SlowModule(), "m", strategy=ait.FirstWinsStrategy(backends=[ToyBackend()], profiling_config=QUICK))
+    model = ait.Module(
+        SlowModule(), "m", strategy=ait.FirstWinsStrategy(backends=[ToyBackend()], profiling_config=QUICK)
+    )
     report = ait.tune(model, [torch.randn(2, 8)])
     assert report.modules[0].graphs[0].candidates[0].reason == "vetoed by policy plugin"
     assert model.state == "passthrough"
@@ -125,14 +135,16 @@ def test_hook_aitune_profile(toy_backends, register_plugin):
             }
 
     register_plugin(FakeClock())
-    model = ait.Module(SlowModule(), "m", strategy=ait.MaxThroughputStrategy(backends=[ToyBackend(ToyConfig(speed=1.0))]))
+    model = ait.Module(
+        SlowModule(), "m", strategy=ait.MaxThroughputStrategy(backends=[ToyBackend(ToyConfig(speed=1.0))])
+    )
     report = ait.tune(model, [torch.randn(2, 8)])
     assert calls == [["torch_eager#0", "toy#1"]]
     assert report.modules[0].graphs[0].candidates[0].speedup == pytest.approx(10.0)
 
 
 def test_hook_aitune_serialize(aitune_manager, register_plugin, tmp_path):
-    module, samples, graph, context = _setup(tmp_path)
+    module, _samples, _graph, context = _setup(tmp_path)
     backend = ToyBackend()
     backend.build(module, context)
     assert aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path) == {"speed": 0.0}
@@ -154,7 +166,10 @@ def test_hook_aitune_deserialize(aitune_manager, tmp_path):
     meta = aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path)
     fresh = ToyBackend()
     loaded = aitune_manager.hook.aitune_deserialize(
-        backend=fresh, module=module, directory=tmp_path, context=LoadContext(graph, torch.device("cpu"), meta, tmp_path)
+        backend=fresh,
+        module=module,
+        directory=tmp_path,
+        context=LoadContext(graph, torch.device("cpu"), meta, tmp_path),
     )
     x = samples[0].args[0]
     torch.testing.assert_close(loaded.infer(x), module(x))
@@ -183,7 +198,11 @@ def test_hook_aitune_build_error(toy_backends, register_plugin):
             errors.append((module_name, backend.name, str(error)))
 
     register_plugin(Listener())
-    model = ait.Module(SlowModule(), "m", strategy=ait.FirstWinsStrategy(backends=[ToyBackend(ToyConfig(fail_build=True))], profiling_config=QUICK))
+    model = ait.Module(
+        SlowModule(),
+        "m",
+        strategy=ait.FirstWinsStrategy(backends=[ToyBackend(ToyConfig(fail_build=True))], profiling_config=QUICK),
+    )
     ait.tune(model, [torch.randn(2, 8)])
     assert errors == [("m", "toy", "toy compiler crashed on purpose")]
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from aitune import hookimpl
 from aitune.torch import FirstWinsStrategy, jit
 from aitune.torch.jit import TunedForward

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import attrs
+
 from aitune.backend import BackendConfig
 from aitune.errors import ConfigError
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from aitune import tree
 from aitune.backend import Backend, BuildContext, LoadContext
 from aitune.errors import BuildError

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
+
 from aitune.errors import SerializationError
 
 MODEL = "model"

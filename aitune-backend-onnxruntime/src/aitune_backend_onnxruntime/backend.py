@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from aitune import tree
 from aitune.backend import Backend, BuildContext, LoadContext
 from aitune.errors import BackendUnavailableError, BuildError, SerializationError

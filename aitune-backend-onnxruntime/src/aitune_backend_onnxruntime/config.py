@@ -6,6 +6,7 @@ import enum
 from typing import Any
 
 import attrs
+
 from aitune.backend import BackendConfig
 from aitune.errors import ConfigError
 from aitune.onnx_export import ONNXExportConfig

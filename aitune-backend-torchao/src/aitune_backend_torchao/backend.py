@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from aitune import tree
 from aitune.backend import Backend, BuildContext, LoadContext, Tolerance
 from aitune.errors import BuildError, ConfigError, SerializationError

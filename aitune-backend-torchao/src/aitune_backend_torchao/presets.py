@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 import torch
+
 from aitune.backend import Tolerance
 
 

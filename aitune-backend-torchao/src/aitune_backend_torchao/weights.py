@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from aitune.errors import SerializationError
 
 FILE = "quantized.safetensors"

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .graph import GraphSpec, Sample
     from .registry import BackendRegistry
     from .report import CandidateReport, TuneReport, ValidationReport
-    from .torch.task.profiling import ProfilingConfig, ProfileResult
+    from .torch.task.profiling import ProfileResult, ProfilingConfig
 
 hookspec = pluggy.HookspecMarker("aitune")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 import torch
+
 from aitune import hookimpl
 
 

@@ -67,9 +67,7 @@ class Canonicalizer:
         except (TypeError, ValueError):
             self.signature = None
         params = list(self.signature.parameters.values()) if self.signature else []
-        self.arg_names = tuple(
-            p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        )
+        self.arg_names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.signature is None:

@@ -32,9 +32,15 @@ from .strategies import MaxThroughputStrategy, TuneStrategy
 
 logger = logging.getLogger("aitune")
 
+
 def _call(fn: Callable[..., Any], sample: Any) -> Any:
     """Call ``fn`` with a dataset item: a tensor, a tuple, a dict, or ``(args, kwargs)``."""
-    if isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[0], (tuple, list)) and isinstance(sample[1], dict):
+    if (
+        isinstance(sample, tuple)
+        and len(sample) == 2
+        and isinstance(sample[0], (tuple, list))
+        and isinstance(sample[1], dict)
+    ):
         return fn(*sample[0], **sample[1])
     if isinstance(sample, (tuple, list)):
         return fn(*sample)
@@ -239,7 +245,7 @@ def tune_recorded(
             )
             try:
                 winner: Candidate | None = strategy.tune(tuning, defaults)
-            except Exception as exc:
+            except Exception:
                 if strategy.raises_on_failure:
                     fail_fast = True
                 raise
