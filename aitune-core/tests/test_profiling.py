@@ -75,3 +75,5 @@ def test_comparison_uses_window_spread():
     assert clear.speedup == noisy.speedup == 2.0
     assert clear.low_speedup == 2.0
     assert noisy.low_speedup < 1.0, "a candidate that loses in some windows is not clearly faster"
+    spread = compare(result(1, 1.0, [0.9, 0.95, 1.0, 1.05, 1.1, 0.6]), result(1, 1.0, [1.0] * 6))
+    assert spread.low_speedup < 1.0, "a median inside the spread of the ratios is a tie"

@@ -160,8 +160,9 @@ def test_max_throughput_without_validation_keeps_the_fastest_backend(toy_backend
 
 
 def test_ties_go_to_eager(toy_backends):
-    # speed=1.0 keeps the very same sleep: the same latency as eager, within noise
-    model = wrap(ait.MaxThroughputStrategy(backends=[ToyBackend(ToyConfig(speed=1.0))], profiling_config=QUICK))
+    # speed=1.0 keeps the very same sleep: the same latency as eager, within noise; 20 windows
+    many = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=100, warmup=2, window=5))
+    model = wrap(ait.MaxThroughputStrategy(backends=[ToyBackend(ToyConfig(speed=1.0))], profiling_config=many))
     graph = graph_report(ait.tune(model, data(2, 4)))
     assert graph.decision == "torch_eager"
     assert "eager is as fast" in graph.reason or "inside the measured spread" in graph.reason

@@ -58,17 +58,20 @@ class Comparison:
     speedup: float
     """Eager p50 over candidate p50."""
     low_speedup: float
-    """The lower quartile of the per-window speedups: how fast it is when the machine is unkind."""
+    """A conservative speedup from the per-window ratios: the lower quartile, or the median less
+    half the interquartile range when that is lower. A candidate only clearly beats a bar when
+    this clears it too; otherwise the gap is inside the measured spread."""
 
 
 def compare(candidate: ProfileResult, eager: ProfileResult) -> Comparison:
     speedup = eager.p50_ms / candidate.p50_ms if candidate.p50_ms > 0 else float("inf")
-    pairs = [e / c for e, c in zip(eager.window_p50_ms, candidate.window_p50_ms) if c > 0]
-    if len(pairs) >= 2:
-        low = statistics.quantiles(pairs, n=4, method="inclusive")[0] if len(pairs) >= 4 else min(pairs)
-    else:
-        low = speedup
-    return Comparison(speedup, low)
+    ratios = [e / c for e, c in zip(eager.window_p50_ms, candidate.window_p50_ms) if c > 0]
+    if len(ratios) < 2:
+        return Comparison(speedup, speedup)
+    if len(ratios) < 4:
+        return Comparison(speedup, min(ratios))
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return Comparison(speedup, min(q1, median - (q3 - q1) / 2))
 
 
 class GraphTuning:
