@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from aitune.backend import LoadContext
+from aitune.backend import BuildContext, LoadContext
 from aitune.converter import unstructure
 from aitune.errors import BuildError
+from aitune.graph import Sample, infer_graph
 from aitune.testing import TinyMLP, tiny_samples
 from aitune.testing.conformance import run_in_fresh_process
 from aitune.validation import validate
@@ -166,3 +167,14 @@ def test_cuda_build_matches_eager(build, tmp_path: Path) -> None:
             backend.build(module, BuildContext(graph, samples, torch.device("cuda"), tmp_path, tmp_path / "cache"))
             report = validate(backend, module, samples, graph)
             assert report.passed, (config, report.reason)
+
+
+def test_a_module_dynamo_does_not_capture_is_refused(tmp_path):
+    """nn.GRU is skipped by TorchDynamo: compiling it would only add guard checks to eager."""
+    gru = torch.nn.GRU(8, 16, batch_first=True).eval()
+    samples = [Sample((torch.randn(2, 5, 8),)), Sample((torch.randn(4, 5, 8),))]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["input"], outputs=[gru(*s.args) for s in samples])
+    context = BuildContext(graph, samples, torch.device("cpu"), tmp_path, tmp_path)
+    with pytest.raises(BuildError, match="captured no graph"):
+        TorchInductorJitBackend().build(gru, context)

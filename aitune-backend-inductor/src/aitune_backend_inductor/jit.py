@@ -54,6 +54,12 @@ class TorchInductorJitBackend(Backend):
             raise BuildError(reason)
         with inductor_cache(context.cache_dir) as folder:
             self.build_info.update(_count_graph_breaks(module, context.samples[0], self.config))
+            if self.build_info["graphs"] == 0:
+                raise BuildError(
+                    "torch.compile captured no graph from this module (TorchDynamo skips it, as it does "
+                    "nn.GRU and nn.LSTM): the result would be eager plus guard checks, so this candidate is "
+                    "dropped; try torch_inductor_aot or onnxruntime"
+                )
             self._compile(module, context.graph, context.device, warmup_cases(context.graph, context.samples))
         self.build_info.update(cache_dir=str(folder), compiled_on_load=False)
 
