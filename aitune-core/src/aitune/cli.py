@@ -16,8 +16,30 @@ app = typer.Typer(help="aitune: tune PyTorch modules across inference backends."
 
 
 @app.callback()
-def _root() -> None:
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every step, also in a terminal.")) -> None:
     """aitune: tune PyTorch modules across inference backends."""
+    _setup_logging(verbose)
+
+
+def _setup_logging(verbose: bool) -> None:
+    """Plain step lines when output is not a terminal (CI logs); live progress when it is.
+
+    Third-party notices that say nothing actionable to an aitune user (torch deprecations raised
+    from its own internals, torchao's optional GPU kernels failing to load on a CPU machine) are
+    kept out of the way; ``--verbose`` shows everything.
+    """
+    import logging
+    import warnings
+
+    interactive = sys.stderr.isatty()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("aitune").setLevel(logging.INFO if verbose or not interactive else logging.WARNING)
+    if verbose:
+        return
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg|torchao)")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch\.|torchao)")
+    for noisy in ("torchao", "torch.utils._pytree", "torch._dynamo", "torch._inductor"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
 def _backend_rows() -> list[dict[str, Any]]:

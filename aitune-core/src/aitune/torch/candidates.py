@@ -58,9 +58,11 @@ class Comparison:
     speedup: float
     """Eager p50 over candidate p50."""
     low_speedup: float
-    """A conservative speedup from the per-window ratios: the lower quartile, or the median less
-    half the interquartile range when that is lower. A candidate only clearly beats a bar when
-    this clears it too; otherwise the gap is inside the measured spread."""
+    """A conservative speedup from the per-window ratios (eager window p50 over the candidate's):
+    the lower quartile, less its distance to the median. Only the lower half of the spread counts,
+    so a window where eager was unlucky cannot hide a real win, while two runners of the same speed
+    (ratios scattered around 1) come out below 1. A candidate clearly beats a bar only when this
+    clears it too; otherwise the gap is inside the measured spread."""
 
 
 def compare(candidate: ProfileResult, eager: ProfileResult) -> Comparison:
@@ -70,8 +72,8 @@ def compare(candidate: ProfileResult, eager: ProfileResult) -> Comparison:
         return Comparison(speedup, speedup)
     if len(ratios) < 4:
         return Comparison(speedup, min(ratios))
-    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    return Comparison(speedup, min(q1, median - (q3 - q1) / 2))
+    q1, median, _ = statistics.quantiles(ratios, n=4, method="inclusive")
+    return Comparison(speedup, q1 - (median - q1))
 
 
 class GraphTuning:
