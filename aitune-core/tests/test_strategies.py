@@ -159,13 +159,41 @@ def test_max_throughput_without_validation_keeps_the_fastest_backend(toy_backend
     assert [c.status for c in graph.candidates] == ["rejected", "selected"]
 
 
-def test_ties_go_to_eager(toy_backends):
-    # speed=1.0 keeps the very same sleep: the same latency as eager, within noise; 20 windows
-    many = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=100, warmup=2, window=5))
-    model = wrap(ait.MaxThroughputStrategy(backends=[ToyBackend(ToyConfig(speed=1.0))], profiling_config=many))
+def _clock(latencies_ms: dict[str, list[float]]):
+    """A profiling plugin that reports fixed per-window latencies: decisions without timing noise."""
+    from aitune import hookimpl
+    from aitune.torch.task.profiling import summarize
+
+    class Clock:
+        @hookimpl
+        def aitune_profile(self, runners, batch_size, config, device):
+            return {name: summarize(latencies_ms[name.split("#")[0]], batch_size, 1) for name in runners}
+
+    return Clock()
+
+
+def test_ties_go_to_eager(toy_backends, register_plugin):
+    register_plugin(_clock({"torch_eager": [2.0, 2.1, 1.9, 2.0], "toy": [2.0, 2.0, 2.0, 2.0]}))
+    model = wrap(ait.MaxThroughputStrategy(backends=[ToyBackend(ToyConfig(speed=1.0))], profiling_config=QUICK))
     graph = graph_report(ait.tune(model, data(2, 4)))
-    assert graph.decision == "torch_eager"
-    assert "eager is as fast" in graph.reason or "inside the measured spread" in graph.reason
+    assert graph.decision == "torch_eager" and "eager is as fast" in graph.reason
+
+
+def test_a_gap_inside_the_measured_spread_keeps_eager(toy_backends, register_plugin):
+    # faster on median, but slower than eager in half of the windows
+    register_plugin(_clock({"torch_eager": [2.0, 2.0, 2.0, 2.0], "toy": [1.0, 1.0, 2.5, 2.6]}))
+    model = wrap(ait.MaxThroughputStrategy(backends=[ToyBackend()], profiling_config=QUICK))
+    graph = graph_report(ait.tune(model, data(2, 4)))
+    assert graph.decision == "torch_eager" and "inside the measured spread" in graph.reason
+
+
+def test_an_unlucky_eager_window_does_not_hide_a_win(toy_backends, register_plugin):
+    register_plugin(
+        _clock({"torch_eager": [4.9, 3.6, 4.4, 1.4, 1.35, 1.7], "toy": [0.42, 0.43, 0.44, 0.45, 0.39, 0.41]})
+    )
+    model = wrap(ait.MaxThroughputStrategy(backends=[ToyBackend()], profiling_config=QUICK))
+    graph = graph_report(ait.tune(model, data(2, 4)))
+    assert graph.decision == "toy"
 
 
 def test_wrong_numbers_are_never_chosen_even_when_fastest(toy_backends):
