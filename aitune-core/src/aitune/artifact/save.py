@@ -126,7 +126,12 @@ def save(obj: Any, path: str | Path) -> Path:
             writer.add_bytes(MANIFEST, json.dumps(unstructure(manifest), indent=1, sort_keys=True).encode())
             reports = [m.report for m in modules if m.report is not None]
             if reports:
-                run = TuneReport(aitune_version=__version__, environment=manifest.environment, modules=reports)
+                run = TuneReport(
+                    aitune_version=__version__,
+                    device=devices[0] if devices else "cpu",
+                    environment=manifest.environment,
+                    modules=reports,
+                )
                 writer.add_bytes(REPORT, json.dumps(run.to_json(), default=str).encode())
             writer.commit()
     except BaseException:

@@ -72,16 +72,17 @@ def graph_inputs(graph: GraphReport) -> str:
 
 def headline(report: TuneReport) -> list[tuple[str, str]]:
     env = report.environment
-    return [
+    rows = [
         ("aitune", report.aitune_version),
         ("started", report.started_at),
-        ("duration", f"{report.duration_s:.1f} s"),
+        ("duration", f"{report.duration_s:.1f} s" if report.duration_s else ""),
         ("device", report.device),
         ("machine", str(env.get("gpu") or env.get("cpu", ""))),
         ("torch", str(env.get("torch", ""))),
         ("threads", str(env.get("threads", ""))),
         ("python", str(env.get("python", ""))),
     ]
+    return [(k, v) for k, v in rows if v]  # a report read back from an artifact has no run times
 
 
 def module_status(module: ModuleReport) -> str:
