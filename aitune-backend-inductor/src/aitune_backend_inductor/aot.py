@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext
+from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, exported_file
 from aitune.errors import BuildError, SerializationError
 from aitune.graph import GraphSpec, Sample, resize
 
@@ -86,11 +86,8 @@ class TorchInductorAotBackend(Backend):
         """
         if not isinstance(config, TorchInductorAotBackendConfig):
             raise TypeError(f"{cls.__name__} builds from a TorchInductorAotBackendConfig, got {type(config).__name__}")
-        name = notes.get("program", EXPORTED)
-        if not isinstance(name, str) or PurePath(name).name != name:
-            raise BuildError(f"the export notes name the program {name!r}, which is not a plain file name")
         try:
-            program = torch.export.load(Path(exported) / name)
+            program = torch.export.load(exported_file(exported, notes, "program", EXPORTED))
         except Exception as exc:
             raise BuildError(
                 f"the worker cannot read the exported program: {type(exc).__name__}: {_first_lines(exc)}. "

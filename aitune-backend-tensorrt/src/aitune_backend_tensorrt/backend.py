@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, Tolerance
+from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, Tolerance, exported_file
 from aitune.errors import ArtifactError, BackendUnavailableError, BuildError, ConfigError
 from aitune.graph import GraphSpec
 
@@ -158,7 +158,7 @@ class TensorRTBackend(Backend):
         reason = compat.availability_reason(context.device.type)
         if reason:
             raise BackendUnavailableError(f"backend 'tensorrt' cannot build here: {reason}")
-        onnx_path = _exported_file(Path(exported), notes["onnx"])
+        onnx_path = exported_file(Path(exported), notes, "onnx")
         names = list(notes["input_names"])
         profiles = [ShapeProfile.from_json(p, names) for p in notes["profiles"]]
         machine = compat.this_machine(context.device.index)
@@ -267,13 +267,3 @@ class TensorRTBackend(Backend):
         self.build_info.update(
             {"loaded": True, "load_seconds": round(time.perf_counter() - start, 3), "precision": metadata["precision"]}
         )
-
-
-def _exported_file(folder: Path, name: Any) -> Path:
-    """``folder / name`` for a plain file name that exists, else a :class:`BuildError`."""
-    if not isinstance(name, str) or Path(name).name != name:
-        raise BuildError(f"the export notes name the ONNX model {name!r}, which is not a plain file name")
-    path = folder / name
-    if not path.is_file():
-        raise BuildError(f"the exported ONNX model {name} is missing from {folder}; the export did not finish")
-    return path

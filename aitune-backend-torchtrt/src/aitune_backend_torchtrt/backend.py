@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from aitune import tree
-from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, Tolerance
+from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, Tolerance, exported_file
 from aitune.errors import BackendUnavailableError, BuildError, SerializationError
 from aitune.graph import GraphSpec, Sample
 from aitune.validation import DEFAULT_TOLERANCES
@@ -231,10 +231,7 @@ class TorchTensorRTAotBackend(Backend):
         if not isinstance(config, TorchTensorRTAotBackendConfig):
             raise TypeError(f"{cls.__name__} builds from a TorchTensorRTAotBackendConfig, got {type(config).__name__}")
         require_runtime(cls.name, context.device)
-        name = notes.get("program", EXPORTED_FILE)
-        if not isinstance(name, str) or Path(name).name != name:
-            raise BuildError(f"{cls.name}: the export notes name the program {name!r}, which is not a plain file name")
-        program = torch.export.load(Path(exported) / name)
+        program = torch.export.load(exported_file(exported, notes, "program", EXPORTED_FILE))
         compiled, facts = _compile_program(program, config.compile_config, context)
         metadata = _save_program(cls.name, compiled, Path(payload) / PROGRAM_FILE)
         return {**metadata, "build": facts}

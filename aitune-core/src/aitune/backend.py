@@ -9,13 +9,13 @@ cloning the object the user handed to a strategy, so user-facing objects stay re
 from __future__ import annotations
 
 import abc
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, ClassVar
 
 import attrs
 import torch
 
-from .errors import BackendNotImplementedError, SerializationError
+from .errors import BackendNotImplementedError, BuildError, SerializationError
 from .graph import GraphSpec, Sample
 
 
@@ -144,6 +144,20 @@ class Backend(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"
+
+
+def exported_file(exported: Path, notes: dict[str, Any], key: str, default: str | None = None) -> Path:
+    """The file ``notes[key]`` names inside ``exported``, for ``build_exported``.
+
+    A worker trusts no path from the notes: only a plain file name that exists there is accepted.
+    """
+    name = notes.get(key, default)
+    if not isinstance(name, str) or PurePath(name).name != name or name in ("", ".", ".."):
+        raise BuildError(f"the export notes name {key} {name!r}, which is not a plain file name")
+    path = Path(exported) / name
+    if not path.is_file():
+        raise BuildError(f"the exported {key} {name} is missing from {exported}; the export did not finish")
+    return path
 
 
 class PendingBackend(Backend):
