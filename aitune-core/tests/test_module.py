@@ -186,3 +186,20 @@ def test_report_json_round_trip_and_log_line(toy_backends, tmp_path, caplog):
 def test_offloading_weights_requires_a_tuned_module():
     with pytest.raises(RuntimeError, match="only a tuned module"):
         ait.Module(SlowModule(), "m").offload_weights()
+
+
+def test_config_sets_defaults_that_arguments_override(toy_backends, monkeypatch):
+    from aitune.torch import config
+
+    monkeypatch.setattr(config, "default_strategy", lambda: fast())
+    monkeypatch.setattr(config, "max_samples", 1)
+    model = ait.Module(SlowModule(), "m")
+    report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8), torch.randn(3, 8)])
+    assert report.modules[0].graphs[0].decision == "toy", "the configured default strategy was used"
+    [(graph, _)] = model.tuned_graphs
+    assert graph.batch is None, "one sample kept: no batch axis can be inferred"
+    report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], max_samples=8)
+    assert model.tuned_graphs[0][0].batch is not None, "the argument wins over the config"
+    monkeypatch.setattr(config, "max_samples", 0)
+    with pytest.raises(InputError, match="max_samples must be an int >= 1"):
+        ait.tune(model, [torch.randn(2, 8)])

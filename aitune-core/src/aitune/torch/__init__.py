@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..artifact import load, save
 from ..graph import BatchDim, DynamicDim
 from ..report import TuneReport
+from . import config
 from .inspect import InspectResult, inspect
 from .module import Module
 from .strategies import (
@@ -37,6 +38,7 @@ __all__ = [
     "PerformanceValidationMode",
     "TuneReport",
     "TuneStrategy",
+    "config",
     "inspect",
     "load",
     "save",

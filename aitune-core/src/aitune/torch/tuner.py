@@ -81,8 +81,8 @@ def tune(
     batch_sizes: Sequence[int] | None = None,
     device: str | torch.device | None = None,
     *,
-    max_samples: int = 8,
-    fail_fast: bool = False,
+    max_samples: int | None = None,
+    fail_fast: bool | None = None,
     report_path: str | Path | None = None,
     tolerances: Mapping[str, Tolerance] | None = None,
     show_progress: bool | None = None,
@@ -92,10 +92,17 @@ def tune(
     ``batch_sizes`` widens the batch range the builds cover and the sizes profiled; ``device``
     defaults to the device of the model's weights. Returns the tuning report (also written to
     ``report_path`` when given). ``show_progress`` (default: when stderr is a terminal) shows
-    each step live; every step is logged on the ``aitune`` logger either way.
+    each step live; every step is logged on the ``aitune`` logger either way. Arguments left as
+    None take their value from :mod:`aitune.torch.config`.
     """
-    with TuneProgress(show_progress):
-        return _tune(model_or_callable, dataset, batch_sizes, device, max_samples, fail_fast, report_path, tolerances)
+    from . import config
+
+    samples = config.max_samples if max_samples is None else max_samples
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise InputError(f"max_samples must be an int >= 1, got {samples!r}")
+    fail = config.fail_fast if fail_fast is None else fail_fast
+    with TuneProgress(config.show_progress if show_progress is None else show_progress):
+        return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances)
 
 
 def _tune(
@@ -201,7 +208,11 @@ def _strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
             chosen = module.strategies[index] if index < len(module.strategies) else None
         if chosen is not None:
             return chosen
-    return module.strategy if module.strategy is not None else MaxThroughputStrategy()
+    if module.strategy is not None:
+        return module.strategy
+    from . import config
+
+    return config.default_strategy() if config.default_strategy is not None else MaxThroughputStrategy()
 
 
 def tune_recorded(
@@ -215,7 +226,7 @@ def tune_recorded(
     """Tune one recorded module graph by graph and install the winners (also the JIT's entry point)."""
     module = rec.module
     manager = get_manager()
-    report = ModuleReport(name=module.name, strategy=repr(module.strategy or MaxThroughputStrategy()))
+    report = ModuleReport(name=module.name, strategy=repr(_strategy_for(module, 0, "")))
     winners: list[tuple[Any, Backend]] = []
     try:
         for index, graph_rec in enumerate(rec.graphs.values()):
