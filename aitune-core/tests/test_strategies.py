@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -249,3 +251,76 @@ def test_latency_budget_raises_when_no_backend_meets_it(toy_backends):
 def test_strategies_reject_non_backends():
     with pytest.raises(TypeError, match="takes Backend objects"):
         ait.FirstWinsStrategy(backends=["tensorrt"])
+
+
+def test_per_batch_size_routes_each_batch_range_to_its_fastest_backend(toy_backends, register_plugin):
+    # at batch 1 the "small" backend wins, at 8 and 32 the "large" one; eager never wins
+    def clock(name, batch):
+        table = {
+            "torch_eager": {1: 2.0, 8: 8.0, 32: 30.0},
+            "toy": {1: 0.5, 8: 6.0, 32: 25.0},
+            "toy_small": {1: 0.5, 8: 6.0, 32: 25.0},
+        }
+        return table[name][batch]
+
+    from aitune import hookimpl
+    from aitune.torch.task.profiling import summarize
+
+    class Clock:
+        @hookimpl
+        def aitune_profile(self, runners, batch_size, config, device):
+            out = {}
+            for key in runners:
+                name, index = key.split("#")
+                ms = clock(name, batch_size)
+                if index == "2":  # the second candidate: fast at large batches only
+                    ms = {1: 1.5, 8: 2.0, 32: 5.0}[batch_size]
+                out[key] = summarize([ms] * 4, batch_size, 1)
+            return out
+
+    register_plugin(Clock())
+    small, large = ToyBackend(ToyConfig(speed=0.1)), ToyBackend(ToyConfig(speed=0.2))
+    strategy = ait.MaxThroughputStrategy(backends=[small, large], profiling_config=QUICK, per_batch_size=True)
+    model = wrap(strategy)
+    report = ait.tune(model, data(1, 32), batch_sizes=[1, 8, 32])
+    graph = graph_report(report)
+    assert [(r.batch_min, r.batch_max) for r in graph.routes] == [(1, 2), (3, 32)]
+    assert [c.status for c in graph.candidates] == ["selected", "selected"]
+    routes = [(g.batch.min, g.batch.max, b.config.speed) for g, b in model.tuned_graphs]
+    assert routes == [(1, 2, 0.1), (3, 32, 0.2)]
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(model(x), model.module(x))
+    assert model.tuned_graphs[0][1].calls > 0
+    assert "for batch 1..2" in report.modules[0].summary
+
+
+def test_per_batch_size_keeps_eager_where_nothing_beats_it(toy_backends, register_plugin, tmp_path):
+    from aitune import hookimpl
+    from aitune.torch.task.profiling import summarize
+
+    class Clock:
+        @hookimpl
+        def aitune_profile(self, runners, batch_size, config, device):
+            eager = {1: 1.0, 32: 30.0}[batch_size]
+            toy = {1: 2.0, 32: 10.0}[batch_size]  # slower than eager at 1, faster at 32
+            return {k: summarize([eager if k.startswith("torch_eager") else toy] * 4, batch_size, 1) for k in runners}
+
+    register_plugin(Clock())
+    strategy = ait.MaxThroughputStrategy(backends=[ToyBackend()], profiling_config=QUICK, per_batch_size=True)
+    model = wrap(strategy)
+    graph = graph_report(ait.tune(model, data(1, 32), batch_sizes=[1, 32]))
+    assert [(r.batch_min, r.batch_max, r.backend) for r in graph.routes] == [(1, 5, "torch_eager"), (6, 32, "toy")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an eager range is served eager silently
+        model(torch.randn(1, 8))
+    backend = model.tuned_graphs[1][1]
+    before = backend.calls
+    model(torch.randn(20, 8))
+    assert backend.calls == before + 1
+    saved = ait.save(model, tmp_path / "routes.ait")
+    loaded = ait.load(ait.Module(SlowModule(), "toy-model"), saved)
+    assert [(g.batch.min, g.batch.max, b.name) for g, b in loaded.tuned_graphs] == [
+        (1, 5, "torch_eager"),
+        (6, 32, "toy"),
+    ]
+    torch.testing.assert_close(loaded(torch.randn(20, 8)).shape, torch.Size([20, 8]))

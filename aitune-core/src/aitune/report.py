@@ -84,6 +84,15 @@ class CandidateReport:
 
 
 @attrs.define
+class RouteReport:
+    """A batch range of a graph served by one backend (``MaxThroughputStrategy(per_batch_size=True)``)."""
+
+    batch_min: int
+    batch_max: int
+    backend: str
+
+
+@attrs.define
 class GraphReport:
     graph_key: str
     graph: dict[str, Any]
@@ -92,6 +101,8 @@ class GraphReport:
     decision: str | None = None
     reason: str | None = None
     selected_batch_size: int | None = None
+    routes: list[RouteReport] = attrs.field(factory=list)
+    """Empty when one backend serves the whole graph."""
 
 
 @attrs.define

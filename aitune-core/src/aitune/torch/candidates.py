@@ -23,8 +23,8 @@ from ..backend import Backend, BuildContext, Tolerance
 from ..builtin.eager import TorchEagerBackend
 from ..converter import config_to_json
 from ..errors import ConfigError, SerializationError
-from ..graph import GraphSpec, Sample, resize
-from ..report import CandidateReport, GraphReport, ProfileResult
+from ..graph import BATCH, DimRange, GraphSpec, Sample, resize
+from ..report import CandidateReport, GraphReport, ProfileResult, RouteReport
 from . import progress, recording
 from .task.profiling import ProfilingConfig
 
@@ -72,6 +72,22 @@ def compare(candidate: ProfileResult, eager: ProfileResult) -> Comparison:
     if len(ratios) < 4:
         return Comparison(speedup, min(ratios))
     return Comparison(speedup, statistics.quantiles(ratios, n=4, method="inclusive")[0])
+
+
+@attrs.frozen
+class Route:
+    """One batch range of a graph and the candidate that serves it (None: eager)."""
+
+    batch_min: int
+    batch_max: int
+    candidate: Candidate | None
+
+
+def narrow(graph: GraphSpec, batch_min: int, batch_max: int) -> GraphSpec:
+    """``graph`` with its batch dimension limited to ``batch_min..batch_max``."""
+    full = graph.dims[BATCH]
+    opt = min(max(full.opt, batch_min), batch_max)
+    return attrs.evolve(graph, dims={**graph.dims, BATCH: DimRange(batch_min, opt, batch_max)})
 
 
 class GraphTuning:
@@ -182,6 +198,19 @@ class GraphTuning:
             if histories and all(config.profiling_stop_strategy.should_stop(h) for h in histories):
                 break
         return measured
+
+    def finish_routes(self, routes: list[Route], reason: str) -> None:
+        """Record a decision that serves batch ranges with different candidates."""
+        for route in routes:
+            if route.candidate is not None:
+                route.candidate.report.status = "selected"
+        self.report.routes = [
+            RouteReport(r.batch_min, r.batch_max, r.candidate.name if r.candidate else "torch_eager") for r in routes
+        ]
+        self.finish(None, reason)
+        self.report.decision = ", ".join(
+            f"{r.backend} (batch {r.batch_min}..{r.batch_max})" for r in self.report.routes
+        )
 
     def eager_profile(self, batch_size: int) -> ProfileResult | None:
         return next((p for p in self.report.eager_profiles if p.batch_size == batch_size), None)

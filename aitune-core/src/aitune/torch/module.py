@@ -95,13 +95,17 @@ class Module(torch.nn.Module):
     # -- used by the tuner and the artifact loader -------------------------------------------
 
     def _install(self, winners: Sequence[tuple[GraphSpec, Backend]], report: ModuleReport | None) -> None:
-        """Route calls to ``winners`` (graphs whose winner is eager need no route)."""
+        """Route calls to ``winners``; when every winner is eager, no dispatcher is needed at all.
+
+        Graphs (or batch ranges) whose winner is eager keep a route to eager, so their calls run
+        eager silently instead of counting as calls outside what was tuned.
+        """
         from ..builtin.eager import TorchEagerBackend
 
-        routes = [(g, b.infer) for g, b in winners if not isinstance(b, TorchEagerBackend)]
+        routes = [(g, b.infer) for g, b in winners]
         object.__setattr__(self, "tuned_graphs", list(winners))
         object.__setattr__(self, "report", report)
-        if routes:
+        if any(not isinstance(b, TorchEagerBackend) for _, b in winners):
             dispatcher = Dispatcher(self.name, self.module, self._canonicalize, routes, self.strict)
             object.__setattr__(self, "_dispatcher", dispatcher)
             object.__setattr__(self, "_state", "tuned")

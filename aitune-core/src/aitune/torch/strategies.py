@@ -18,11 +18,12 @@ speedups does not clear the bar) the simpler choice, eager, is kept and the repo
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 
 from ..backend import Backend
 from ..errors import BuildError, TuningError, ValidationError
-from .candidates import Candidate, GraphTuning, compare
+from .candidates import Candidate, GraphTuning, Route, compare
 from .task.profiling import ProfilingConfig
 
 
@@ -78,8 +79,8 @@ class TuneStrategy:
     def candidates(self, default: Sequence[Backend]) -> list[Backend]:
         return list(self.backends) if self.backends is not None else list(default)
 
-    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
-        """Pick the winner for one graph (None means eager), recording the decision."""
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
+        """Pick the winner for one graph (None means eager), or one per batch range, recording the decision."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -198,8 +199,14 @@ class _ProfilingStrategy(TuneStrategy):
         """Higher is better."""
         raise NotImplementedError
 
-    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
         correct = self._correct(tuning, default_backends)
+        measured: list[int] = []
+        if correct and not (len(correct) == 1 and not self.with_baseline):
+            measured = tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
+        return self._decide(tuning, correct, measured)
+
+    def _decide(self, tuning: GraphTuning, correct: list[Candidate], measured: list[int]) -> Candidate | None:
         if not correct:
             failures = "; ".join(f"{c.backend}: {c.reason}" for c in tuning.report.candidates)
             tuning.finish(None, f"no backend built and passed validation; running eager. {failures}")
@@ -207,7 +214,6 @@ class _ProfilingStrategy(TuneStrategy):
         if len(correct) == 1 and not self.with_baseline:
             tuning.finish(correct[0], "the only correct backend (performance validation disabled)")
             return correct[0]
-        measured = tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
         if not measured:
             tuning.finish(None, "nothing could be profiled (out of memory); running eager")
             return None
@@ -248,11 +254,82 @@ class _ProfilingStrategy(TuneStrategy):
 
 
 class MaxThroughputStrategy(_ProfilingStrategy):
-    """Profiles every backend and keeps the highest throughput that beats eager."""
+    """Profiles every backend and keeps the highest throughput that beats eager.
+
+    With ``per_batch_size=True`` each profiled batch size gets its own fastest backend (or eager
+    when none beats it there), and calls are routed by batch size: ranges split at the geometric
+    mean of neighbouring profiled sizes. For serving mixed batch sizes, where the backend that wins
+    at 32 can lose by a third at 1.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[Backend] | None = None,
+        profiling_config: ProfilingConfig | None = None,
+        performance_validation: bool | PerformanceValidationMode = True,
+        per_batch_size: bool = False,
+    ) -> None:
+        super().__init__(backends, profiling_config, performance_validation)
+        self.per_batch_size = per_batch_size
 
     def _score(self, candidate: Candidate, batch: int) -> float:
         p = candidate.profile_at(batch)
         return p.throughput if p else float("-inf")
+
+    def _batch_sizes(self, tuning: GraphTuning) -> list[int]:
+        sizes = tuning.default_batch_sizes(self.profiling_config)
+        batch = tuning.graph.batch
+        if self.per_batch_size and batch is not None and len(sizes) == 1:
+            return sorted({batch.min, batch.opt, batch.max})
+        return sizes
+
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
+        if not self.per_batch_size or tuning.graph.batch is None:
+            return super().tune(tuning, default_backends)
+        correct = self._correct(tuning, default_backends)
+        measured = (
+            tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
+            if correct
+            else []
+        )
+        if len(measured) < 2:
+            return super()._decide(tuning, correct, measured)
+        winners: list[tuple[int, Candidate | None, str]] = []
+        for size in measured:
+            best = max(correct, key=lambda c: self._score(c, size))
+            mine, eager = best.profile_at(size), tuning.eager_profile(size)
+            if mine is None:
+                winners.append((size, None, "not measured"))
+                continue
+            if not self.gated or eager is None:
+                winners.append((size, best, f"{best.name} at batch {size}"))
+                continue
+            cmp = compare(mine, eager)
+            beats = cmp.speedup > 1.0 and cmp.low_speedup > 1.0
+            winners.append(
+                (
+                    size,
+                    best if beats else None,
+                    f"{best.name if beats else 'eager'} at batch {size} ({cmp.speedup:.2f}x)",
+                )
+            )
+        routes = _routes(tuning.graph.batch.min, tuning.graph.batch.max, winners)
+        tuning.finish_routes(routes, "per batch size: " + "; ".join(why for _, _, why in winners))
+        return routes
+
+
+def _routes(low: int, high: int, winners: list[tuple[int, Candidate | None, str]]) -> list[Route]:
+    """Batch ranges from per-size winners: split at the geometric mean of neighbours, merge equal ones."""
+    routes: list[Route] = []
+    start = low
+    for i, (size, candidate, _) in enumerate(winners):
+        end = high if i == len(winners) - 1 else max(start, math.isqrt(size * winners[i + 1][0]))
+        if routes and routes[-1].candidate is candidate:
+            routes[-1] = Route(routes[-1].batch_min, end, candidate)
+        else:
+            routes.append(Route(start, end, candidate))
+        start = end + 1
+    return [r for r in routes if r.batch_min <= r.batch_max]
 
 
 class MinLatencyStrategy(_ProfilingStrategy):
@@ -302,7 +379,7 @@ class LatencyBudgetStrategy(_ProfilingStrategy):
             return float("-inf")
         return p.throughput
 
-    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
         result = super().tune(tuning, default_backends)
         within = [c for c in tuning.report.candidates if any(p.p50_ms <= self.latency_budget_ms for p in c.profiles)]
         if not within:

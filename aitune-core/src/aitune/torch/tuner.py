@@ -25,7 +25,7 @@ from ..graph import infer_graph
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, TuneReport
 from . import recording
-from .candidates import Candidate, GraphTuning
+from .candidates import GraphTuning, narrow
 from .module import Module, wrapped_modules
 from .progress import TuneProgress, step
 from .strategies import MaxThroughputStrategy, TuneStrategy
@@ -255,12 +255,17 @@ def tune_recorded(
                 graph_report,
             )
             try:
-                winner: Candidate | None = strategy.tune(tuning, defaults)
+                decision = strategy.tune(tuning, defaults)
             except Exception:
                 if strategy.raises_on_failure:
                     fail_fast = True
                 raise
-            winners.append((graph, winner.backend if winner is not None else tuning.eager.backend))
+            if isinstance(decision, list):  # one backend per batch range
+                for route in decision:
+                    chosen = route.candidate.backend if route.candidate is not None else tuning.eager.backend
+                    winners.append((narrow(graph, route.batch_min, route.batch_max), chosen))
+            else:
+                winners.append((graph, decision.backend if decision is not None else tuning.eager.backend))
     except Exception as exc:
         module._install([], report)
         report.status, report.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -280,6 +285,9 @@ def summarize(report: ModuleReport) -> str:
     """One line a person can read, e.g. ``encoder: onnxruntime, 1.72x eager (p50 1.04 ms vs 1.79 ms), max rel err 2e-07``."""
     parts = []
     for g in report.graphs:
+        if g.routes:
+            parts.append(", ".join(f"{r.backend} for batch {r.batch_min}..{r.batch_max}" for r in g.routes))
+            continue
         chosen = next((c for c in g.candidates if c.status == "selected"), None)
         if chosen is None:
             parts.append(f"eager ({g.reason})" if g.reason else "eager")
