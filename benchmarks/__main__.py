@@ -34,7 +34,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="comma-separated backend names (default: every backend available on the device)",
     )
-    p.add_argument("--strategies", default="max_throughput,first_wins,min_latency,latency_budget")
+    p.add_argument(
+        "--strategies", default="max_throughput,max_throughput_per_batch,first_wins,min_latency,latency_budget"
+    )
     p.add_argument("--repeats", type=int, default=None, help="round-robin rounds per measurement")
     p.add_argument("--steps", type=int, default=None, help="calls per contender per round")
     p.add_argument(

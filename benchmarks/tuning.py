@@ -13,7 +13,7 @@ from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, Profiling
 
 from .models import Case, fastpath
 
-STRATEGIES = ("max_throughput", "first_wins", "min_latency", "latency_budget")
+STRATEGIES = ("max_throughput", "max_throughput_per_batch", "first_wins", "min_latency", "latency_budget")
 
 
 def available_backends(device: str) -> tuple[list[str], dict[str, str]]:
@@ -56,6 +56,8 @@ def make_strategy(
     config = profiling_config(quick, batch_sizes)
     if name == "max_throughput":
         return ait.MaxThroughputStrategy(backends=built, profiling_config=config)
+    if name == "max_throughput_per_batch":
+        return ait.MaxThroughputStrategy(backends=built, profiling_config=config, per_batch_size=True)
     if name == "first_wins":
         return ait.FirstWinsStrategy(backends=built, profiling_config=config)
     if name == "min_latency":
