@@ -1,7 +1,7 @@
 """Opening an AOTInductor ``.pt2`` package without compiling and without unpickling.
 
 ``torch._inductor.aoti_load_package`` goes through ``load_pt2``, which would ``torch.load``
-(unpickle, ``weights_only=False``) any exported program or pickled weight a package carries, and
+(full unpickling, weights_only turned off) any exported program or pickled weight a package carries, and
 which compiles a small C++ probe to detect the CPU's vector ISA. aitune instead checks the archive's
 entries against what an AOTInductor-only package holds, checks the package was compiled for this
 platform, CPU and GPU from its JSON metadata, and hands it straight to the C++ package loader,

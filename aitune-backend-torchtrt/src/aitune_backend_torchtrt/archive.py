@@ -2,7 +2,7 @@
 
 The archive's program is JSON and plain weights are raw bytes, but ``torch.export.load`` also
 accepts entries that it reads with Python's pickle: tensor subclasses, opaque Python objects,
-legacy whole-file weights, example inputs (``torch.load`` that falls back to ``weights_only=False``)
+legacy whole-file weights, example inputs (a ``torch.load`` that falls back to full unpickling)
 and AOTInductor libraries that it loads as native code. This module refuses every such entry,
 reading the archive as a zip and its configs as JSON, executing nothing. Two kinds of TensorRT
 engine constant are let through, after a check that they can only rebuild an engine:
@@ -151,7 +151,7 @@ def _check_payload_config(path: str, content: bytes, entries: dict[str, bytes]) 
 def _check_sample_inputs(path: str, content: bytes) -> None:
     try:
         torch.load(io.BytesIO(content), weights_only=True)
-    except Exception as exc:  # torch.export.load would retry this with weights_only=False
+    except Exception as exc:  # torch.export.load would retry this with full unpickling
         raise SerializationError(
             f"{path} cannot be read with torch.load(weights_only=True) ({type(exc).__name__}), and "
             "torch.export.load would unpickle it; refused"
