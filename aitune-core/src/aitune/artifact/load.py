@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load as load_tensors
 
 from ..backend import Backend, LoadContext
 from ..converter import config_from_json, structure
@@ -129,6 +128,8 @@ def load(
 def _load_module(
     reader: Reader, entry: ModuleEntry, target: Module, device_map: DeviceMap, fallback: str | None, tmp: Path
 ) -> None:
+    from safetensors.torch import load as load_tensors  # imported on use: it costs ~75 ms at import
+
     try:
         weights = load_tensors(reader.read(entry.weights))
     except AituneError:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save as save_tensors
 
 from .. import __version__
 from ..converter import config_to_json, unstructure
@@ -56,6 +55,8 @@ def fingerprint(device: torch.device | None = None) -> dict[str, Any]:
 
 
 def _weights_bytes(module: torch.nn.Module) -> bytes:
+    from safetensors.torch import save as save_tensors  # imported on use: it costs ~75 ms at import
+
     # clone() drops shared storage (tied weights), which safetensors refuses to write
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
     return save_tensors(tensors)
