@@ -98,6 +98,8 @@ class Dispatcher:
             tree.call_key((args, kwargs), leaves)
         for check, runner in candidates:
             if check.fits(leaves):
+                if runner is self.eager:  # a range or graph where eager won: nothing to fall back from
+                    return runner(*args, **kwargs)
                 if torch.is_grad_enabled() and any(t.requires_grad and t.is_leaf for t in leaves):
                     return self._eager_because(_NEEDS_GRAD, args, kwargs)
                 try:

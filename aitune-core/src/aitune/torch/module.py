@@ -102,7 +102,7 @@ class Module(torch.nn.Module):
         """
         from ..builtin.eager import TorchEagerBackend
 
-        routes = [(g, b.infer) for g, b in winners]
+        routes = [(g, self.module if isinstance(b, TorchEagerBackend) else b.infer) for g, b in winners]
         object.__setattr__(self, "tuned_graphs", list(winners))
         object.__setattr__(self, "report", report)
         if any(not isinstance(b, TorchEagerBackend) for _, b in winners):
