@@ -107,7 +107,18 @@ def _timing_cache(cache_dir: Path) -> str:
     return str(folder / "timing_cache.bin")
 
 
-class TorchTensorRTJitBackend(Backend):
+class _TorchTensorRTBackend(Backend):
+    """What both Torch-TensorRT backends share: the compile settings and the bound they imply."""
+
+    @property
+    def compile_config(self) -> TorchTensorRTConfig:
+        return self.config.compile_config  # type: ignore[attr-defined,no-any-return]
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
+        return _tolerance(self.compile_config, dtype)
+
+
+class TorchTensorRTJitBackend(_TorchTensorRTBackend):
     """``torch.compile(module, backend="torch_tensorrt")``: unsupported parts stay in PyTorch.
 
     Compiled code lives only in this process, so ``save`` keeps the configuration only and
@@ -120,13 +131,6 @@ class TorchTensorRTJitBackend(Backend):
     def __init__(self, config: TorchTensorRTJitBackendConfig | None = None) -> None:
         super().__init__(config)
         self._compiled: Callable[..., Any] | None = None
-
-    @property
-    def compile_config(self) -> TorchTensorRTConfig:
-        return self.config.compile_config  # type: ignore[attr-defined,no-any-return]
-
-    def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
-        return _tolerance(self.compile_config, dtype)
 
     def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
         return _unsupported_device(device)
@@ -164,7 +168,7 @@ class TorchTensorRTJitBackend(Backend):
         self.build_info["load_compiles"] = True
 
 
-class TorchTensorRTAotBackend(Backend):
+class TorchTensorRTAotBackend(_TorchTensorRTBackend):
     """torch.export with the graph's dynamic dims, compiled by ``torch_tensorrt.dynamo.compile``.
 
     Saved as a torch.export ``.pt2`` archive with the TensorRT engines inside; loading checks the
@@ -182,13 +186,6 @@ class TorchTensorRTAotBackend(Backend):
         self._program: Callable[..., Any] | None = None
         self._graph: GraphSpec | None = None
         self._facts: dict[str, Any] = {}
-
-    @property
-    def compile_config(self) -> TorchTensorRTConfig:
-        return self.config.compile_config  # type: ignore[attr-defined,no-any-return]
-
-    def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
-        return _tolerance(self.compile_config, dtype)
 
     def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
         return _unsupported_device(device) or unexportable_reason(graph)

@@ -122,15 +122,20 @@ class MutatingBackend(ToyBackend):
 TOY_BACKENDS = (ToyBackend, WrongBackend, NaNBackend, MutatingBackend)
 
 
-@hookimpl
-def aitune_register_backends(registry: BackendRegistry) -> None:
-    for cls in TOY_BACKENDS:
+def register(registry: BackendRegistry, classes: tuple[type[ToyBackend], ...], module: str) -> None:
+    """Declare test backends that share :class:`ToyConfig`; never default candidates."""
+    for cls in classes:
         registry.add(
             BackendSpec(
                 name=cls.name,
-                backend_class=f"{__name__}:{cls.__name__}",
+                backend_class=f"{module}:{cls.__name__}",
                 config_class=f"{__name__}:ToyConfig",
                 devices=("cpu", "cuda"),
                 default_candidate=False,
             )
         )
+
+
+@hookimpl
+def aitune_register_backends(registry: BackendRegistry) -> None:
+    register(registry, TOY_BACKENDS, __name__)

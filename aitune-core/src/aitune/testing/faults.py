@@ -21,8 +21,8 @@ import torch
 
 from .. import hookimpl
 from ..backend import BackendConfig, BuildContext
-from ..registry import BackendRegistry, BackendSpec
-from .backends import ToyBackend
+from ..registry import BackendRegistry
+from .backends import ToyBackend, register
 
 
 class IsolatedToyBackend(ToyBackend):
@@ -165,13 +165,4 @@ FAULT_BACKENDS = (
 
 @hookimpl
 def aitune_register_backends(registry: BackendRegistry) -> None:
-    for cls in FAULT_BACKENDS:
-        registry.add(
-            BackendSpec(
-                name=cls.name,
-                backend_class=f"{__name__}:{cls.__name__}",
-                config_class="aitune.testing.backends:ToyConfig",
-                devices=("cpu", "cuda"),
-                default_candidate=False,
-            )
-        )
+    register(registry, FAULT_BACKENDS, __name__)
