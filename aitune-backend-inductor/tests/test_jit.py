@@ -12,7 +12,7 @@ from aitune.backend import BuildContext, LoadContext
 from aitune.converter import unstructure
 from aitune.errors import BuildError
 from aitune.graph import Sample, infer_graph
-from aitune.testing import TinyMLP, tiny_samples
+from aitune.testing import TinyMLP, assert_matches_eager, tiny_samples
 from aitune.testing.conformance import run_in_fresh_process
 from aitune.validation import validate
 from aitune_backend_inductor.config import TorchInductorJitBackendConfig
@@ -52,7 +52,7 @@ def test_dynamic_batch_matches_eager_without_compiling_at_call(dynamic_mlp) -> N
     x = torch.randn(3, 16)
     with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
         got = backend.infer(x)
-    torch.testing.assert_close(got, module(x).detach())
+    assert_matches_eager(got, module(x).detach())
     assert backend.build_info["dynamic_dims"] == ["batch"]
     assert "batch=" in backend.build_info["checked_no_recompile_at"]
 
@@ -138,7 +138,7 @@ def test_save_then_load_in_a_fresh_process_recompiles_and_matches(dynamic_mlp, t
         """
     )
     assert got["compiled_on_load"] is True
-    torch.testing.assert_close(torch.tensor(got["y"]), want)
+    assert_matches_eager(torch.tensor(got["y"]), want)
 
 
 def test_load_in_process_uses_the_graph_shapes(dynamic_mlp, tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_load_in_process_uses_the_graph_shapes(dynamic_mlp, tmp_path: Path) -> N
     assert loaded.build_info["warmup_shapes"][1:] == ["batch=1", "batch=8"]
     x = torch.randn(6, 16)
     with torch.no_grad():
-        torch.testing.assert_close(loaded.infer(x), module(x))
+        assert_matches_eager(loaded.infer(x), module(x))
 
 
 @pytest.mark.gpu

@@ -14,6 +14,7 @@ import torch
 
 from aitune.backend import BuildContext
 from aitune.errors import BackendUnavailableError, BuildError, ConfigError
+from aitune.testing import assert_matches_eager
 from aitune_backend_tensorrt import compat
 from aitune_backend_tensorrt.backend import TensorRTBackend
 from aitune_backend_tensorrt.config import ONNXAutoCastConfig, TensorRTBackendConfig, TensorRTProfile
@@ -71,7 +72,7 @@ def test_the_listed_files_alone_are_the_model(exported, two_inputs, tmp_path: Pa
     got = session.run([o["name"] for o in notes["outputs"]], {"input_ids": ids.numpy(), "mask": mask.numpy()})
     with torch.no_grad():
         want = module(ids, mask)
-    torch.testing.assert_close(graph.unflatten_outputs([torch.from_numpy(g) for g in got]), want)
+    assert_matches_eager(graph.unflatten_outputs([torch.from_numpy(g) for g in got]), want)
 
 
 def test_autocast_writes_the_fp16_model_the_worker_builds_from(tmp_path: Path, make_graph) -> None:

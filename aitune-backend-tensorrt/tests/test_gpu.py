@@ -12,6 +12,7 @@ import torch
 
 from aitune.backend import BuildContext, LoadContext
 from aitune.graph import Sample, infer_graph
+from aitune.testing import assert_matches_eager
 from aitune.validation import validate
 
 pytestmark = pytest.mark.gpu
@@ -93,7 +94,7 @@ def test_save_load_round_trip_without_rebuild(tmp_path):
     with torch.no_grad():
         for s in samples:
             for a, b in zip(backend.infer(*s.args), loaded.infer(*s.args)):
-                torch.testing.assert_close(a, b)
+                assert_matches_eager(a, b)
 
 
 def test_timing_cache_is_saved_and_reused(tmp_path):

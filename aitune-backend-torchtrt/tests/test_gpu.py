@@ -10,6 +10,7 @@ import torch
 
 from aitune import tree
 from aitune.backend import Backend, BuildContext, LoadContext
+from aitune.testing import assert_matches_eager
 from aitune.validation import validate
 from aitune_backend_torchtrt.archive import check_pt2_archive
 from aitune_backend_torchtrt.backend import PROGRAM_FILE, TorchTensorRTAotBackend, TorchTensorRTJitBackend
@@ -60,7 +61,7 @@ def test_compile_validate_save_load(template: Backend, tmp_path: Path, encoder, 
         want = tree.flatten(built.infer(*sample.args, **sample.kwargs))[0]
         got = tree.flatten(loaded.infer(*sample.args, **sample.kwargs))[0]
         for w, g in zip(want, got):
-            torch.testing.assert_close(g, w)
+            assert_matches_eager(g, w)
 
 
 def test_isolated_aot_build_compiles_in_a_worker(tmp_path: Path, encoder, make_samples, make_graph) -> None:

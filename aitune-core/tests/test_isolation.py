@@ -17,7 +17,7 @@ import torch
 import aitune.torch as ait
 from aitune import hookimpl, isolation
 from aitune.errors import BuildError, ConfigError
-from aitune.testing import faults
+from aitune.testing import assert_matches_eager, faults
 from aitune.testing.backends import NaNBackend, SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
@@ -82,7 +82,7 @@ def test_an_isolated_build_runs_in_a_worker_and_the_result_works(fault_backends)
     assert candidate.status == "selected", candidate.reason
     assert candidate.build_info["isolated"] is True
     x = torch.randn(3, 8)
-    torch.testing.assert_close(model(x), model.module(x))
+    assert_matches_eager(model(x), model.module(x))
 
 
 def test_a_cache_hit_skips_the_worker(fault_backends, monkeypatch):
@@ -173,7 +173,7 @@ def test_a_backend_that_fails_at_inference_after_tuning_falls_back_to_eager(faul
     x = torch.randn(3, 8)
     with pytest.warns(RuntimeWarning, match="running this call eager: the tuned backend raised RuntimeError"):
         y = model(x)
-    torch.testing.assert_close(y, model.module(x))
+    assert_matches_eager(y, model.module(x))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model(x)  # warned once, not on every call

@@ -9,6 +9,7 @@ import torch
 
 import aitune.torch as ait
 from aitune.errors import TuningError, ValidationError
+from aitune.testing import assert_matches_eager
 from aitune.testing.backends import MutatingBackend, NaNBackend, SlowModule, ToyBackend, ToyConfig, WrongBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
@@ -70,7 +71,7 @@ def test_one_backend_faster_wins_and_serves_calls(toy_backends):
     assert model.state == "tuned"
     assert graph_report(report).candidates[0].speedup > 1.01
     x = torch.randn(3, 8)
-    torch.testing.assert_close(model(x), model.module(x))
+    assert_matches_eager(model(x), model.module(x))
     [(_, winner)] = model.tuned_graphs
     assert winner is not backend, "strategies clone the template; the user's object stays unbuilt"
     assert winner.calls > 0
@@ -128,7 +129,7 @@ def test_first_wins_runs_eager_when_all_fail_and_says_why(toy_backends):
     assert model.state == "passthrough"
     assert graph.reason.startswith("no backend passed")
     assert "toy_wrong" in graph.reason and "toy:" in graph.reason
-    torch.testing.assert_close(model(x), expected)
+    assert_matches_eager(model(x), expected)
 
 
 # -- profiling strategies -------------------------------------------------------------------------
@@ -289,7 +290,7 @@ def test_per_batch_size_routes_each_batch_range_to_its_fastest_backend(toy_backe
     routes = [(g.batch.min, g.batch.max, b.config.speed) for g, b in model.tuned_graphs]
     assert routes == [(1, 2, 0.1), (3, 32, 0.2)]
     x = torch.randn(2, 8)
-    torch.testing.assert_close(model(x), model.module(x))
+    assert_matches_eager(model(x), model.module(x))
     assert model.tuned_graphs[0][1].calls > 0
     assert "for batch 1..2" in report.modules[0].summary
 

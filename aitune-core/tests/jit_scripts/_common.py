@@ -62,7 +62,7 @@ def main() -> None:
             x = torch.randn(batch, 16)
             y = model(x)
             with bypass():  # the module's own forward, for comparison
-                matches = matches and torch.allclose(y, model(x), atol=1e-6)
+                matches = matches and torch.allclose(y, model(x), rtol=1e-3, atol=1e-5)  # validation's float32 bound
     report = {
         "enabled": jit.enabled(),
         "decisions": [attrs.asdict(d) for d in jit.decisions()],

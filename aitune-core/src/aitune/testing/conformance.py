@@ -24,6 +24,7 @@ from .. import tree
 from ..backend import Backend, BuildContext, LoadContext
 from ..errors import BackendNotImplementedError
 from ..graph import GraphSpec, Sample, infer_graph
+from .compare import assert_matches_eager
 
 HEAVY_RUNTIMES = ("tensorrt", "torch_tensorrt", "onnxruntime", "torchao", "modelopt", "triton")
 
@@ -148,7 +149,7 @@ class BackendConformance:
                 want = tree.flatten(built.infer(*s.args, **s.kwargs))[0]
                 got = tree.flatten(loaded.infer(*s.args, **s.kwargs))[0]
                 for w, g in zip(want, got):
-                    torch.testing.assert_close(g, w)
+                    assert_matches_eager(g, w)
 
 
 def run_in_fresh_process(code: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Any:
