@@ -203,7 +203,10 @@ class ONNXRuntimeBackend(Backend):
         stream = None
         if provider is not ONNXExecutionProvider.CPU:
             if provider is ONNXExecutionProvider.TENSORRT:
-                preload_tensorrt()  # pip's TensorRT is off the loader's path the provider searches
+                try:
+                    preload_tensorrt()  # pip's TensorRT is off the loader's path the provider searches
+                except OSError as exc:
+                    raise BackendUnavailableError(f"the {provider.ort_name} cannot run here: {exc}") from exc
             stream = torch.cuda.Stream(device)
         chain = provider_chain(
             provider,
