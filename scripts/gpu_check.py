@@ -134,7 +134,7 @@ def install(venv: Path, facts: dict[str, Any]) -> list[str]:
     cuda_major = int(str(facts["cuda"]).split(".")[0])
 
     base = ["-e", "./aitune-core", "-e", "./aitune-backend-inductor", "-e", "./aitune-backend-torchao"]
-    base += ["-e", "./aitune-backend-onnxruntime", "onnxruntime-gpu>=1.17", "pytest>=8", "hypothesis>=6.100"]
+    base += ["-e", "./aitune-backend-onnxruntime", "onnxruntime-gpu>=1.18", "pytest>=8", "hypothesis>=6.100"]
     if run([*pip, *base], timeout=min(150, left() - 300)) != 0:
         notes.append("installing core, Inductor, TorchAO and ONNX Runtime failed (see the log above)")
 

@@ -179,6 +179,8 @@ def test_probe_explains_a_missing_or_cpu_only_runtime(monkeypatch):
     monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime-gpu", "1.32.0"))
     monkeypatch.setattr(plugin, "tensorrt_library", lambda: ("libnvinfer.so.10", None))
     assert plugin.provider_unavailable("tensorrt") is None
+    monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime-gpu", "1.17.3"))
+    assert "GPU providers need >= 1.18" in plugin.provider_unavailable("cuda")
     monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime", "1.12.0"))
     assert ">= 1.17 is required" in plugin.provider_unavailable("cpu")
 
@@ -383,7 +385,7 @@ def test_gpu_providers_run_on_the_stream_aitune_gives_them(tmp_path):
     graph = _dynamic_graph()
     for provider in (ONNXExecutionProvider.CUDA, ONNXExecutionProvider.TENSORRT):
         options = dict(provider_chain(provider, 0, graph, ["x", "extra_mask"], {}, tmp_path, stream=1234)[0][1])
-        assert options["user_compute_stream"] == "1234" and options["has_user_compute_stream"] == "1"
+        assert options["user_compute_stream"] == "1234"
     assert provider_chain(ONNXExecutionProvider.CPU, 0, graph, [], {}, tmp_path, stream=1234) == [
         ("CPUExecutionProvider", {})
     ]

@@ -373,7 +373,7 @@ def provider_chain(
     cpu: tuple[str, dict[str, str]] = ("CPUExecutionProvider", {})
     if provider is ONNXExecutionProvider.CPU:
         return [("CPUExecutionProvider", dict(options))]
-    on_stream = {"has_user_compute_stream": "1", "user_compute_stream": str(stream)} if stream is not None else {}
+    on_stream = {"user_compute_stream": str(stream)} if stream is not None else {}  # implies has_user_compute_stream
     cuda = ("CUDAExecutionProvider", {"device_id": str(device_id), **on_stream})
     if provider is ONNXExecutionProvider.CUDA:
         return [("CUDAExecutionProvider", {**cuda[1], **options}), cpu]

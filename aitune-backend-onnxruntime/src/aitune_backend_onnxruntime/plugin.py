@@ -17,6 +17,8 @@ CPU_DISTRIBUTIONS = ("onnxruntime",)
 GPU_DISTRIBUTIONS = ("onnxruntime-gpu", "ort-nightly-gpu", "onnxruntime-training")
 """Distributions of ONNX Runtime built with the CUDA and TensorRT execution providers."""
 MIN_VERSION = (1, 17)
+MIN_GPU_VERSION = (1, 18)
+"""The first onnxruntime-gpu whose CUDA and TensorRT providers both take ``user_compute_stream`` from Python."""
 TENSORRT_LIBRARIES = tuple(
     f"{name}_10.dll" if sys.platform == "win32" else f"lib{name}.so.10"
     for name in ("nvinfer", "nvinfer_plugin", "nvonnxparser")
@@ -67,6 +69,11 @@ def provider_unavailable(provider: str) -> str | None:
         reasons.append(
             f"the installed {dist} {version} is the CPU-only build (replace it: pip uninstall onnxruntime && "
             "pip install onnxruntime-gpu)"
+        )
+    elif tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < MIN_GPU_VERSION:
+        floor = ".".join(map(str, MIN_GPU_VERSION))
+        reasons.append(
+            f"{dist} {version} is installed, but the GPU providers need >= {floor}: pip install -U '{dist}>={floor}'"
         )
     if not reasons and provider == "tensorrt":
         reasons.append(tensorrt_library()[1] or "")
