@@ -52,7 +52,7 @@ def test_a_mismatch_is_reported_in_words() -> None:
 
 def test_torch_outside_the_tested_range_is_reported_with_the_pair_to_install() -> None:
     old = versions.coupling_problem("2.7.0", "2.7.1+cu126")
-    assert "torch 2.7.1 is outside" in old and "layout aitune does not read" in old
+    assert "torch 2.7.1 is outside" in old and "layout aitune's archive check does not read" in old
     assert "aitune-backend-torchtrt[torch214]" in old
     assert "outside" in versions.coupling_problem("2.15.0", "2.15.0")
 

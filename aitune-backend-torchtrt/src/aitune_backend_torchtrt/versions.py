@@ -56,9 +56,10 @@ def coupling_problem(torch_tensorrt_version: str, torch_version: str) -> str | N
         return f"cannot compare torch-tensorrt {torch_tensorrt_version} with torch {torch_version}: {exc}"
     lo, hi = (".".join(map(str, v)) for v in TESTED)
     if not TESTED[0] <= minor(torch_version) <= TESTED[1]:
+        old = minor(torch_version) < TESTED[0]
+        why = "; older torch releases write a .pt2 layout aitune's archive check does not read" if old else ""
         return (
-            f"torch {torch.public} is outside the torch releases this backend is tested with ({lo} to {hi}"
-            f"{'; the .pt2 archives of older torch releases use a layout aitune does not read' if minor(torch_version) < TESTED[0] else ''}); "
+            f"torch {torch.public} is outside the torch releases this backend is tested with ({lo} to {hi}{why}); "
             f"install torch {hi} with {install_hint(hi)}"
         )
     if trt.release[:2] == torch.release[:2]:
