@@ -416,3 +416,17 @@ def test_outputs_of_unnamed_shape_are_preallocated_after_the_first_call_of_a_sha
         want = module(x)
     side.synchronize()
     assert out.shape == (96,) and float((out - want).abs().max()) < 1e-5
+
+
+def test_the_gpu_extra_floor_is_the_one_the_probe_enforces():
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    gpu = [
+        Requirement(r)
+        for r in importlib.metadata.requires("aitune-backend-onnxruntime") or []
+        if r.startswith("onnxruntime-gpu") and Requirement(r).marker.evaluate({"extra": "gpu"})
+    ]
+    floor = ".".join(map(str, plugin.MIN_GPU_VERSION))
+    assert len(gpu) == 1 and gpu[0].specifier.contains(f"{floor}.0") and not gpu[0].specifier.contains("1.17.3")
