@@ -25,6 +25,10 @@ MEMBERS = sorted(p.parent.name for p in ROOT.glob("aitune-*/pyproject.toml"))
 CORE = "aitune-core"
 TORCH = "torch==2.13.0"  # the CPU wheel; a bare "torch" pulls a multi-GB CUDA build
 DEV = ["pytest>=8", "hypothesis>=6.100"]
+GPU_MEMBERS = ("aitune-backend-tensorrt", "aitune-backend-torchtrt")
+"""Members whose GPU runtimes are real dependencies (TensorRT and ModelOpt; Torch-TensorRT through its
+per-torch extras): CPU sessions install them with ``--no-deps``, then their requirements that carry
+no platform marker and their ``[test]`` extra, so CI never downloads TensorRT or swaps its CPU torch."""
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -36,10 +40,21 @@ def _requirement(member: str) -> str:
     return f"./{member}[test]" if "test" in meta.get("optional-dependencies", {}) else f"./{member}"
 
 
+def _cpu_requirements(member: str) -> list[str]:
+    """What a GPU member needs on a CPU: its unmarked requirements (not core, installed from here) and ``[test]``."""
+    meta = tomllib.loads((ROOT / member / "pyproject.toml").read_text())["project"]
+    plain = [r for r in meta.get("dependencies", []) if ";" not in r and not r.startswith(CORE)]
+    return plain + list(meta.get("optional-dependencies", {}).get("test", []))
+
+
 def _install(session: nox.Session, *members: str) -> None:
     session.install(TORCH)
     session.install(*DEV)
-    session.install(*(_requirement(m) for m in dict.fromkeys([CORE, *members])))
+    wanted = list(dict.fromkeys([CORE, *members]))
+    session.install(*(_requirement(m) for m in wanted if m not in GPU_MEMBERS))
+    for member in (m for m in wanted if m in GPU_MEMBERS):
+        session.install("--no-deps", f"./{member}")
+        session.install(*_cpu_requirements(member))
 
 
 def _test_env(session: nox.Session) -> dict[str, str]:
@@ -70,9 +85,10 @@ for _member in MEMBERS:
 
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
-    """On an NVIDIA GPU machine: install the GPU runtimes into this environment, run every
-    gpu-marked test and tune a CNN and a transformer layer with every GPU backend (one table)."""
-    session.run("python", "scripts/gpu_check.py", *session.posargs)
+    """On an NVIDIA GPU machine, with the container's Python and torch: install the GPU runtimes into
+    ``.gpu-venv`` (it sees that torch and never replaces it), run every member's gpu-marked tests
+    and tune a CNN and an encoder layer with every GPU backend; one table (scripts/README.md)."""
+    session.run("python", "scripts/gpu_check.py", *session.posargs, external=True)
 
 
 @nox.session

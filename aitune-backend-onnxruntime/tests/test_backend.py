@@ -178,7 +178,10 @@ def test_probe_explains_a_missing_or_cpu_only_runtime(monkeypatch):
     assert plugin.provider_unavailable("cpu") is None
     assert "CPU-only build" in plugin.provider_unavailable("cuda")
     monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime-gpu", "1.32.0"))
+    monkeypatch.setattr(plugin, "tensorrt_library", lambda: ("libnvinfer.so.10", None))
     assert plugin.provider_unavailable("tensorrt") is None
+    monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime-gpu", "1.17.3"))
+    assert "GPU providers need >= 1.18" in plugin.provider_unavailable("cuda")
     monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime", "1.12.0"))
     assert ">= 1.17 is required" in plugin.provider_unavailable("cpu")
 
@@ -336,3 +339,95 @@ def test_gpu_providers_keep_tensors_on_the_device(tmp_path, provider):
     assert out.device.type == "cuda"
     assert backend.build_info["io_binding"] is True
     assert backend.build_info["session_providers"][0] == backend.provider_for(cuda).ort_name
+
+
+def test_the_tensorrt_provider_is_offered_only_when_its_library_loads(monkeypatch, tmp_path):
+    plugin.tensorrt_library.cache_clear()
+    monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime-gpu", "1.32.0"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(plugin, "nvinfer_candidates", lambda: [])
+    monkeypatch.setattr(plugin, "_loads", lambda library: f"{library}: cannot open shared object file")
+    try:
+        reason = plugin.provider_unavailable("tensorrt")
+        assert f"{plugin.NVINFER} does not load here" in reason and "tensorrt-cu12-libs" in reason
+        assert plugin.provider_unavailable("cuda") is None, "the CUDA provider does not need TensorRT"
+        with pytest.raises(OSError, match="does not load"):
+            plugin.preload_tensorrt()
+
+        plugin.tensorrt_library.cache_clear()
+        wheel = tmp_path / plugin.NVINFER
+        wheel.write_bytes(b"")
+        monkeypatch.setattr(plugin, "nvinfer_candidates", lambda: [wheel])
+        monkeypatch.setattr(plugin, "_loads", lambda library: None if library == str(wheel) else "no")
+        assert plugin.provider_unavailable("tensorrt") is None
+        assert plugin.tensorrt_library() == (str(wheel), None), "the wheel's copy is the one preloaded"
+    finally:
+        plugin.tensorrt_library.cache_clear()
+
+
+def test_pip_tensorrt_and_the_loader_path_are_searched(monkeypatch, tmp_path):
+    import sys
+
+    libs = tmp_path / "tensorrt_libs"
+    libs.mkdir()
+    (libs / "__init__.py").write_text("")
+    (libs / plugin.NVINFER).write_bytes(b"")
+    other = tmp_path / "lib"
+    other.mkdir()
+    (other / plugin.NVINFER).write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PATH" if sys.platform == "win32" else "LD_LIBRARY_PATH", f"{tmp_path / 'empty'}:{other}")
+    monkeypatch.delitem(sys.modules, "tensorrt_libs", raising=False)
+    assert plugin.nvinfer_candidates() == [libs / plugin.NVINFER, other / plugin.NVINFER]
+    assert "tensorrt_libs" not in sys.modules, "located, never imported"
+
+
+def test_gpu_providers_run_on_the_stream_aitune_gives_them(tmp_path):
+    graph = _dynamic_graph()
+    for provider in (ONNXExecutionProvider.CUDA, ONNXExecutionProvider.TENSORRT):
+        options = dict(provider_chain(provider, 0, graph, ["x", "extra_mask"], {}, tmp_path, stream=1234)[0][1])
+        assert options["user_compute_stream"] == "1234"
+    assert provider_chain(ONNXExecutionProvider.CPU, 0, graph, [], {}, tmp_path, stream=1234) == [
+        ("CPUExecutionProvider", {})
+    ]
+
+
+class _Flatten(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x).reshape(-1)  # its length, batch * 16, is named after no input dim
+
+
+@pytest.mark.gpu
+def test_outputs_of_unnamed_shape_are_preallocated_after_the_first_call_of_a_shape(tmp_path):
+    cuda = torch.device("cuda")
+    module = _Flatten().eval()
+    samples = [Sample((torch.randn(b, 16, device=cuda),)) for b in (2, 6)]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider=ONNXExecutionProvider.CUDA))
+    reason = backend.unsupported_reason(graph, cuda)
+    if reason:
+        pytest.skip(reason)
+    backend.build(module, BuildContext(graph, samples, cuda, tmp_path, tmp_path))
+    assert backend._out_shapes[((6, 16),)] == [(96,)], "warm-up learnt the output shape ONNX Runtime gave"
+    x = torch.randn(6, 16, device=cuda)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # any caller stream: ONNX Runtime's stream is ordered against it
+        out = backend.infer(x)
+        want = module(x)
+    side.synchronize()
+    assert out.shape == (96,) and float((out - want).abs().max()) < 1e-5
+
+
+def test_the_gpu_extra_floor_is_the_one_the_probe_enforces():
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    gpu = [
+        Requirement(r)
+        for r in importlib.metadata.requires("aitune-backend-onnxruntime") or []
+        if r.startswith("onnxruntime-gpu") and Requirement(r).marker.evaluate({"extra": "gpu"})
+    ]
+    floor = ".".join(map(str, plugin.MIN_GPU_VERSION))
+    assert len(gpu) == 1 and gpu[0].specifier.contains(f"{floor}.0") and not gpu[0].specifier.contains("1.17.3")

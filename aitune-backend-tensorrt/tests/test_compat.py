@@ -105,3 +105,68 @@ def test_installed_tensorrt_reads_any_tensorrt_distribution(monkeypatch):
     versions.clear()
     monkeypatch.setattr(compat.importlib.util, "find_spec", lambda name: None)
     assert compat.installed_tensorrt() == (False, None)
+
+
+def _requirements(extra: str | None = None) -> dict[str, object]:
+    """The installed distribution's requirements by name (its metadata; no runtime is imported)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    out = {}
+    for line in importlib.metadata.requires("aitune-backend-tensorrt") or []:
+        req = Requirement(line)
+        in_extra = req.marker is not None and "extra" in str(req.marker)
+        if (extra is None and not in_extra) or (in_extra and req.marker.evaluate({"extra": extra or ""})):
+            out[req.name] = req
+    return out
+
+
+def test_declared_floors_match_the_apis_the_code_calls():
+    base = _requirements()
+    modelopt, trt = base["nvidia-modelopt"], base["tensorrt-cu12"]
+    assert not modelopt.specifier.contains("0.43.0") and modelopt.specifier.contains("0.44.0")
+    assert ".".join(map(str, compat.MIN_MODELOPT)) == "0.44"
+    for version, ok in (("9.3.0", False), ("10.0.1", True), ("11.4.0", True), ("12.0.0", False)):
+        assert trt.specifier.contains(version) is ok, version
+        assert (compat.version_reason(version, None, None) is None) is ok, version
+    # the runtimes are real dependencies on Linux and Windows, not on macOS (no TensorRT there)
+    assert trt.marker.evaluate({"platform_system": "Linux"}) and not trt.marker.evaluate({"platform_system": "Darwin"})
+    assert "tensorrt" not in base and "tensorrt-cu13" not in base  # the bare name installs the CUDA 13 build
+    assert _requirements("test")["nvidia-modelopt"].specifier.contains("0.43.0") is False
+
+
+def test_versions_outside_the_tested_range_are_reported_with_the_fix():
+    assert "needs TensorRT >= 10" in compat.version_reason("8.6.1", 12, 12)
+    too_new = compat.version_reason("12.0.0", 12, 12)
+    assert "tested with TensorRT 10.x to 11.x" in too_new and "tensorrt-cu12>=10,<12" in too_new
+    mismatch = compat.version_reason("11.1.0", 13, 12)
+    assert "CUDA 13 build" in mismatch and "CUDA 12" in mismatch and "pip install 'tensorrt-cu12" in mismatch
+    assert compat.version_reason("10.9.0", 12, None) is None  # a CPU torch: nothing to compare with
+    assert "nvidia-modelopt 0.39.0 is installed" in compat.modelopt_reason("0.39.0")
+    assert compat.modelopt_reason("0.44.0") is None and compat.modelopt_reason(None) is None
+
+
+def test_the_cuda_build_of_tensorrt_is_read_from_its_distribution_name(monkeypatch):
+    import importlib.metadata
+
+    installed = {"tensorrt": "11.1.0", "tensorrt-cu13": "11.1.0"}
+
+    def version(name: str) -> str:
+        if name in installed:
+            return installed[name]
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(compat.importlib.metadata, "version", version)
+    assert compat.tensorrt_cuda_major() == 13
+    monkeypatch.setattr(compat, "torch_cuda_major", lambda: 12)
+    assert "CUDA 13 build" in compat.runtime_reason()
+
+
+def test_an_old_modelopt_is_refused_before_it_is_imported(monkeypatch):
+    from aitune.errors import BackendUnavailableError
+    from aitune_backend_tensorrt import precision
+
+    monkeypatch.setattr(compat, "installed_modelopt", lambda: "0.33.1")
+    with pytest.raises(BackendUnavailableError, match=r"nvidia-modelopt 0\.33\.1 .* >= 0\.44"):
+        precision._modelopt("modelopt.onnx.quantization")

@@ -191,3 +191,25 @@ def test_isolated_build_runs_the_engine_build_in_a_worker(tmp_path):
     with torch.no_grad():
         report = validate(backend, module, samples, graph)
     assert report.passed, report.reason
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_an_engine_on_the_second_gpu_runs_there_whatever_device_is_current(tmp_path):
+    from aitune_backend_tensorrt import TensorRTBackend, TensorRTBackendConfig
+
+    second = torch.device("cuda", 1)
+    module = SmallCNN().eval().to(second)
+    samples = [Sample((torch.randn(b, 3, 16, 16, device=second),)) for b in (2, 4)]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+    (tmp_path / "work").mkdir()
+    backend = TensorRTBackend(TensorRTBackendConfig(tf32=False))
+    torch.cuda.set_device(0)
+    with torch.no_grad():
+        backend.build(module, BuildContext(graph, samples, second, tmp_path / "work", tmp_path / "cache"))
+        assert torch.cuda.current_device() == 0
+        got = backend.infer(samples[1].args[0])[0]
+        want = module(samples[1].args[0])[0]
+    torch.cuda.synchronize(second)
+    assert got.device == second
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -19,23 +20,29 @@ from aitune_backend_torchtrt.config import (
 )
 
 
-def test_defaults_map_to_torch_tensorrt_defaults() -> None:
-    kwargs = to_torch_tensorrt_kwargs(TorchTensorRTConfig())
-    assert kwargs == {
-        "enabled_precisions": {torch.float32},
+def test_defaults_map_to_torch_tensorrt_defaults_with_tf32_off() -> None:
+    common = {
         "workspace_size": 0,
         "min_block_size": 5,
         "truncate_double": False,
-        "use_python_runtime": False,
         "require_full_compilation": False,
         "torch_executed_ops": set(),
         "sparse_weights": False,
         "hardware_compatible": False,
         "version_compatible": False,
+        "disable_tf32": True,
+    }
+    assert to_torch_tensorrt_kwargs(TorchTensorRTConfig(), "2.12.1") == {
+        **common,
+        "enabled_precisions": {torch.float32},
+        "use_python_runtime": False,
     }, "settings newer releases add are passed only when switched on"
+    assert to_torch_tensorrt_kwargs(TorchTensorRTConfig(), "2.13.0+cu130") == common, (
+        "2.13 removed enabled_precisions, use_explicit_typing and use_python_runtime"
+    )
 
 
-def test_every_setting_reaches_the_kwargs() -> None:
+def test_every_setting_reaches_the_kwargs_before_2_13() -> None:
     config = TorchTensorRTConfig(
         enabled_precisions=("fp16", "bf16", "fp32"),
         workspace_size=1 << 30,
@@ -50,11 +57,12 @@ def test_every_setting_reaches_the_kwargs() -> None:
         version_compatible=True,
         use_fp32_acc=True,
         use_explicit_typing=True,
+        tf32=True,
     )
-    kwargs = to_torch_tensorrt_kwargs(config)
+    kwargs = to_torch_tensorrt_kwargs(config, "2.9.0")
     assert kwargs["enabled_precisions"] == {torch.float16, torch.bfloat16, torch.float32}
     assert kwargs["workspace_size"] == 1 << 30 and kwargs["min_block_size"] == 2
-    assert kwargs["optimization_level"] == 5
+    assert kwargs["optimization_level"] == 5 and kwargs["disable_tf32"] is False
     assert kwargs["torch_executed_ops"] == {"torch.ops.aten.softmax.int"}
     for flag in (
         "truncate_double",
@@ -67,6 +75,50 @@ def test_every_setting_reaches_the_kwargs() -> None:
         "use_explicit_typing",
     ):
         assert kwargs[flag] is True, flag
+    assert "enable_autocast" not in kwargs
+
+
+@pytest.mark.parametrize(("precisions", "dtype"), [(("fp16", "fp32"), torch.float16), (("bf16",), torch.bfloat16)])
+def test_from_2_13_lower_precision_autocasts_the_graph(precisions, dtype) -> None:
+    kwargs = to_torch_tensorrt_kwargs(
+        TorchTensorRTConfig(enabled_precisions=precisions, use_explicit_typing=True), "2.13.0"
+    )
+    assert kwargs["enable_autocast"] is True and kwargs["autocast_low_precision_type"] is dtype
+    assert not {"enabled_precisions", "use_explicit_typing", "use_python_runtime"} & set(kwargs)
+
+
+def test_from_2_13_the_removed_python_runtime_is_refused_by_name() -> None:
+    config = TorchTensorRTConfig(use_python_runtime=True)
+    with pytest.raises(ConfigError, match=r"torch-tensorrt 2\.14\.0 removed the Python runtime option"):
+        to_torch_tensorrt_kwargs(config, "2.14.0")
+
+
+def test_settings_the_release_does_not_know_are_refused_not_swallowed() -> None:
+    from types import SimpleNamespace
+
+    from aitune.errors import BuildError
+    from aitune_backend_torchtrt.backend import compile_settings
+
+    @dataclasses.dataclass
+    class Settings:  # a 2.13-like release that lacks autocast
+        workspace_size: int = 0
+        min_block_size: int = 5
+        truncate_double: bool = False
+        require_full_compilation: bool = False
+        torch_executed_ops: object = None
+        sparse_weights: bool = False
+        hardware_compatible: bool = False
+        version_compatible: bool = False
+        disable_tf32: bool = False
+
+    release = SimpleNamespace(__version__="2.13.0", dynamo=SimpleNamespace(CompilationSettings=Settings))
+    assert compile_settings(release, TorchTensorRTConfig())["disable_tf32"] is True
+    with pytest.raises(
+        BuildError, match=r"does not know the compile settings \['autocast_low_precision_type', 'enable_autocast'\]"
+    ):
+        compile_settings(release, TorchTensorRTConfig(enabled_precisions=("fp16",)))
+    unreadable = SimpleNamespace(__version__="2.13.0", dynamo=SimpleNamespace())
+    assert "enable_autocast" in compile_settings(unreadable, TorchTensorRTConfig(enabled_precisions=("fp16",)))
 
 
 def test_a_single_precision_string_is_accepted() -> None:
@@ -126,4 +178,6 @@ def test_reduced_precision_loosens_the_fp32_bound() -> None:
     )
     assert fp16.tolerance(torch.float32) == DEFAULT_TOLERANCES["float16"]
     assert fp16.tolerance(torch.float16) is None, "fp16 outputs keep the fp16 default"
-    assert TorchTensorRTAotBackend().tolerance(torch.float32) is None
+    assert TorchTensorRTAotBackend().tolerance(torch.float32) is None, "fp32 runs without TF32 by default"
+    tf32 = TorchTensorRTAotBackend(TorchTensorRTAotBackendConfig(compile_config=TorchTensorRTConfig(tf32=True)))
+    assert tf32.tolerance(torch.float32).atol > DEFAULT_TOLERANCES["float32"].atol, "TF32 declares its wider bound"

@@ -86,3 +86,24 @@ def test_isolated_aot_build_compiles_in_a_worker(tmp_path: Path, encoder, make_s
     assert backend.build_info["load_compiles"] is False
     report = validate(backend, module, samples, graph)
     assert report.passed, report.reason
+
+
+def test_an_fp16_config_builds_an_fp16_engine_and_fp32_stays_fp32(tmp_path: Path) -> None:
+    """Releases that dropped ``enabled_precisions`` would build fp32 for an fp16 config: the error tells."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512)).eval().cuda()
+    from aitune.graph import Sample, infer_graph
+
+    samples = [Sample((torch.randn(b, 512, device="cuda"),)) for b in (4, 8)]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+    errors = {}
+    for name, config in {"fp32": TorchTensorRTConfig(min_block_size=1), "fp16": FP16}.items():
+        context = BuildContext(graph, samples, torch.device("cuda"), tmp_path / name, tmp_path / "cache")
+        context.workdir.mkdir()
+        backend = TorchTensorRTAotBackend(TorchTensorRTAotBackendConfig(compile_config=config))
+        backend.build(module, context)
+        with torch.no_grad():
+            errors[name] = float((backend.infer(*samples[1].args) - module(*samples[1].args)).abs().max())
+    assert errors["fp32"] < 1e-4, f"fp32 without TF32: {errors}"
+    assert errors["fp16"] > 1e-4, f"an fp16 engine rounds visibly more than fp32: {errors}"

@@ -39,7 +39,7 @@ def installed(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.mark.parametrize(
-    ("trt", "torch_version"), [("2.13.0", "2.13.0+cpu"), ("2.13.1", "2.13.0"), ("2.6.0+cu126", "2.6.0+cu126")]
+    ("trt", "torch_version"), [("2.13.0", "2.13.0+cpu"), ("2.13.1", "2.13.0"), ("2.8.0+cu126", "2.8.0+cu126")]
 )
 def test_matching_minor_versions_are_fine(trt: str, torch_version: str) -> None:
     assert versions.coupling_problem(trt, torch_version) is None
@@ -51,6 +51,39 @@ def test_a_mismatch_is_reported_in_words() -> None:
     assert "torch-tensorrt==2.14.*" in problem, "says which release to install instead"
 
 
+def test_torch_outside_the_tested_range_is_reported_with_the_pair_to_install() -> None:
+    old = versions.coupling_problem("2.7.0", "2.7.1+cu126")
+    assert "torch 2.7.1 is outside" in old and "layout aitune's archive check does not read" in old
+    assert "aitune-backend-torchtrt[torch214]" in old
+    assert "outside" in versions.coupling_problem("2.15.0", "2.15.0")
+
+
+def test_the_install_hint_names_the_extra_that_pins_this_torch() -> None:
+    assert versions.install_hint("2.13.0+cu128") == "pip install 'aitune-backend-torchtrt[torch213]'"
+    assert versions.install_hint("2.9.1") == "pip install 'aitune-backend-torchtrt[torch29]'"
+
+
+def test_each_extra_pins_one_torch_minor_to_its_torch_tensorrt() -> None:
+    from packaging.requirements import Requirement
+
+    requires = [Requirement(r) for r in importlib.metadata.requires("aitune-backend-torchtrt") or []]
+    base = {r.name: r for r in requires if r.marker is None}
+    assert not base["torch"].specifier.contains("2.7.1") and "torch-tensorrt" not in base, "never swaps torch"
+    for mnr in range(versions.TESTED[0][1], versions.TESTED[1][1] + 1):
+        pinned = {
+            r.name: r
+            for r in requires
+            if r.marker is not None and r.marker.evaluate({"extra": f"torch2{mnr}", "platform_system": "Linux"})
+        }
+        for name in ("torch", "torch-tensorrt"):
+            spec = pinned[name].specifier
+            assert (
+                spec.contains(f"2.{mnr}.1")
+                and not spec.contains(f"2.{mnr + 1}.0")
+                and not spec.contains(f"2.{mnr - 1}.0")
+            )
+
+
 def test_the_mismatch_shows_in_the_backend_listing(installed) -> None:
     installed(torch_tensorrt="2.13.0", torch="2.14.1")
     status = get_manager().registry.status("torch_tensorrt_aot")
@@ -60,11 +93,11 @@ def test_the_mismatch_shows_in_the_backend_listing(installed) -> None:
 
 def test_a_missing_runtime_is_reported_with_the_install_hint(installed) -> None:
     installed(torch_tensorrt=None)
-    assert versions.runtime_problem() == (
-        "torch-tensorrt is not installed; install it with: pip install 'aitune-backend-torchtrt[runtime]'"
-    )
+    hint = versions.install_hint()
+    assert hint == f"pip install 'aitune-backend-torchtrt[torch2{torch.__version__.split('.')[1]}]'"
+    assert versions.runtime_problem() == f"torch-tensorrt is not installed; install it with: {hint}"
     reason = get_manager().registry.status("torch_tensorrt_jit").reason("cuda") or ""
-    assert "torch-tensorrt" in reason and "aitune-backend-torchtrt[runtime]" in reason
+    assert "torch-tensorrt" in reason and hint in reason
 
 
 def _context(tmp_path: Path, make_samples, make_graph, encoder, device: str) -> BuildContext:
@@ -77,7 +110,7 @@ def test_building_without_the_runtime_says_what_to_install(
     backend_class, installed, tmp_path, make_samples, make_graph, encoder
 ) -> None:
     installed(torch_tensorrt=None)
-    with pytest.raises(BackendUnavailableError, match=r"not installed.*aitune-backend-torchtrt\[runtime\]"):
+    with pytest.raises(BackendUnavailableError, match=r"not installed.*aitune-backend-torchtrt\[torch2\d+\]"):
         backend_class().build(encoder, _context(tmp_path, make_samples, make_graph, encoder, "cuda"))
 
 

@@ -2,13 +2,17 @@
 
 On CPU, inputs go to ONNX Runtime as numpy views of the torch tensors (no copy) and outputs come
 back as torch tensors sharing ONNX Runtime's arrays. On CUDA and TensorRT, IO binding hands ONNX
-Runtime the torch tensors' device pointers, and outputs are preallocated torch tensors whenever
-their shape follows from the input sizes (else ONNX Runtime allocates them on the device and they
-cross over by DLPack), so nothing travels through host memory.
+Runtime the torch tensors' device pointers and binds outputs to preallocated torch tensors. An
+output's shape comes from the ONNX model's dims when they are named after input dims, else from
+the first call with the same input shapes (that one call lets ONNX Runtime allocate the outputs
+and waits for them; every later call of those shapes is preallocated). ONNX Runtime runs on a
+stream of its own (``user_compute_stream``) ordered after the caller's stream and before it by
+CUDA events, with its end-of-run synchronisation off: no host synchronisation per call.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import tempfile
@@ -27,10 +31,12 @@ from aitune.graph import GraphSpec
 from aitune.onnx_export import MODEL_FILE, ONNXExport, export_onnx, model_files
 
 from .config import ONNXExecutionProvider, ONNXRuntimeBackendConfig
-from .plugin import provider_unavailable
+from .plugin import preload_tensorrt, provider_unavailable
 
 OPTIMIZED_FILE = "model.optimized.onnx"
 UNSUPPORTED_DTYPES = ("bfloat16", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
+MAX_KNOWN_SHAPES = 256
+"""Input shapes whose output shapes are remembered (least recently used dropped first)."""
 
 _TORCH_FROM_ORT = {
     "tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(double)": torch.float64,
@@ -56,6 +62,11 @@ class ONNXRuntimeBackend(Backend):
         self._output_names: tuple[str, ...] = ()
         self._outputs: list[tuple[torch.dtype | None, list[int | str | None] | None]] = []
         self._bound = False
+        self._stream: Any = None
+        self._run_options: Any = None
+        self._out_shapes: collections.OrderedDict[tuple[tuple[int, ...], ...], list[tuple[int, ...]]] = (
+            collections.OrderedDict()
+        )
         self._files: list[str] = []
         self._optimized: list[str] = []
         self._meta: dict[str, Any] = {}
@@ -189,7 +200,23 @@ class ONNXRuntimeBackend(Backend):
                 "for CUDA and TensorRT, or use execution_provider=ONNXExecutionProvider.CPU"
             )
         names = self._input_names or _graph_input_names(model)
-        chain = provider_chain(provider, device.index or 0, graph, names, self.config.provider_options, cache_dir)
+        stream = None
+        if provider is not ONNXExecutionProvider.CPU:
+            if provider is ONNXExecutionProvider.TENSORRT:
+                try:
+                    preload_tensorrt()  # pip's TensorRT is off the loader's path the provider searches
+                except OSError as exc:
+                    raise BackendUnavailableError(f"the {provider.ort_name} cannot run here: {exc}") from exc
+            stream = torch.cuda.Stream(device)
+        chain = provider_chain(
+            provider,
+            device.index or 0,
+            graph,
+            names,
+            self.config.provider_options,
+            cache_dir,
+            stream=stream.cuda_stream if stream is not None else None,
+        )
         try:
             session = ort.InferenceSession(str(model), options, providers=chain)
         except Exception as exc:
@@ -207,6 +234,10 @@ class ONNXRuntimeBackend(Backend):
         self._graph = graph
         self._device = device
         self._bound = provider is not ONNXExecutionProvider.CPU and self.config.use_io_binding
+        self._stream, self._out_shapes = stream, collections.OrderedDict()
+        self._run_options = ort.RunOptions()
+        if stream is not None:  # ordering against the caller's stream is done with CUDA events instead
+            self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         self._outputs = [(_TORCH_FROM_ORT.get(o.type), _dims(o.shape)) for o in session.get_outputs()]
         self.build_info.update(
             provider=provider.value, session_providers=session.get_providers(), io_binding=self._bound
@@ -233,15 +264,22 @@ class ONNXRuntimeBackend(Backend):
         assert self._graph is not None
         binding = self._session.io_binding()
         device_id = self._device.index or 0
+        caller, stream = torch.cuda.current_stream(self._device), self._stream
+        stream.wait_stream(caller)  # the inputs are written on the caller's stream
         kept, sizes = [], {}
         for name, t, spec in zip(self._input_names, tensors, self._graph.inputs):
             t = t.detach().to(self._device).contiguous()
+            t.record_stream(stream)  # ONNX Runtime reads it on its stream: not reused before that is done
             kept.append(t)
             sizes.update({dim: t.shape[axis] for axis, dim in enumerate(spec.dims) if dim is not None})
             binding.bind_input(name, "cuda", device_id, _numpy_dtype(t.dtype), tuple(t.shape), t.data_ptr())
+        key = tuple(tuple(t.shape) for t in kept)
+        known = self._out_shapes.get(key)
+        if known is not None:
+            self._out_shapes.move_to_end(key)
+        shapes = known or [resolve_shape(dims, sizes) for _, dims in self._outputs]
         outs: list[torch.Tensor | None] = []
-        for name, (dtype, dims) in zip(self._output_names, self._outputs):
-            shape = resolve_shape(dims, sizes)
+        for name, (dtype, _), shape in zip(self._output_names, self._outputs, shapes):
             if shape is None or dtype is None:
                 binding.bind_output(name, "cuda", device_id)
                 outs.append(None)
@@ -249,11 +287,15 @@ class ONNXRuntimeBackend(Backend):
             out = torch.empty(shape, dtype=dtype, device=self._device)
             binding.bind_output(name, "cuda", device_id, _numpy_dtype(dtype), shape, out.data_ptr())
             outs.append(out)
-        torch.cuda.current_stream(self._device).synchronize()  # inputs are written on torch's stream
-        self._session.run_with_iobinding(binding)
-        if any(o is None for o in outs):
+        self._session.run_with_iobinding(binding, self._run_options)
+        if any(o is None for o in outs):  # first call of these shapes: ONNX Runtime allocated some outputs
+            stream.synchronize()
             values = binding.get_outputs()
             outs = [o if o is not None else _from_ort(values[i], self._device) for i, o in enumerate(outs)]
+            self._out_shapes[key] = [tuple(o.shape) for o in outs]  # type: ignore[union-attr]
+            while len(self._out_shapes) > MAX_KNOWN_SHAPES:
+                self._out_shapes.popitem(last=False)
+        caller.wait_stream(stream)  # the caller's later work sees the outputs
         return outs  # type: ignore[return-value]
 
     # -- artifact -------------------------------------------------------------------------------
@@ -320,20 +362,24 @@ def provider_chain(
     input_names: Sequence[str],
     options: Mapping[str, str],
     cache_dir: Path,
+    stream: int | None = None,
 ) -> list[tuple[str, dict[str, str]]]:
     """The ``providers`` list for the session: the asked-for provider first, its fallbacks after.
 
     For TensorRT, the graph's min/opt/max shapes become the engine's optimisation profile and
-    engines are cached under aitune's cache folder, so a load does not rebuild them.
+    engines are cached under aitune's cache folder, so a load does not rebuild them. ``stream``
+    (a CUDA stream handle) is the stream the GPU providers run on.
     """
     cpu: tuple[str, dict[str, str]] = ("CPUExecutionProvider", {})
     if provider is ONNXExecutionProvider.CPU:
         return [("CPUExecutionProvider", dict(options))]
-    cuda = ("CUDAExecutionProvider", {"device_id": str(device_id)})
+    on_stream = {"user_compute_stream": str(stream)} if stream is not None else {}  # implies has_user_compute_stream
+    cuda = ("CUDAExecutionProvider", {"device_id": str(device_id), **on_stream})
     if provider is ONNXExecutionProvider.CUDA:
         return [("CUDAExecutionProvider", {**cuda[1], **options}), cpu]
     trt = {
         "device_id": str(device_id),
+        **on_stream,
         "trt_engine_cache_enable": "True",
         "trt_engine_cache_path": str(Path(cache_dir) / "onnxruntime-tensorrt"),
         **tensorrt_profile(graph, input_names),
@@ -395,9 +441,12 @@ def _numpy_dtype(dtype: torch.dtype) -> Any:
 
 
 def _from_ort(value: Any, device: torch.device) -> torch.Tensor:
-    if hasattr(value, "__dlpack__"):
-        return torch.from_dlpack(value)
-    return torch.from_numpy(value.numpy()).to(device)  # older onnxruntime: through the host
+    """An output ONNX Runtime allocated, as a torch tensor: by DLPack where the build exports it, else
+    through the host. Only the first call of new input shapes gets here (its output shapes are then known)."""
+    to_dlpack = getattr(getattr(value, "_ortvalue", None), "to_dlpack", None)
+    if to_dlpack is not None:
+        return torch.from_dlpack(to_dlpack())
+    return torch.from_numpy(value.numpy()).to(device)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

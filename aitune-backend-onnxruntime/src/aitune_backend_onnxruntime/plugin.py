@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from aitune import hookimpl
 from aitune.registry import BackendRegistry, BackendSpec
@@ -11,6 +17,14 @@ CPU_DISTRIBUTIONS = ("onnxruntime",)
 GPU_DISTRIBUTIONS = ("onnxruntime-gpu", "ort-nightly-gpu", "onnxruntime-training")
 """Distributions of ONNX Runtime built with the CUDA and TensorRT execution providers."""
 MIN_VERSION = (1, 17)
+MIN_GPU_VERSION = (1, 18)
+"""The first onnxruntime-gpu whose CUDA and TensorRT providers both take ``user_compute_stream`` from Python."""
+TENSORRT_LIBRARIES = tuple(
+    f"{name}_10.dll" if sys.platform == "win32" else f"lib{name}.so.10"
+    for name in ("nvinfer", "nvinfer_plugin", "nvonnxparser")
+)
+"""The TensorRT libraries ONNX Runtime's TensorRT provider links (onnxruntime-gpu is built against TensorRT 10)."""
+NVINFER = TENSORRT_LIBRARIES[0]
 
 
 def installed_runtime() -> tuple[str, str] | None:
@@ -56,7 +70,72 @@ def provider_unavailable(provider: str) -> str | None:
             f"the installed {dist} {version} is the CPU-only build (replace it: pip uninstall onnxruntime && "
             "pip install onnxruntime-gpu)"
         )
-    return "; ".join(reasons) or None
+    elif tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < MIN_GPU_VERSION:
+        floor = ".".join(map(str, MIN_GPU_VERSION))
+        reasons.append(
+            f"{dist} {version} is installed, but the GPU providers need >= {floor}: pip install -U '{dist}>={floor}'"
+        )
+    if not reasons and provider == "tensorrt":
+        reasons.append(tensorrt_library()[1] or "")
+    return "; ".join(r for r in reasons if r) or None
+
+
+def nvinfer_candidates() -> list[Path]:
+    """Where ``NVINFER`` may be: pip's TensorRT wheels (``tensorrt_libs``, not on the loader's path), then
+    the folders of ``LD_LIBRARY_PATH`` (``PATH`` on Windows); only files that exist."""
+    folders: list[str] = []
+    try:
+        spec = importlib.util.find_spec("tensorrt_libs")  # locates the package, runs nothing
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        folders.extend(spec.submodule_search_locations)
+    search = os.environ.get("PATH" if sys.platform == "win32" else "LD_LIBRARY_PATH", "")
+    folders.extend(f for f in search.split(os.pathsep) if f)
+    return [Path(f) / NVINFER for f in folders if (Path(f) / NVINFER).is_file()]
+
+
+def _loads(library: str) -> str | None:
+    """Why ``library`` does not load, asked of a child process so a crash in a native library stays there."""
+    code = "import ctypes, sys; ctypes.CDLL(sys.argv[1])"
+    try:
+        out = subprocess.run([sys.executable, "-c", code, library], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    lines = (out.stderr or "").strip().splitlines()
+    return None if out.returncode == 0 else (lines[-1] if lines else f"exit status {out.returncode}")
+
+
+@functools.cache
+def tensorrt_library() -> tuple[str | None, str | None]:
+    """(the TensorRT library to preload, None) when it loads here, else (None, why not)."""
+    tried = [str(p) for p in nvinfer_candidates()] or [NVINFER]  # the bare name: the system's loader path
+    problems = []
+    for library in tried:
+        problem = _loads(library)
+        if problem is None:
+            return library, None
+        problems.append(problem)
+    return None, (
+        f"its TensorRT library {NVINFER} does not load here ({problems[-1]}); install TensorRT 10 "
+        "(pip install 'tensorrt-cu12-libs>=10,<11', which aitune preloads) or put TensorRT's lib folder "
+        "on LD_LIBRARY_PATH"
+    )
+
+
+def preload_tensorrt() -> None:
+    """Load TensorRT's library into this process, so the provider finds it even off the loader's path."""
+    import ctypes
+
+    library, problem = tensorrt_library()
+    if library is None:
+        raise OSError(problem)
+    mode = getattr(ctypes, "RTLD_GLOBAL", 0)
+    ctypes.CDLL(library, mode=mode)
+    folder = Path(library).parent
+    for name in TENSORRT_LIBRARIES[1:]:  # they link against nvinfer, loaded first; a bare name: the system's
+        if (folder / name).is_file():
+            ctypes.CDLL(str(folder / name), mode=mode)
 
 
 def _probe(device: str) -> str | None:

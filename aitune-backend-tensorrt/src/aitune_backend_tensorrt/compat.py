@@ -22,6 +22,11 @@ from aitune.errors import ArtifactError, BackendUnavailableError
 
 INSTALL_HINT = "pip install 'aitune-backend-tensorrt[runtime]'"
 MIN_MAJOR = 10
+MAX_MAJOR = 11
+"""TensorRT majors whose Python API this backend speaks (11 dropped the weak-typing precision flags)."""
+MODELOPT = "nvidia-modelopt"
+MIN_MODELOPT = (0, 44)
+"""AutoCast reads a folder of .npz files from 0.43; ``quantize(calibration_data_reader=...)`` exists from 0.44."""
 TENSORRT_DISTRIBUTIONS = (
     "tensorrt",
     "tensorrt-cu13",
@@ -72,14 +77,74 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def tensorrt_cuda_major() -> int | None:
+    """The CUDA major the installed TensorRT wheel is built for (``tensorrt-cu12`` -> 12), from metadata."""
+    for dist in TENSORRT_DISTRIBUTIONS:
+        digits = dist.removeprefix("tensorrt-cu").removesuffix("-bindings")
+        if digits.isdigit():
+            try:
+                importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            return int(digits)
+    return None
+
+
+def torch_cuda_major() -> int | None:
+    """The CUDA major torch was built with; None for a CPU build."""
+    import torch
+
+    cuda = torch.version.cuda
+    return int(cuda.split(".")[0]) if cuda else None
+
+
+def version_reason(version: str | None, trt_cuda: int | None, torch_cuda: int | None) -> str | None:
+    """Why this TensorRT release cannot serve here: a major outside 10..11, or another CUDA major than torch's."""
+    if version is not None:
+        major = version_tuple(version)[:1]
+        if major < (MIN_MAJOR,):
+            return f"TensorRT {version} is installed, but this backend needs TensorRT >= {MIN_MAJOR}; upgrade it: {INSTALL_HINT}"
+        if major > (MAX_MAJOR,):
+            return (
+                f"TensorRT {version} is installed, but this backend is tested with TensorRT {MIN_MAJOR}.x to "
+                f"{MAX_MAJOR}.x only; install one: pip install 'tensorrt-cu12>={MIN_MAJOR},<{MAX_MAJOR + 1}'"
+            )
+    if trt_cuda is not None and torch_cuda is not None and trt_cuda != torch_cuda:
+        return (
+            f"the installed TensorRT is the CUDA {trt_cuda} build (tensorrt-cu{trt_cuda}), but torch is built for "
+            f"CUDA {torch_cuda}: the two cannot share a process; pip uninstall tensorrt tensorrt-cu{trt_cuda} "
+            f"tensorrt-cu{trt_cuda}-libs tensorrt-cu{trt_cuda}-bindings && pip install 'tensorrt-cu{torch_cuda}>={MIN_MAJOR},<{MAX_MAJOR + 1}'"
+        )
+    return None
+
+
+def modelopt_reason(version: str | None) -> str | None:
+    """Why the installed ModelOpt is too old for AutoCast and quantization here; None when absent or new enough."""
+    if version is None:
+        return None
+    release = version_tuple(version)
+    if release[:2] < MIN_MODELOPT:
+        floor = ".".join(map(str, MIN_MODELOPT))
+        return (
+            f"{MODELOPT} {version} is installed, but ONNX AutoCast and quantization need {MODELOPT} >= {floor} "
+            f"(calibration folders and calibration_data_reader); upgrade it: pip install -U '{MODELOPT}>={floor}'"
+        )
+    return None
+
+
+def installed_modelopt() -> str | None:
+    try:
+        return importlib.metadata.version(MODELOPT)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def runtime_reason() -> str | None:
-    """Why TensorRT itself is missing or too old here, or None."""
+    """Why TensorRT (or the installed ModelOpt) is missing, too old, too new or built for another CUDA here, or None."""
     found, version = installed_tensorrt()
     if not found:
         return f"TensorRT is not installed (no tensorrt distribution found); install it with: {INSTALL_HINT}"
-    if version is not None and version_tuple(version)[:1] < (MIN_MAJOR,):
-        return f"TensorRT {version} is installed, but this backend needs TensorRT >= {MIN_MAJOR}; upgrade it: {INSTALL_HINT}"
-    return None
+    return version_reason(version, tensorrt_cuda_major(), torch_cuda_major()) or modelopt_reason(installed_modelopt())
 
 
 def cuda_reason() -> str | None:

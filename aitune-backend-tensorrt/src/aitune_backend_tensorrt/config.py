@@ -13,7 +13,7 @@ Shape = tuple[int, ...]
 
 BUILDER_PRECISION_FLAGS = frozenset({"FP16", "BF16", "INT8", "FP8"})
 """Weak-typing precision flags: TensorRT refuses them on a strongly typed network."""
-BUILDER_FLAGS = BUILDER_PRECISION_FLAGS | {"SPARSE_WEIGHTS", "DIRECT_IO", "REFIT", "STRIP_PLAN"}
+BUILDER_FLAGS = BUILDER_PRECISION_FLAGS | {"SPARSE_WEIGHTS", "DIRECT_IO", "REFIT"}
 
 
 def _check_profile_shapes(instance: TensorRTProfile, attribute: attrs.Attribute, value: dict) -> None:
@@ -92,6 +92,11 @@ class ModelOptQuantizationConfig:
 
 
 def _check_flags(instance: TensorRTBackendConfig, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+    if "STRIP_PLAN" in value:
+        raise ConfigError(
+            "TensorRTBackendConfig.builder_flags: STRIP_PLAN builds a plan without its weights, which must be refit "
+            "from the model before it runs; aitune saves and loads whole plans and does not refit, so leave it out"
+        )
     unknown = sorted(set(value) - BUILDER_FLAGS)
     if unknown:
         raise ConfigError(f"TensorRTBackendConfig.builder_flags: unknown {unknown}; known: {sorted(BUILDER_FLAGS)}")

@@ -17,7 +17,7 @@ from typing import Any
 from aitune.errors import BuildError
 
 from .compat import Machine
-from .config import TensorRTBackendConfig
+from .config import BUILDER_PRECISION_FLAGS, TensorRTBackendConfig
 from .profiles import ShapeProfile
 
 
@@ -52,37 +52,17 @@ def build_plan(
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    flags = 0
-    strongly_typed = config.strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED")
-    if strongly_typed:
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    network = builder.create_network(flags)
+    strongly_typed = config.strongly_typed or only_strongly_typed(trt)
+    network = builder.create_network(network_flags(trt, strongly_typed))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise BuildError(f"TensorRT's ONNX parser rejected the exported model: {errors}")
 
     builder_config = builder.create_builder_config()
-    if config.workspace_size is not None:
-        builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, config.workspace_size)
-    builder_config.builder_optimization_level = config.optimization_level
-    if not config.tf32:
-        builder_config.clear_flag(trt.BuilderFlag.TF32)
-    for name in config.builder_flags:
-        builder_config.set_flag(getattr(trt.BuilderFlag, name))
-    if config.version_compatible:
-        builder_config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
-    if config.hardware_compatible:
-        builder_config.hardware_compatibility_level = trt.HardwareCompatibilityLevel.AMPERE_PLUS
-
+    configure_builder(trt, builder_config, config)
     dynamic = _add_profiles(builder, builder_config, network, profiles, input_names)
-
-    cache_state = "off"
-    if timing_cache is not None:
-        previous = timing_cache.read_bytes() if timing_cache.is_file() else b""
-        cache = builder_config.create_timing_cache(previous)
-        builder_config.set_timing_cache(cache, ignore_mismatch=False)
-        cache_state = "reused" if previous else "new"
+    cache_state = _use_timing_cache(builder_config, timing_cache)
 
     start = time.perf_counter()
     plan = builder.build_serialized_network(network, builder_config)
@@ -104,6 +84,69 @@ def build_plan(
         "timing_cache": cache_state,
     }
     return bytes(plan), info
+
+
+def only_strongly_typed(trt: Any) -> bool:
+    """TensorRT 11 builds strongly typed networks only: it has no weak-typing precision flags left."""
+    return not hasattr(trt.BuilderFlag, "FP16")
+
+
+def network_flags(trt: Any, strongly_typed: bool) -> int:
+    """``create_network`` flags: STRONGLY_TYPED where the release still has it (on 11 it is the only mode)."""
+    member = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    return 1 << int(member) if strongly_typed and member is not None else 0
+
+
+def _builder_flag(trt: Any, name: str, why: str) -> Any:
+    flag = getattr(trt.BuilderFlag, name, None)
+    if flag is None:
+        raise BuildError(f"TensorRT {trt.__version__} has no builder flag {name} ({why}); leave it out of the config")
+    return flag
+
+
+def configure_builder(trt: Any, builder_config: Any, config: TensorRTBackendConfig) -> None:
+    """Apply the config's builder settings, refusing by name what this TensorRT release cannot do."""
+    weak = sorted(BUILDER_PRECISION_FLAGS & set(config.builder_flags))
+    if weak and only_strongly_typed(trt):
+        raise BuildError(
+            f"TensorRT {trt.__version__} removed the weak-typing precision flags {weak}: every network is strongly "
+            "typed, so precision comes from the ONNX model. Drop builder_flags and use "
+            "quantization_config=ONNXAutoCastConfig(...) or ModelOptQuantizationConfig(...), or install TensorRT 10 "
+            "(pip install 'tensorrt-cu12>=10,<11')"
+        )
+    if config.workspace_size is not None:
+        builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, config.workspace_size)
+    builder_config.builder_optimization_level = config.optimization_level
+    if not config.tf32:
+        builder_config.clear_flag(_builder_flag(trt, "TF32", "tf32=False clears it"))
+    for name in config.builder_flags:
+        builder_config.set_flag(_builder_flag(trt, name, "builder_flags asks for it"))
+    if config.version_compatible:
+        builder_config.set_flag(_builder_flag(trt, "VERSION_COMPATIBLE", "version_compatible=True sets it"))
+    if config.hardware_compatible:
+        level = getattr(getattr(trt, "HardwareCompatibilityLevel", None), "AMPERE_PLUS", None)
+        if level is None:
+            raise BuildError(
+                f"TensorRT {trt.__version__} has no AMPERE_PLUS hardware compatibility level; set hardware_compatible=False"
+            )
+        builder_config.hardware_compatibility_level = level
+
+
+def _use_timing_cache(builder_config: Any, path: Path | None) -> str:
+    """Give the builder the timing cache at ``path``; a cache this build cannot use is replaced by a fresh one."""
+    if path is None:
+        return "off"
+    previous = path.read_bytes() if path.is_file() else b""
+    state = "reused" if previous else "new"
+    cache = builder_config.create_timing_cache(previous)
+    if cache is None or not builder_config.set_timing_cache(cache, ignore_mismatch=False):
+        if not previous:
+            raise BuildError("TensorRT refused a new, empty timing cache; set use_timing_cache=False")
+        cache = builder_config.create_timing_cache(b"")  # written by another TensorRT or GPU, or damaged
+        if cache is None or not builder_config.set_timing_cache(cache, ignore_mismatch=False):
+            raise BuildError("TensorRT refused a fresh timing cache; set use_timing_cache=False")
+        state = f"replaced (TensorRT could not use {path.name})"
+    return state
 
 
 def _add_profiles(
@@ -129,5 +172,9 @@ def _add_profiles(
         for name, (lo, opt, hi) in zip(input_names, profile.shapes):
             if name in dynamic:
                 trt_profile.set_shape(name, lo, opt, hi)
-        builder_config.add_optimization_profile(trt_profile)
+        if builder_config.add_optimization_profile(trt_profile) < 0:
+            raise BuildError(
+                f"TensorRT refused the optimisation profile {profile.to_json(input_names)} "
+                "(see the TensorRT log above); each axis needs min <= opt <= max within the model's limits"
+            )
     return True

@@ -41,8 +41,14 @@ def _numpy(name: str, t: torch.Tensor) -> Any:
 
 
 def _modelopt(module: str) -> Any:
+    """ModelOpt's ``module``, once the installed release is known to have the calls made here."""
     import importlib
 
+    from .compat import installed_modelopt, modelopt_reason
+
+    too_old = modelopt_reason(installed_modelopt())  # before the import: older releases fail inside it
+    if too_old:
+        raise BackendUnavailableError(f"quantization_config cannot run: {too_old}")
     try:
         return importlib.import_module(module)
     except ImportError as exc:

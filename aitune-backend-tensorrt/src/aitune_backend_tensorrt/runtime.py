@@ -1,8 +1,10 @@
 """Running a TensorRT engine on torch tensors, on the current torch CUDA stream.
 
 Every call binds the input tensors' memory and freshly allocated output tensors to the execution
-context (``set_tensor_address``) and enqueues the engine (``execute_async_v3``) on the caller's
-current stream: no host synchronisation and no copies on the way out. There is one execution
+context (``set_tensor_address``) and enqueues the engine (``execute_async_v3``) on the engine's
+device, made current for the call, on that device's current stream: no host synchronisation and
+no copies on the way out. Profiles are selected once, at construction, on a stream that is
+synchronized before the first call. There is one execution
 context per optimisation profile, each bound to its profile once, so a call only picks the
 tightest profile containing its shapes; input shapes are set only when they change.
 
@@ -102,9 +104,9 @@ class EngineRunner:
         if n_profiles != len(self.profiles):
             raise BuildError(f"the engine has {n_profiles} optimisation profiles, its metadata {len(profiles)}")
         strategy = getattr(trt, "ExecutionContextAllocationStrategy", None)
-        stream = torch.cuda.current_stream(self.device).cuda_stream
         self._contexts = []
         with torch.cuda.device(self.device):
+            setup = torch.cuda.Stream(self.device)
             for i in range(n_profiles):
                 if strategy is not None and n_profiles > 1:
                     context = self.engine.create_execution_context(strategy.ON_PROFILE_CHANGE)
@@ -112,9 +114,12 @@ class EngineRunner:
                     context = self.engine.create_execution_context()
                 if context is None:
                     raise BuildError("TensorRT could not create an execution context (out of GPU memory?)")
-                if i and not context.set_optimization_profile_async(i, stream):
+                if i and not context.set_optimization_profile_async(i, setup.cuda_stream):
                     raise BuildError(f"TensorRT refused to select optimisation profile {i}")
                 self._contexts.append(context)
+            # The profile switches are enqueued on ``setup``; TensorRT requires them finished before any
+            # enqueue on another stream, and every later call enqueues on the caller's stream.
+            setup.synchronize()
         self._bound: list[tuple[Shape, ...] | None] = [None] * n_profiles
         self._out_shapes: list[list[Shape]] = [[] for _ in range(n_profiles)]
         self._selected: dict[tuple[Shape, ...], int] = {}
@@ -136,11 +141,12 @@ class EngineRunner:
                 )
             self._selected[shapes] = index
         inputs = [self._prepare(t, dtype) for t, dtype in zip(tensors, self._in_dtypes)]
-        if self.use_cuda_graphs:
-            outputs = self._replay(index, shapes, inputs)
-        else:
-            outputs = self._bind(index, shapes, inputs)
-            self._execute(index, torch.cuda.current_stream(self.device).cuda_stream)
+        with torch.cuda.device(self.device):  # TensorRT enqueues on the current device: make it the engine's
+            if self.use_cuda_graphs:
+                outputs = self._replay(index, shapes, inputs)
+            else:
+                outputs = self._bind(index, shapes, inputs)
+                self._execute(index, torch.cuda.current_stream(self.device).cuda_stream)
         return [o if o.dtype == want else o.to(want) for o, want in zip(outputs, self._out_dtypes)]
 
     def _prepare(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

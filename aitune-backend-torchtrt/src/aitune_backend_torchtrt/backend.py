@@ -24,6 +24,7 @@ from .config import (
     TorchTensorRTAotBackendConfig,
     TorchTensorRTConfig,
     TorchTensorRTJitBackendConfig,
+    check_known_settings,
     to_torch_tensorrt_kwargs,
 )
 from .shapes import (
@@ -34,7 +35,10 @@ from .shapes import (
     unexportable_reason,
     warmup_samples,
 )
-from .versions import runtime_problem
+from .versions import install_hint, runtime_problem
+
+TF32_TOLERANCE = Tolerance(atol=1e-4, rtol=5e-3, min_cosine=0.9999)
+"""fp32 outputs of TF32 layers (10 mantissa bits): the bound when ``tf32=True``."""
 
 PROGRAM_FILE = "program.pt2"
 EXPORTED_FILE = "exported.pt2"
@@ -59,7 +63,7 @@ def import_torch_tensorrt(backend: str) -> ModuleType:
     except Exception as exc:  # an ABI mismatch surfaces as OSError or ImportError from a native library
         raise BackendUnavailableError(
             f"backend {backend!r} cannot import torch_tensorrt ({type(exc).__name__}: {exc}); reinstall it with: "
-            "pip install 'aitune-backend-torchtrt[runtime]'"
+            f"{install_hint()}"
         ) from exc
     return torch_tensorrt
 
@@ -88,11 +92,36 @@ def compile_and_warm(
 
 
 def _tolerance(config: TorchTensorRTConfig, dtype: torch.dtype) -> Tolerance | None:
-    """fp32 outputs computed with fp16/bf16 kernels get the looser bound of that precision."""
+    """fp32 outputs computed with fp16/bf16 (or TF32) kernels get the looser bound of that precision.
+
+    The bound follows the precision the engine is built in: ``compile_settings`` casts the graph
+    to the low type (or passes it as the release's precision setting) and refuses settings the
+    installed release would ignore, so a looser bound never covers an fp32 engine.
+    """
     lowest = config.lowest_precision
     if dtype == torch.float32 and lowest != torch.float32:
         return DEFAULT_TOLERANCES[str(lowest).removeprefix("torch.")]
+    if dtype == torch.float32 and config.tf32:
+        return TF32_TOLERANCE
     return None
+
+
+def known_settings(torch_tensorrt: ModuleType) -> frozenset[str] | None:
+    """The names of the installed release's ``CompilationSettings`` (None when it cannot be read)."""
+    import dataclasses
+
+    try:
+        return frozenset(f.name for f in dataclasses.fields(torch_tensorrt.dynamo.CompilationSettings))
+    except (AttributeError, TypeError):
+        return None
+
+
+def compile_settings(torch_tensorrt: ModuleType, config: TorchTensorRTConfig) -> dict[str, Any]:
+    """The compile settings for the installed release, each one known to it."""
+    version = str(torch_tensorrt.__version__)
+    kwargs = to_torch_tensorrt_kwargs(config, version)
+    check_known_settings(kwargs, known_settings(torch_tensorrt), version)
+    return kwargs
 
 
 def _unsupported_device(device: torch.device) -> str | None:
@@ -144,7 +173,7 @@ class TorchTensorRTJitBackend(_TorchTensorRTBackend):
         self, module: torch.nn.Module, graph: GraphSpec, samples: list[Sample], device: torch.device, cache: Path
     ) -> None:
         torch_tensorrt = import_torch_tensorrt(self.name)
-        options = to_torch_tensorrt_kwargs(self.compile_config)
+        options = compile_settings(torch_tensorrt, self.compile_config)
         options.update(device=device, timing_cache_path=_timing_cache(cache))
         self._compiled = compile_and_warm(module, graph, samples, "torch_tensorrt", options)
         self.build_info.update(
@@ -287,7 +316,7 @@ def _compile_program(
         kwarg_inputs=kwarg_inputs or None,
         device=context.device,
         timing_cache_path=_timing_cache(context.cache_dir),
-        **to_torch_tensorrt_kwargs(config),
+        **compile_settings(torch_tensorrt, config),
     )
     children = [name for name, _ in compiled.named_children()]
     return compiled, {

@@ -12,6 +12,7 @@ import attrs
 import torch
 
 from aitune.backend import BackendConfig
+from aitune.errors import BuildError, ConfigError
 
 PRECISIONS: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -75,7 +76,10 @@ class TorchTensorRTConfig:
     use_fp32_acc: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     """Accumulate fp16 matmuls in fp32 (passed only when True; needs a release that knows it)."""
     use_explicit_typing: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    """Keep the model's own dtypes per layer (passed only when True; needs a release that knows it)."""
+    """Keep the model's own dtypes per layer (before 2.13; from 2.13 every engine is typed this way)."""
+    tf32: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Let fp32 layers run in TF32 (faster on Ampere and later, about 1e-3 relative error); off by
+    default (``disable_tf32=True``) so fp32 engines meet the fp32 bound. On, the bound widens to TF32's."""
 
     @property
     def lowest_precision(self) -> torch.dtype:
@@ -86,30 +90,61 @@ class TorchTensorRTConfig:
         return torch.float32
 
 
-def to_torch_tensorrt_kwargs(config: TorchTensorRTConfig) -> dict[str, Any]:
-    """The keyword arguments of ``torch_tensorrt.dynamo.compile`` (and ``torch.compile`` options).
+def to_torch_tensorrt_kwargs(config: TorchTensorRTConfig, torch_tensorrt_version: str) -> dict[str, Any]:
+    """The keyword arguments of ``torch_tensorrt.dynamo.compile`` (and ``torch.compile`` options)
+    for the installed Torch-TensorRT release.
 
-    Settings that only newer releases know are passed only when switched on, so a default config
-    works with every supported release.
+    Before 2.13 lower precision is ``enabled_precisions``; from 2.13 that setting is gone (a
+    strongly typed engine takes its precision from the graph's dtypes), so fp16/bf16 become
+    Torch-TensorRT's autocast of the graph to that type. Settings that only newer releases know are
+    passed only when switched on, so a default config works with every supported release.
     """
+    from .versions import STRONGLY_TYPED_FROM, minor
+
+    strongly_typed = minor(torch_tensorrt_version) >= STRONGLY_TYPED_FROM
     kwargs: dict[str, Any] = {
-        "enabled_precisions": {PRECISIONS[p] for p in config.enabled_precisions},
         "workspace_size": config.workspace_size,
         "min_block_size": config.min_block_size,
         "truncate_double": config.truncate_double,
-        "use_python_runtime": config.use_python_runtime,
         "require_full_compilation": config.require_full_compilation,
         "torch_executed_ops": set(config.torch_executed_ops),
         "sparse_weights": config.sparse_weights,
         "hardware_compatible": config.hardware_compatible,
         "version_compatible": config.version_compatible,
+        "disable_tf32": not config.tf32,
     }
     if config.optimization_level is not None:
         kwargs["optimization_level"] = config.optimization_level
-    for name in ("use_fp32_acc", "use_explicit_typing"):
-        if getattr(config, name):
-            kwargs[name] = True
+    if config.use_fp32_acc:
+        kwargs["use_fp32_acc"] = True
+    if not strongly_typed:
+        kwargs["enabled_precisions"] = {PRECISIONS[p] for p in config.enabled_precisions}
+        kwargs["use_python_runtime"] = config.use_python_runtime
+        if config.use_explicit_typing:
+            kwargs["use_explicit_typing"] = True
+        return kwargs
+    if config.use_python_runtime:
+        raise ConfigError(
+            f"TorchTensorRTConfig.use_python_runtime: torch-tensorrt {torch_tensorrt_version} removed the Python "
+            "runtime option (engines always run in its C++ runtime); set use_python_runtime=False"
+        )
+    if config.lowest_precision != torch.float32:
+        kwargs["enable_autocast"] = True
+        kwargs["autocast_low_precision_type"] = config.lowest_precision
     return kwargs
+
+
+def check_known_settings(kwargs: dict[str, Any], known: frozenset[str] | None, version: str) -> None:
+    """Refuse settings the installed release does not know: ``dynamo.compile`` would swallow them in
+    ``**kwargs`` and build something else than asked (an fp32 engine for an fp16 config)."""
+    if known is None:
+        return
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise BuildError(
+            f"torch-tensorrt {version} does not know the compile settings {unknown}, so it would ignore them "
+            "silently; leave them out of TorchTensorRTConfig or install a release that has them"
+        )
 
 
 @attrs.frozen(kw_only=True)

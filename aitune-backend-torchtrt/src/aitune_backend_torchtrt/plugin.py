@@ -10,7 +10,7 @@ from __future__ import annotations
 from aitune import hookimpl
 from aitune.registry import BackendRegistry, BackendSpec
 
-from .versions import INSTALL_HINT, runtime_problem
+from .versions import install_hint, runtime_problem
 
 _EXPORTS = {"TorchTensorRTConfig": "aitune_backend_torchtrt.config:TorchTensorRTConfig"}
 
@@ -34,10 +34,9 @@ def aitune_register_backends(registry: BackendRegistry) -> None:
             backend_class="aitune_backend_torchtrt.backend:TorchTensorRTJitBackend",
             config_class="aitune_backend_torchtrt.config:TorchTensorRTJitBackendConfig",
             exports=_EXPORTS,
-            requirements=("torch-tensorrt>=2.6",),
             devices=("cuda",),
             probe=_probe,
-            install_hint=INSTALL_HINT,
+            install_hint=install_hint(),
             description="torch.compile(backend='torch_tensorrt'); compiles again on load",
         )
     )
@@ -47,10 +46,9 @@ def aitune_register_backends(registry: BackendRegistry) -> None:
             backend_class="aitune_backend_torchtrt.backend:TorchTensorRTAotBackend",
             config_class="aitune_backend_torchtrt.config:TorchTensorRTAotBackendConfig",
             exports=_EXPORTS,
-            requirements=("torch-tensorrt>=2.6",),
             devices=("cuda",),
             probe=_probe,
-            install_hint=INSTALL_HINT,
+            install_hint=install_hint(),
             description="torch.export compiled by Torch-TensorRT, saved as a .pt2 archive",
         )
     )

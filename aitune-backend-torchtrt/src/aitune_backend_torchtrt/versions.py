@@ -3,7 +3,8 @@
 Each Torch-TensorRT release is built against one torch minor version (torch-tensorrt 2.X needs
 torch 2.X.*); any other pairing fails at import with an undefined-symbol error deep in a native
 library. Reading installed versions needs no import, so ``aitune backends`` can say what is wrong
-without loading TensorRT.
+without loading TensorRT. The same facts pick the compile settings a release understands
+(:func:`~aitune_backend_torchtrt.config.to_torch_tensorrt_kwargs`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import importlib.metadata
 from packaging.version import InvalidVersion, Version
 
 RUNTIME = "torch-tensorrt"
-INSTALL_HINT = "pip install 'aitune-backend-torchtrt[runtime]'"
+TESTED = ((2, 8), (2, 14))
+"""The torch minors (and so Torch-TensorRT releases) this backend speaks: 2.8 is the first torch whose
+``.pt2`` archive layout aitune's archive check reads; the pyproject has one extra per minor."""
+STRONGLY_TYPED_FROM = (2, 13)
+"""From 2.13 every engine is strongly typed: ``enabled_precisions``, ``use_explicit_typing`` and
+``use_python_runtime`` are gone and lower precision comes from Torch-TensorRT's autocast."""
 
 
 def installed_version(distribution: str) -> str | None:
@@ -24,28 +30,55 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+def minor(version: str) -> tuple[int, int]:
+    """``"2.13.0+cu128"`` -> ``(2, 13)``."""
+    release = Version(version).release
+    return release[0], release[1] if len(release) > 1 else 0
+
+
+def install_hint(torch_version: str | None = None) -> str:
+    """The one-line install of the Torch-TensorRT release built for this torch (its extra pins the pair)."""
+    torch_version = torch_version or installed_version("torch")
+    try:
+        major, mnr = minor(torch_version) if torch_version else TESTED[1]
+    except InvalidVersion:
+        major, mnr = TESTED[1]
+    if not TESTED[0] <= (major, mnr) <= TESTED[1]:
+        major, mnr = TESTED[1]
+    return f"pip install 'aitune-backend-torchtrt[torch{major}{mnr}]'"
+
+
 def coupling_problem(torch_tensorrt_version: str, torch_version: str) -> str | None:
-    """Why this torch-tensorrt cannot run with this torch, or None when the pair matches."""
+    """Why this torch-tensorrt cannot run with this torch, or None when the pair matches and is tested."""
     try:
         trt, torch = Version(torch_tensorrt_version), Version(torch_version)
     except InvalidVersion as exc:
         return f"cannot compare torch-tensorrt {torch_tensorrt_version} with torch {torch_version}: {exc}"
+    lo, hi = (".".join(map(str, v)) for v in TESTED)
+    if not TESTED[0] <= minor(torch_version) <= TESTED[1]:
+        old = minor(torch_version) < TESTED[0]
+        why = "; older torch releases write a .pt2 layout aitune's archive check does not read" if old else ""
+        return (
+            f"torch {torch.public} is outside the torch releases this backend is tested with ({lo} to {hi}{why}); "
+            f"install torch {hi} with {install_hint(hi)}"
+        )
     if trt.release[:2] == torch.release[:2]:
         return None
-    major, minor = trt.release[:2]
+    major, mnr = trt.release[:2]
     return (
-        f"torch-tensorrt {trt.public} needs torch {major}.{minor}.x, found {torch.public}; "
+        f"torch-tensorrt {trt.public} needs torch {major}.{mnr}.x, found {torch.public}; "
         f"install the torch-tensorrt release built for this torch "
-        f"(pip install 'torch-tensorrt=={torch.release[0]}.{torch.release[1]}.*') or torch {major}.{minor}"
+        f"(pip install 'torch-tensorrt=={torch.release[0]}.{torch.release[1]}.*', or {install_hint(torch_version)}) "
+        f"or torch {major}.{mnr}"
     )
 
 
 def runtime_problem() -> str | None:
-    """Why Torch-TensorRT cannot be used here (missing, or built for another torch), or None."""
+    """Why Torch-TensorRT cannot be used here (missing, untested, or built for another torch), or None."""
+    torch = installed_version("torch")
     trt = installed_version(RUNTIME)
     if trt is None:
-        return f"{RUNTIME} is not installed; install it with: {INSTALL_HINT}"
-    torch = installed_version("torch")
+        return f"{RUNTIME} is not installed; install it with: {install_hint(torch)}"
     if torch is None:
         return f"torch is not installed, and {RUNTIME} {trt} needs it"
     return coupling_problem(trt, torch)

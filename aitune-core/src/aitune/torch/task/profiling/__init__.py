@@ -43,11 +43,13 @@ class ModelExecutionTimeMeasuringStrategy:
     def measure(self, fn: Callable[[], Any], device: torch.device) -> float:
         """Milliseconds one call of ``fn`` took."""
         if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
+            with torch.cuda.device(device):  # the events time ``device``'s stream, whichever device is current
+                stream = torch.cuda.current_stream(device)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                fn()
+                end.record(stream)
+                end.synchronize()
             return float(start.elapsed_time(end))
         t0 = time.perf_counter_ns()
         fn()

@@ -1,0 +1,70 @@
+"""The GPU check's plan, checked on a CPU: what it installs, in what order it tests, what it prints.
+
+The run itself needs an NVIDIA GPU (``nox -s gpu``); these tests keep its install plan in step with
+the members' metadata, so the one command does not drift from what users install.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports neither torch nor aitune
+    return module
+
+
+def test_the_script_itself_imports_no_runtime(check):
+    assert "torch" not in vars(check) and "aitune" not in vars(check)
+
+
+def test_tensorrt_comes_as_the_wheel_of_torchs_cuda_major(check):
+    cu13 = check.tensorrt_runtime(13)
+    assert any(r.startswith("tensorrt-cu13>=10") for r in cu13) and not any("cu12" in r for r in cu13)
+    assert "nvidia-modelopt>=0.44" in cu13
+    assert check.torch_minor("2.13.0+cu128") == (2, 13)
+
+
+def test_torch_tensorrt_extras_cover_exactly_the_tested_torch_minors(check):
+    from aitune_backend_torchtrt.versions import TESTED
+
+    assert check.TORCHTRT_TESTED == TESTED
+    extras = set(importlib.metadata.metadata("aitune-backend-torchtrt").get_all("Provides-Extra") or [])
+    assert {f"torch{a}{b}" for a, b in [(2, m) for m in range(TESTED[0][1], TESTED[1][1] + 1)]} <= extras
+
+
+def test_every_member_with_gpu_tests_gets_a_budget_torchtrt_first_and_the_tune_keeps_its_share(check):
+    members = [m for m, _ in check.TEST_BUDGETS]
+    assert members[0] == "aitune-backend-torchtrt"
+    with_gpu_tests = {p.parent.parent.name for p in ROOT.glob("aitune-*/tests/test_gpu*.py")}
+    assert with_gpu_tests <= set(members)
+    assert sum(b for _, b in check.TEST_BUDGETS) + check.TUNE_RESERVE_S <= check.BUDGET_S
+
+
+def test_the_table_has_one_row_per_pair_and_the_documented_columns(check):
+    rows = [
+        {"model": "cnn", "backend": "ort cuda", "build": "3.1s", "correct": "ok, max err 2.0e-06", "speedup": "1.80x"},
+        {"model": "cnn", "backend": "ort tensorrt", "build": "availability: its TensorRT library ..."},
+    ]
+    lines = check.table(rows).splitlines()
+    assert lines[0].replace(" ", "") == "|model|backend|build|correct|speedup|load|"
+    assert len(lines) == 4 and "availability" in lines[3] and lines[3].count("| -") == 3, "a missing cell is '-'"
+    documented = (ROOT / "scripts" / "README.md").read_text()
+    assert "| model | backend | build | correct | speedup | load |" in documented
+
+
+def test_without_a_cuda_torch_it_says_so_and_exits_2(check, monkeypatch, capsys):
+    monkeypatch.setattr(check, "machine_facts", lambda python: {"gpu": None, "cuda": None})
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--skip-install"])
+    assert check.main() == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
