@@ -377,6 +377,8 @@ def test_cli_show_and_verify(artifact):
     shown = CliRunner().invoke(app, ["show", str(path)], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     assert "toy" in shown.output and "x(batch, 8)" in shown.output
+    # piped, each graph is one tab-separated line with the full module and backend names
+    assert ["m", "0", "toy", "x(batch, 8)"] in [line.split("\t")[:4] for line in shown.output.splitlines()]
     manifest = json.loads(CliRunner().invoke(app, ["show", str(path), "--json"]).output)
     assert manifest["modules"][0]["graphs"][0]["backend"] == "toy"
     verified = CliRunner().invoke(app, ["verify", str(path), "--json"])

@@ -77,7 +77,7 @@ class InspectResult:
 
         table = Table(title=f"aitune inspect: {self.runs} runs, {self.total_ms / max(self.runs, 1):.2f} ms per run")
         for column in ("module", "type", "calls", "share", "params", "inputs", "graph breaks", "tune?"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")  # long module paths wrap, never get cut
         ordered = sorted(self.modules.values(), key=lambda m: -m.total_ms)[:limit]
         for m in ordered:
             table.add_row(
