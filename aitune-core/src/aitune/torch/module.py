@@ -32,7 +32,8 @@ class Module(torch.nn.Module):
 
     ``strategy`` applies to every graph; ``strategies`` gives one per graph, as a list (in the
     order graphs were first recorded) or a mapping from graph index or graph key. ``dynamic_shapes``
-    states axes explicitly: ``{"x": {0: BatchDim(), 1: DynamicDim(min=1, max=512)}}``. With
+    states axes explicitly, per parameter one entry per axis as in AITune,
+    ``{"x": (BatchDim("batch", 1, 8), DynamicDim("seq", 1, 512))}``, or ``{axis: dim}``. With
     ``strict=True`` a call outside what was tuned raises instead of running eager.
     """
 

@@ -101,10 +101,10 @@ def tune(
     batches 1..8. Left None, items that all have batch 1 are tuned for AITune's default ``[1, 2]``,
     and other items for the batch sizes they have. ``device`` defaults to the device of the
     model's weights. ``ignore_failing_modules`` (AITune's name) is ``not fail_fast``;
-    ``dry_run=True`` records and reports the graphs without building anything. Returns the tuning report (also written to
-    ``report_path`` when given). ``show_progress`` (default: when stderr is a terminal) shows
-    each step live; every step is logged on the ``aitune`` logger either way. Arguments left as
-    None take their value from :mod:`aitune.torch.config`.
+    ``dry_run=True`` records and reports the graphs without building anything. Returns the
+    tuning report (also written to ``report_path`` when given). ``show_progress`` (default: when
+    stderr is a terminal) shows each step live; every step is logged on the ``aitune`` logger
+    either way. Arguments left as None take their value from :mod:`aitune.torch.config`.
     """
     from . import config
 
