@@ -84,6 +84,9 @@ def _devices(manifest: Manifest, device_map: DeviceMap) -> dict[str, torch.devic
     if not isinstance(device_map, Mapping):
         device = _as_device(device_map, "device_map")
         return {e.name: device for e in manifest.modules}
+    wrong = [k for k in device_map if not isinstance(k, str)]
+    if wrong:
+        raise InputError(f"device_map keys are module names or paths (strings), got {wrong!r}")
     keys = {k: _as_device(v, f"device_map[{k!r}]") for k, v in device_map.items()}
     out: dict[str, torch.device | None] = {}
     used: set[str] = set()
@@ -214,6 +217,9 @@ def _targets(obj: Any, manifest: Manifest, reader: Reader) -> dict[str, Any]:
                 f"{'the given object' if entry.path == '' else 'the module ' + _where(entry)} has another "
                 f"structure than the saved {entry.name!r} ({differences})"
             )
+            continue
+        if entry.name in targets or any(t is target for t in targets.values()):
+            problems.append(f"the artifact lists {entry.name!r} twice, or two modules at one path; it is corrupt")
             continue
         targets[entry.name] = target
     if problems:
