@@ -23,7 +23,6 @@ from ..errors import AituneError, ArtifactError, InputError
 from ..plugins import get_manager
 from ..registry import missing_requirements
 from ..torch.module import Module, wrapped_modules
-from ..torch.wrap import place, resolve
 from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, REPORT, Reader, open_artifact
 from .format import GraphEntry, Manifest, ModuleEntry
 
@@ -147,6 +146,8 @@ def load(
     device or ``{"<attr or child name>": device}``. ``fallback="eager"`` keeps a module whose
     payload cannot run here eager (with a warning) instead of raising.
     """
+    from ..torch.wrap import place  # the wrap helpers live with ait.wrap, above this layer
+
     if fallback not in (None, "eager"):
         raise ValueError("fallback must be None or 'eager'")
     path = Path(path)
@@ -187,6 +188,8 @@ def _targets(obj: Any, manifest: Manifest, reader: Reader) -> dict[str, Any]:
 
     Every problem is collected first and raised as one error, so a bad object is left untouched.
     """
+    from ..torch.wrap import resolve
+
     wrapped = {m.name: m for m in wrapped_modules(obj)}
     targets: dict[str, Any] = {}
     problems: list[str] = []
