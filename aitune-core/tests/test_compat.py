@@ -151,5 +151,9 @@ def test_aitune_tune_keywords_work_or_say_what_to_use(backend, tmp_path):
     with pytest.raises(ArtifactError, match="never tuned"):
         ait.save(model, tmp_path / "unused.ait")
 
+    ait.tune(model, data)
+    ait.tune(model, data, batch_sizes=[1, 4], dry_run=True)
+    assert model.state == "tuned"  # a dry run of a tuned model leaves it tuned
+
     with pytest.raises(InputError, match="max_samples"):
         ait.tune(model, data, max_num_batches_per_batch_size=4)

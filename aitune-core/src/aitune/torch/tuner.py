@@ -7,12 +7,13 @@ original error, LatencyBudget's unmet budget) always propagate.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 import platform
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,21 @@ def tune(
             )
         fail_fast = not ignore_failing_modules
     fail = config.fail_fast if fail_fast is None else fail_fast
-    with TuneProgress(config.show_progress if show_progress is None else show_progress):
+    kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
+    with TuneProgress(config.show_progress if show_progress is None else show_progress), kept:
         return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances, dry_run)
+
+
+@contextlib.contextmanager
+def _kept_as_they_are(obj: Any) -> Iterator[None]:
+    """A dry run records through every wrapper; afterwards each one routes calls as before."""
+    before = [(m, m.state, list(m.tuned_graphs), m.report) for m in wrapped_modules(obj)]
+    try:
+        yield
+    finally:
+        for module, state, graphs, report in before:
+            if state != "recording":
+                module._install(graphs, report)
 
 
 def _tune(
