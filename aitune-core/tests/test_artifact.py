@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import aitune.torch as ait
 from aitune.cli import app
-from aitune.errors import ArtifactError
+from aitune.errors import ArtifactError, InputError
 from aitune.testing import assert_matches_eager
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
@@ -226,10 +226,108 @@ def test_expected_sha256_pins_the_file(artifact):
 
 def test_wrong_architecture_and_missing_wrappers_are_explained(artifact):
     _, path = artifact
-    with pytest.raises(ArtifactError, match="do not fit the module"):
+    with pytest.raises(
+        ArtifactError, match=r"object has another structure .* fc.weight is \[4, 4\] here, \[8, 8\] saved"
+    ):
         ait.load(ait.Module(SlowModule(features=4), "m"), path)
-    with pytest.raises(ArtifactError, match=r"holds modules \['m'\] that the given object does not wrap"):
+    with pytest.raises(
+        ArtifactError, match="'m' was saved as the whole object, where the given object has ait.Module 'other'"
+    ):
         ait.load(ait.Module(SlowModule(), "other"), path)
+
+
+class TwoPart(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = SlowModule()
+        self.head = torch.nn.Sequential(torch.nn.ReLU(), SlowModule())
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+@pytest.fixture
+def two_part(toy_backends, tmp_path):
+    torch.manual_seed(0)
+    model = TwoPart()
+    strategy = ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK)
+    ait.wrap(model, ["encoder", "head.1"], strategy=strategy)
+    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+    return model, ait.save(model, tmp_path / "two.ait")
+
+
+def test_load_wraps_a_freshly_built_model_at_the_saved_paths(two_part):
+    model, path = two_part
+    torch.manual_seed(5)
+    built = TwoPart()
+    assert ait.load(built, path) is built
+    assert isinstance(built.encoder, ait.Module) and isinstance(built.head[1], ait.Module)
+    assert (built.encoder.name, built.encoder.state, built.head[1].state) == ("encoder", "tuned", "tuned")
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(built(x), model(x))
+
+
+def test_load_fills_a_fresh_pipeline_by_attribute_name(toy_backends, tmp_path):
+    class Pipe:
+        def __init__(self):
+            self.text_encoder, self.decoder, self.scale = SlowModule(), SlowModule(), 2.0
+
+        def __call__(self, x):
+            return self.decoder(self.text_encoder(x)) * self.scale
+
+    pipe = Pipe()
+    strategy = ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK)
+    pipe.text_encoder = ait.Module(pipe.text_encoder, "enc", strategy=strategy)
+    pipe.decoder = ait.Module(pipe.decoder, "dec", strategy=strategy)
+    ait.tune(pipe, [torch.randn(2, 8), torch.randn(4, 8)])
+    path = ait.save(pipe, tmp_path / "pipe.ait")
+    fresh_pipe = ait.load(Pipe(), path, device_map={"text_encoder": "cpu", "decoder": "cpu"})
+    assert (fresh_pipe.text_encoder.name, fresh_pipe.decoder.name) == ("enc", "dec")
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(fresh_pipe(x), pipe(x))
+
+
+def test_load_refuses_an_object_that_differs_and_leaves_it_untouched(two_part):
+    _, path = two_part
+
+    class Renamed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder, self.tail = SlowModule(), torch.nn.Sequential(torch.nn.ReLU(), SlowModule())
+
+    built = Renamed()
+    with pytest.raises(
+        ArtifactError, match=r"'head.1' was saved at 'head.1', but cannot find 'head': Renamed has no 'head'"
+    ):
+        ait.load(built, path)
+    assert not isinstance(built.encoder, ait.Module)  # nothing is wrapped when any part does not fit
+    wider = TwoPart()
+    wider.head[1] = SlowModule(features=8)
+    wider.head[1].fc = torch.nn.Linear(8, 8, bias=False)
+    with pytest.raises(ArtifactError, match=r"module at 'head.1' has another structure .*missing here: fc.bias"):
+        ait.load(wider, path)
+
+
+def test_integrity_is_checked_before_the_object(two_part, tmp_path):
+    _, path = two_part
+    bad = tmp_path / "bad.ait"
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        offset = z.getinfo("modules/1/weights.safetensors").header_offset + 100
+    data[offset] ^= 0xFF  # one byte of the second module's weights
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="member 'modules/1/weights.safetensors'"):
+        ait.load(object(), bad)  # an object with nothing to fill: the file is judged first
+
+
+def test_device_map_entries_must_match_a_saved_module(two_part):
+    _, path = two_part
+    with pytest.raises(InputError, match=r"device_map names \['decoder'\], which match no saved module"):
+        ait.load(TwoPart(), path, device_map={"encoder": "cpu", "decoder": "cpu"})
+    with pytest.raises(InputError, match="'gpu0' is not a device"):
+        ait.load(TwoPart(), path, device_map={"head": "gpu0"})
+    built = ait.load(TwoPart(), path, device_map={"head": "cpu"})  # a part of the path names the modules under it
+    assert built.head[1].state == "tuned"
 
 
 def test_save_refuses_untuned_and_duplicate_names(toy_backends, tmp_path):
@@ -280,6 +378,8 @@ def test_cli_show_and_verify(artifact):
     shown = CliRunner().invoke(app, ["show", str(path)], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     assert "toy" in shown.output and "x(batch, 8)" in shown.output
+    # piped, each graph is one tab-separated line with the full module and backend names
+    assert ["m", "0", "toy", "x(batch, 8)"] in [line.split("\t")[:4] for line in shown.output.splitlines()]
     manifest = json.loads(CliRunner().invoke(app, ["show", str(path), "--json"]).output)
     assert manifest["modules"][0]["graphs"][0]["backend"] == "toy"
     verified = CliRunner().invoke(app, ["verify", str(path), "--json"])

@@ -41,3 +41,31 @@ def test_backends_table_keeps_install_hints_intact(aitune_manager):
     assert result.exit_code == 0
     if "tensorrt" in aitune_manager.registry.names() and aitune_manager.registry.status("tensorrt").reason():
         assert "aitune-backend-tensorrt[runtime]" in result.output, "rich markup must not eat '[runtime]'"
+
+
+def test_piped_output_keeps_full_names_one_row_per_line(aitune_manager, tmp_path):
+    """``aitune backends | grep inductor`` must find whole names, whatever the terminal width."""
+    from aitune import buildcache
+
+    result = CliRunner().invoke(app, ["backends"], env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    header, *lines = result.output.splitlines()
+    assert header.split("\t") == ["backend", "distribution", "version", "status", "devices", "why not"]
+    rows = {line.split("\t")[0]: line.split("\t") for line in lines}
+    assert set(rows) == set(aitune_manager.registry.names())
+    for name in aitune_manager.registry.names():
+        status = aitune_manager.registry.status(name)
+        assert rows[name][1:3] == [status.distribution, status.version]
+    info = CliRunner().invoke(app, ["cache", "info"], env={"COLUMNS": "20"})
+    assert info.output.startswith(str(buildcache.info()["path"]) + ":")
+
+
+def test_every_command_that_prints_a_table_has_json():
+    import typer.main
+
+    command = typer.main.get_command(app)
+    tables = {"backends", "show", "tune", "inspect", "demo", "verify"}
+    for name in tables:
+        assert "--json" in [o for p in command.commands[name].params for o in p.opts], name
+    cache = command.commands["cache"]
+    assert "--json" in [o for p in cache.commands["info"].params for o in p.opts]

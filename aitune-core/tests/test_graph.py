@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from aitune.errors import InputError
-from aitune.graph import BatchDim, DynamicDim, Sample, infer_graph, resize
+from aitune.graph import BatchDim, DynamicDim, Sample, assemble, infer_graph, resize
 
 
 def s(*tensors, **kw):
@@ -64,6 +64,49 @@ def test_bad_declarations_are_refused():
         DynamicDim(min=1, opt=9, max=4)
 
 
+def test_aitune_positional_dims_and_the_keyword_form_are_the_same_dims():
+    assert DynamicDim("seq", 1, 512) == DynamicDim(name="seq", min=1, max=512)
+    assert DynamicDim("seq", 1, 512, 64).opt == 64
+    assert BatchDim("batch", 1, 8) == BatchDim(name="batch", min=1, max=8)
+    assert BatchDim(max=64).max == 64 and BatchDim(max=64).name is None
+    with pytest.raises(InputError, match=r"first argument is the name.*DynamicDim\(min=1, max=512\)"):
+        DynamicDim(1, 512)
+    with pytest.raises(InputError, match="use BatchDim"):
+        DynamicDim("batch", 1, 8)
+
+
+def test_per_parameter_tuples_declare_every_axis():
+    samples = [s(torch.zeros(1, 3, 10), mask=torch.ones(1, 10)), s(torch.zeros(1, 3, 20), mask=torch.ones(1, 20))]
+    shapes = {
+        "x": (BatchDim("batch", 1, 8), 3, DynamicDim("seq", 1, 512)),
+        "mask": (BatchDim("batch", 1, 8), DynamicDim("seq", 1, 512)),
+    }
+    g = infer_graph(samples, ["x"], shapes)
+    x, mask = g.inputs
+    assert x.dims == ("batch", None, "seq") and mask.dims == ("batch", "seq")
+    assert (g.dims["batch"].min, g.dims["batch"].max) == (1, 8)
+    assert (g.dims["seq"].min, g.dims["seq"].max) == (1, 512)
+    # the tuple and the {axis: dim} mapping are two spellings of one declaration
+    same = infer_graph(
+        samples, ["x"], {"x": {0: BatchDim("batch", 1, 8), 2: DynamicDim("seq", 1, 512)}, "mask": shapes["mask"]}
+    )
+    assert same == g
+
+
+def test_per_parameter_tuples_are_checked_against_the_recorded_inputs():
+    samples = [s(torch.zeros(1, 3, 10))]
+    with pytest.raises(InputError, match=r"'x' axis 1 is 4, but a recorded sample has 3"):
+        infer_graph(samples, ["x"], {"x": (BatchDim("b", 1, 8), 4, DynamicDim("seq", 1, 64))})
+    with pytest.raises(InputError, match="has 2 entries, but 'x' has rank 3"):
+        infer_graph(samples, ["x"], {"x": (BatchDim("b", 1, 8), 3)})
+    with pytest.raises(InputError, match=r"dynamic_shapes\['x'\]\[1\] must be an int, a DynamicDim or a BatchDim"):
+        infer_graph(samples, ["x"], {"x": (1, "three", 10)})
+    with pytest.raises(InputError, match="one batch dimension"):
+        infer_graph(
+            [s(torch.zeros(1, 3), torch.zeros(1, 3))], ["x", "y"], {"x": (BatchDim("a"), 3), "y": (BatchDim("b"), 3)}
+        )
+
+
 def test_mismatch_explains_why_a_call_does_not_fit():
     g = infer_graph([s(torch.zeros(2, 5)), s(torch.zeros(4, 5))], ["x"])
     assert g.mismatch([torch.zeros(3, 5)]) is None
@@ -76,6 +119,17 @@ def test_resize_reuses_real_rows():
     g = infer_graph([s(torch.arange(3.0).reshape(3, 1)), s(torch.zeros(1, 1))], ["x"])
     big = resize(g, s(torch.arange(3.0).reshape(3, 1)), {"batch": 7})
     assert big.args[0].flatten().tolist() == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_assemble_forms_a_batch_by_concatenating_recorded_samples():
+    samples = [s(torch.full((1, 2), float(i)), torch.tensor(7.0)) for i in range(3)]
+    g = infer_graph(samples, ["x", "scale"], batch_sizes=[1, 16])
+    batch = assemble(g, samples, {"batch": 8})
+    x, scale = batch.args
+    assert x.shape == (8, 2) and x[:, 0].tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert scale.shape == ()  # inputs without a batch axis come from the first sample
+    one = assemble(g, samples, {"batch": 1})
+    assert one.args[0].tolist() == [[0.0, 0.0]]
 
 
 def test_key_is_stable_and_structure_sensitive():

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 app = typer.Typer(help="aitune: tune PyTorch modules across inference backends.", no_args_is_help=True)
 
@@ -73,6 +74,36 @@ def _backend_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def print_table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    title: str | None = None,
+    colours: dict[str, str] | None = None,
+) -> None:
+    """A table in a terminal, wrapping long cells; piped, tab-separated lines under a header line.
+
+    Nothing is ever cut, so ``aitune backends | grep inductor`` finds the full names; ``colours``
+    styles cells with exactly that text, in a terminal only.
+    """
+    if not sys.stdout.isatty():
+        for line in (columns, *rows):
+            typer.echo("\t".join(" ".join(str(cell).split()) for cell in line))
+        return
+    console = Console()
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max((len(row[i]) for row in cells), default=0) for i in range(len(columns))]
+    prose = [any(len(row[i].split()) > 2 for row in cells) for i in range(len(columns))]
+    # names keep their full width when the prose columns still get 20 characters each; else all wrap
+    named = sum(w for w, p in zip(widths, prose) if not p) + 3 * len(columns) + 1
+    keep = named + 20 * sum(prose) <= console.width
+    table = Table(title=title)
+    for column, width, is_prose in zip(columns, widths, prose):
+        table.add_column(column, overflow="fold", min_width=width if keep and not is_prose else None)
+    for row in cells:
+        table.add_row(*(Text(c, style=(colours or {}).get(c, "")) for c in row))
+    console.print(table)
+
+
 @app.command()
 def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """List the installed backends, whether each can run here, and why not."""
@@ -80,17 +111,18 @@ def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON for 
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title="aitune backends")
-    for column in ("backend", "distribution", "version", "status", "devices", "why not"):
-        table.add_column(column)
+    cells = []
     for row in rows:
-        style = {"available": "green", "unavailable": "yellow"}.get(row["status"], "red")
         devices = ", ".join(f"{d} ✓" if r is None else f"{d} ✗" for d, r in row["devices"].items())
         reasons = {r: [d for d, x in row["devices"].items() if x == r] for r in row["devices"].values() if r}
         why = "; ".join(f"{'/'.join(ds)}: {r}" for r, ds in reasons.items()) or (row["reason"] or "")
-        cells = [escape(str(c)) for c in (row["backend"], row["distribution"], row["version"])]
-        table.add_row(*cells, f"[{style}]{escape(row['status'])}[/]", devices, escape(why))
-    Console().print(table)
+        cells.append([row["backend"], row["distribution"], row["version"], row["status"], devices, why])
+    print_table(
+        ("backend", "distribution", "version", "status", "devices", "why not"),
+        cells,
+        "aitune backends",
+        {"available": "green", "unavailable": "yellow", "failed to load": "red"},
+    )
 
 
 @app.command()
@@ -131,24 +163,19 @@ def show(
     if as_json:
         typer.echo(json.dumps(unstructure(manifest), indent=2))
         return
-    console = Console()
-    console.print(
-        f"[bold]{artifact}[/] format {manifest.format_version}, aitune {manifest.aitune_version}, {manifest.created_at}"
-    )
     env = manifest.environment
-    console.print(f"tuned on: torch {env.get('torch')}, {env.get('gpu') or env.get('cpu')}, CUDA {env.get('cuda')}")
-    table = Table()
-    for column in ("module", "graph", "backend", "inputs", "payload"):
-        table.add_column(column)
+    typer.echo(f"{artifact}: format {manifest.format_version}, aitune {manifest.aitune_version}, {manifest.created_at}")
+    typer.echo(f"tuned on: torch {env.get('torch')}, {env.get('gpu') or env.get('cpu')}, CUDA {env.get('cuda')}")
+    rows = []
     for module in manifest.modules:
-        table.add_row(escape(module.name), "weights", "", "", _size(sizes.get(module.weights, 0)))
+        rows.append([module.name, "weights", "", "", _size(sizes.get(module.weights, 0))])
         for i, graph in enumerate(module.graphs):
             inputs = ", ".join(
                 f"{t.path}({', '.join(d or str(s) for s, d in zip(t.shape, t.dims))})" for t in graph.graph.inputs
             )
             payload = sum(sizes.get(f"{graph.payload}/{f}", 0) for f in graph.files)
-            table.add_row("", str(i), graph.backend, escape(inputs), _size(payload))
-    console.print(table)
+            rows.append([module.name, str(i), graph.backend, inputs, _size(payload)])
+    print_table(("module", "graph", "backend", "inputs", "payload"), rows)
 
 
 def _size(n: int) -> str:
@@ -231,29 +258,28 @@ def _backends(names: list[str]) -> list[Any]:
     return [registry.backend_class(n)() for n in names]
 
 
-def _write_reports(report: Any, report_path: Path | None, html_path: Path | None, markdown: bool) -> None:
+def _write_reports(
+    report: Any, report_path: Path | None, html_path: Path | None, markdown: bool, quiet: bool = False
+) -> None:
+    """Write the reports asked for; ``quiet`` keeps stdout to the JSON printed before."""
     from .reporting import render_html, render_markdown
 
     if report_path is not None:
         report.save(report_path)
-        typer.echo(f"report: {report_path}")
+        if not quiet:
+            typer.echo(f"report: {report_path}")
     if html_path is not None:
         html_path.parent.mkdir(parents=True, exist_ok=True)
         html_path.write_text(render_html(report))
-        typer.echo(f"HTML report: {html_path}")
+        if not quiet:
+            typer.echo(f"HTML report: {html_path}")
     if markdown:
         typer.echo(render_markdown(report))
 
 
 def _print_summary(report: Any) -> None:
-    table = Table(title="aitune: tuned modules")
-    for column in ("module", "status", "result"):
-        table.add_column(column)
-    for module in report.modules:
-        table.add_row(
-            escape(module.name), module.status, escape(module.summary.partition(": ")[2] or module.error or "")
-        )
-    Console().print(table)
+    rows = [[m.name, m.status, m.summary.partition(": ")[2] or m.error or ""] for m in report.modules]
+    print_table(("module", "status", "result"), rows, "aitune: tuned modules")
 
 
 @app.command()
@@ -292,7 +318,7 @@ def tune(
         _print_summary(report)
         if output is not None:
             typer.echo(f"artifact: {output}")
-    _write_reports(report, report_path, html, False)
+    _write_reports(report, report_path, html, False, quiet=as_json)
     if any(m.status == "failed" for m in report.modules):
         raise typer.Exit(1)
 
@@ -340,6 +366,7 @@ def report(
 @app.command()
 def demo(
     output_dir: Path = typer.Option(Path("aitune-demo"), "--output-dir", help="Where the artifact and reports go."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of a table."),
 ) -> None:
     """Tune a built-in small model with every backend available here; write the artifact and HTML report."""
     import aitune.torch as ait
@@ -349,7 +376,7 @@ def demo(
     model: Any
     model, dataset = demo_model.model_and_data()
     backends = demo_model.demo_backends()
-    Console().print(
+    Console(stderr=as_json).print(
         f"[bold]aitune demo[/]: a CNN + MLP classifier, candidates: {', '.join(b.name for b in backends)} (and eager)"
     )
     model.features = ait.Module(model.features, "features", strategy=ait.MaxThroughputStrategy(backends=backends))
@@ -357,9 +384,12 @@ def demo(
     result = ait.tune(model, dataset)
     output_dir.mkdir(parents=True, exist_ok=True)
     ait.save(model, output_dir / "classifier.ait")
-    _print_summary(result)
-    typer.echo(f"artifact: {output_dir / 'classifier.ait'}")
-    _write_reports(result, output_dir / "report.json", output_dir / "report.html", False)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2, default=str))
+    else:
+        _print_summary(result)
+        typer.echo(f"artifact: {output_dir / 'classifier.ait'}")
+    _write_reports(result, output_dir / "report.json", output_dir / "report.html", False, quiet=as_json)
 
 
 def main() -> None:

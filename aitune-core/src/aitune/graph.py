@@ -22,32 +22,52 @@ import torch
 from . import tree
 from .errors import InputError
 
+BATCH = "batch"
+
 
 @attrs.frozen
 class DynamicDim:
-    """Declares an axis dynamic, optionally bounded: ``{"x": {1: DynamicDim(min=1, max=512)}}``.
+    """Declares an axis dynamic, optionally bounded: ``DynamicDim("seq", 1, 512)``, AITune's order.
 
-    ``name`` lets several axes share one symbolic dimension (two inputs with one sequence length).
+    Axes declared with the same ``name`` share one symbolic dimension (two inputs with one
+    sequence length). The keyword form ``DynamicDim(min=1, max=512)`` leaves the name to aitune.
     """
 
+    name: str | None = None
     min: int | None = None
     max: int | None = None
     opt: int | None = None
-    name: str | None = None
 
     def __attrs_post_init__(self) -> None:
+        _check_name(self.name, "DynamicDim", "DynamicDim(name, min, max, opt=None)", "DynamicDim(min=1, max=512)")
+        if self.name == BATCH:
+            raise InputError(f"DynamicDim({BATCH!r}, ...): the name {BATCH!r} is the batch axis; use BatchDim for it")
         _check_bounds(self.min, self.opt, self.max, type(self).__name__)
 
 
 @attrs.frozen
 class BatchDim:
-    """Declares the batch axis of an input, optionally with the batch range to build for."""
+    """Declares the batch axis of an input, optionally with the batch range to build for.
 
+    ``BatchDim("batch", 1, 64)`` (AITune's order) or ``BatchDim(max=64)``. A module has one batch
+    dimension: every ``BatchDim`` of its inputs is that one axis.
+    """
+
+    name: str | None = None
     min: int | None = None
     max: int | None = None
 
     def __attrs_post_init__(self) -> None:
+        _check_name(self.name, "BatchDim", "BatchDim(name, min, max)", "BatchDim(max=64)")
         _check_bounds(self.min, None, self.max, type(self).__name__)
+
+
+def _check_name(name: object, what: str, signature: str, keywords: str) -> None:
+    if name is not None and not isinstance(name, str):
+        raise InputError(
+            f"{what}({name!r}, ...): the first argument is the name, as in AITune's {signature}; "
+            f"to give bounds alone write {keywords}"
+        )
 
 
 def _check_bounds(lo: int | None, opt: int | None, hi: int | None, what: str) -> None:
@@ -60,8 +80,10 @@ def _check_bounds(lo: int | None, opt: int | None, hi: int | None, what: str) ->
         raise InputError(f"{what}(min={lo}, opt={opt}, max={hi}): opt lies outside [min, max]")
 
 
-DynamicShapes = Mapping[str, Mapping[int, "DynamicDim | BatchDim"]]
-BATCH = "batch"
+AxisDecl = DynamicDim | BatchDim | int
+"""What one axis can be declared as: dynamic, the batch axis, or a static size checked on record."""
+DynamicShapes = Mapping[str, Mapping[int, AxisDecl] | Sequence[AxisDecl | None]]
+"""Per forward parameter: an ``{axis: decl}`` mapping, or AITune's tuple with one entry per axis."""
 
 
 @attrs.frozen
@@ -259,6 +281,14 @@ def infer_graph(
         for axis in range(len(sizes[0][i])):
             values = [sizes[s][i][axis] for s in range(len(samples))]
             decl = declared.get((i, axis))
+            if isinstance(decl, int):
+                wrong = next((v for v in values if v != decl), None)
+                if wrong is not None:
+                    raise InputError(
+                        f"dynamic_shapes says input {paths[i]!r} axis {axis} is {decl}, but a recorded sample "
+                        f"has {wrong}: declare it a DynamicDim, or record samples of that size"
+                    )
+                continue
             if isinstance(decl, BatchDim):
                 names[i][axis] = BATCH
                 ranges.setdefault(BATCH, values)
@@ -324,26 +354,57 @@ def infer_graph(
 
 def _declared(
     dynamic_shapes: DynamicShapes, paths: list[str], first: list[torch.Tensor]
-) -> dict[tuple[int, int], DynamicDim | BatchDim]:
-    out: dict[tuple[int, int], DynamicDim | BatchDim] = {}
+) -> dict[tuple[int, int], AxisDecl]:
+    """``{(leaf, axis): declaration}`` from either form of ``dynamic_shapes``, checked against the inputs."""
+    if not isinstance(dynamic_shapes, Mapping):
+        raise InputError(
+            f"dynamic_shapes must map parameter names to axes, e.g. {{'x': (BatchDim('batch', 1, 8), 3)}}, "
+            f"got {type(dynamic_shapes).__name__}"
+        )
+    out: dict[tuple[int, int], AxisDecl] = {}
+    batch_names: set[str] = set()
     for path, axes in dynamic_shapes.items():
         if path not in paths:
             raise InputError(f"dynamic_shapes names the input {path!r}, but the recorded inputs are {paths}")
         i = paths.index(path)
-        for axis, dim in axes.items():
-            if not isinstance(dim, (DynamicDim, BatchDim)):
-                raise InputError(f"dynamic_shapes[{path!r}][{axis}] must be a DynamicDim or BatchDim, got {dim!r}")
-            rank = first[i].dim()
-            if not -rank <= axis < rank:
+        rank = first[i].dim()
+        if isinstance(axes, Mapping):
+            items = list(axes.items())
+        elif isinstance(axes, (tuple, list)):
+            if len(axes) != rank:
+                raise InputError(
+                    f"dynamic_shapes[{path!r}] has {len(axes)} entries, but {path!r} has rank {rank} "
+                    f"(shape {tuple(first[i].shape)}): give one entry per axis"
+                )
+            items = [(axis, dim) for axis, dim in enumerate(axes) if dim is not None]
+        else:
+            raise InputError(
+                f"dynamic_shapes[{path!r}] must be a tuple with one entry per axis or an {{axis: dim}} mapping, "
+                f"got {type(axes).__name__}"
+            )
+        for axis, dim in items:
+            if not isinstance(dim, (DynamicDim, BatchDim, int)) or isinstance(dim, bool):
+                raise InputError(
+                    f"dynamic_shapes[{path!r}][{axis}] must be an int, a DynamicDim or a BatchDim, got {dim!r}"
+                )
+            if not isinstance(axis, int) or not -rank <= axis < rank:
                 raise InputError(f"dynamic_shapes[{path!r}] names axis {axis}, but {path!r} has rank {rank}")
+            if isinstance(dim, BatchDim) and dim.name is not None:
+                batch_names.add(dim.name)
             out[(i, axis % rank)] = dim
+    dynamic_names = {d.name for d in out.values() if isinstance(d, DynamicDim) and d.name is not None}
+    if len(batch_names) > 1 or batch_names & dynamic_names:
+        raise InputError(
+            f"dynamic_shapes names the batch axis {sorted(batch_names)} and dynamic axes {sorted(dynamic_names)}: "
+            "a module has one batch dimension, so give every BatchDim one name that no DynamicDim uses"
+        )
     return out
 
 
 def _batch_leaves(
     sizes: list[list[tuple[int, ...]]],
     n_leaves: int,
-    declared: Mapping[tuple[int, int], DynamicDim | BatchDim],
+    declared: Mapping[tuple[int, int], AxisDecl],
     batch_requested: bool,
 ) -> list[int]:
     if any(isinstance(d, BatchDim) for d in declared.values()):
@@ -398,3 +459,42 @@ def resize(graph: GraphSpec, sample: Sample, sizes: Mapping[str, int]) -> Sample
         out.append(t)
     args, kwargs = graph.unflatten(out)
     return Sample(args, kwargs)
+
+
+def assemble(graph: GraphSpec, samples: Sequence[Sample], sizes: Mapping[str, int]) -> Sample:
+    """A sample with the named dimensions at ``sizes``, its batch made of recorded samples.
+
+    As AITune forms a batch of 8 from batch-1 samples, the batch axis is filled by concatenating
+    successive recorded samples (cycling when there are too few) whose other sizes match the
+    first one's; every other axis is then set by :func:`resize`. With no batch axis, or no
+    batch size asked for, this is ``resize`` of the first sample.
+    """
+    first = samples[0]
+    target = sizes.get(BATCH)
+    if graph.batch is None or target is None:
+        return resize(graph, first, sizes)
+    batched = [i for i, spec in enumerate(graph.inputs) if spec.batch_axis is not None]
+    base = graph.flatten(first.args, first.kwargs)
+
+    def fits(tensors: list[torch.Tensor]) -> bool:
+        return len(tensors) == len(base) and all(
+            t.dim() == b.dim() and all(n == BATCH or x == y for x, y, n in zip(t.shape, b.shape, spec.dims))
+            for t, b, spec in zip(tensors, base, graph.inputs)
+        )
+
+    pool = [ts for ts in (graph.flatten(s.args, s.kwargs) for s in samples) if fits(ts)]
+    pool = [ts for ts in pool if ts[batched[0]].shape[graph.inputs[batched[0]].batch_axis or 0] > 0]
+    if len(pool) < 2:
+        return resize(graph, first, sizes)
+    parts: list[list[torch.Tensor]] = []
+    rows = 0
+    while rows < target:
+        tensors = pool[len(parts) % len(pool)]
+        parts.append(tensors)
+        rows += tensors[batched[0]].shape[graph.inputs[batched[0]].batch_axis or 0]
+    out = list(base)
+    for i in batched:
+        axis = graph.inputs[i].batch_axis or 0
+        out[i] = torch.cat([p[i] for p in parts], dim=axis).narrow(axis, 0, target)
+    args, kwargs = graph.unflatten(out)
+    return resize(graph, Sample(args, kwargs), sizes)

@@ -110,7 +110,8 @@ class ModuleReport:
     name: str
     strategy: str
     status: str = "pending"
-    """``tuned``, ``eager`` (tuning kept eager) or ``failed`` (tuning raised; the module runs eager)."""
+    """``tuned``, ``eager`` (tuning kept eager), ``failed`` (tuning raised; the module runs eager) or
+    ``dry run`` (``ait.tune(dry_run=True)``: graphs recorded, nothing built)."""
     error: str | None = None
     graphs: list[GraphReport] = attrs.field(factory=list)
     summary: str = ""

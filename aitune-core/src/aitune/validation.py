@@ -16,7 +16,7 @@ import torch
 
 from . import tree
 from .backend import Backend, Tolerance
-from .graph import GraphSpec, Sample, resize
+from .graph import GraphSpec, Sample, assemble
 from .report import OutputComparison, ValidationReport
 
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
@@ -57,7 +57,7 @@ def validate(
         for which in ("min", "max"):
             sizes = {name: getattr(rng, which) for name, rng in graph.dims.items()}
             label = ", ".join(f"{n}={v}" for n, v in sizes.items())
-            cases.append((f"{which} shapes ({label})", resize(graph, samples[0], sizes)))
+            cases.append((f"{which} shapes ({label})", assemble(graph, samples, sizes)))
             report.checks.append(f"{which} shapes ({label})")
     try:
         for label, sample in cases:

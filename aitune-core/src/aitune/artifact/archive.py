@@ -86,6 +86,7 @@ class Reader:
 
     def __init__(self, path: Path, expected_sha256: str | None = None) -> None:
         self.path = path
+        self.verified = False
         if not path.is_file():
             raise ArtifactError(f"no artifact at {path}")
         if expected_sha256 is not None:
@@ -190,8 +191,30 @@ class Reader:
         return written
 
     def verify_all(self) -> None:
+        """Check every member's digest, streaming, so a large payload is never held in memory."""
         for name in self.digests:
-            self.read(name)
+            digest = hashlib.sha256()
+            try:
+                with self.zip.open(self.infos[name]) as src:
+                    for block in iter(lambda: src.read(_CHUNK), b""):
+                        digest.update(block)
+            except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
+                raise ArtifactError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
+            if digest.hexdigest() != self.digests[name]:
+                raise ArtifactError(f"{self.path}: member {name!r} does not match its SHA-256; the file was altered")
+        self.verified = True
+
+    def read_prefix(self, name: str, size: int) -> bytes:
+        """The first ``size`` bytes of a member, once :meth:`verify_all` has checked every digest."""
+        if not self.verified:
+            raise ArtifactError(f"{self.path}: read_prefix needs verify_all first")
+        if name not in self.infos or name == SUMS:
+            raise ArtifactError(f"{self.path} has no member {name!r}")
+        try:
+            with self.zip.open(self.infos[name]) as src:
+                return src.read(size)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
+            raise ArtifactError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
 
     def close(self) -> None:
         self.zip.close()

@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from ..errors import ArtifactError
 from ..graph import GraphSpec
 
 
@@ -32,6 +33,18 @@ class ModuleEntry:
     weights: str
     """The safetensors member holding the module's original weights (eager fallback)."""
     graphs: list[GraphEntry] = attrs.field(factory=list)
+    path: str | None = attrs.field(default=None, validator=lambda _, __, v: _check_path(v))
+    """Where the module sat in the saved object (``"encoder.layer.0"``, ``""`` for the object
+    itself), so ``ait.load`` can wrap the same module of a freshly built one. None in artifacts
+    written before aitune recorded it."""
+    strict: bool = False
+    """The wrapper's ``strict``: a call outside what was tuned raises instead of running eager."""
+
+
+def _check_path(path: str | None) -> None:
+    """A saved module path is looked up with getattr: refuse segments a hostile file could abuse."""
+    if path and any(not part or part.startswith("__") for part in path.split(".")):
+        raise ArtifactError(f"module path {path!r} is not a dotted path of attribute or child names")
 
 
 @attrs.define

@@ -16,7 +16,7 @@ from ..converter import config_to_json, unstructure
 from ..errors import ArtifactError, SerializationError
 from ..plugins import get_manager
 from ..report import TuneReport
-from ..torch.module import wrapped_modules
+from ..torch.module import named_wrapped_modules
 from .archive import FORMAT_VERSION, MANIFEST, REPORT, Writer
 from .format import GraphEntry, Manifest, ModuleEntry
 
@@ -69,7 +69,8 @@ def save(obj: Any, path: str | Path) -> Path:
     any previous artifact intact.
     """
     path = Path(path)
-    modules = wrapped_modules(obj)
+    named = named_wrapped_modules(obj)
+    modules = [m for _, m in named]
     if not modules:
         raise ArtifactError("nothing to save: no ait.Module found; wrap and tune modules first")
     names = [m.name for m in modules]
@@ -92,8 +93,10 @@ def save(obj: Any, path: str | Path) -> Path:
     writer = Writer(path)
     try:
         with tempfile.TemporaryDirectory(prefix="aitune-save-") as tmp:
-            for i, module in enumerate(modules):
-                entry = ModuleEntry(name=module.name, weights=f"modules/{i}/weights.safetensors")
+            for i, (where, module) in enumerate(named):
+                entry = ModuleEntry(
+                    name=module.name, weights=f"modules/{i}/weights.safetensors", path=where, strict=module.strict
+                )
                 writer.add_bytes(entry.weights, _weights_bytes(module.module))
                 for j, (graph, backend) in enumerate(module.tuned_graphs):
                     folder = Path(tmp) / f"{i}-{j}"

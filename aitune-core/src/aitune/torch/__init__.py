@@ -25,10 +25,14 @@ from .strategies import (
 from .tuner import tune
 from .wrap import wrap
 
+HighestThroughputStrategy = MaxThroughputStrategy
+"""The name AITune's overview gives ``MaxThroughputStrategy``; the same class."""
+
 __all__ = [
     "BatchDim",
     "DynamicDim",
     "FirstWinsStrategy",
+    "HighestThroughputStrategy",
     "InspectResult",
     "LatencyBudgetStrategy",
     "MaxThroughputStrategy",

@@ -23,7 +23,7 @@ from ..backend import Backend, BuildContext, Tolerance
 from ..builtin.eager import TorchEagerBackend
 from ..converter import config_to_json
 from ..errors import ConfigError, SerializationError
-from ..graph import BATCH, DimRange, GraphSpec, Sample, resize
+from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
 from ..report import CandidateReport, GraphReport, ProfileResult, RouteReport
 from . import progress, recording
 from .task.profiling import ProfilingConfig
@@ -268,7 +268,7 @@ class GraphTuning:
     def _sample_at(self, batch_size: int) -> Sample:
         if self.graph.batch is None:
             return self.samples[0]
-        return resize(self.graph, self.samples[0], {"batch": batch_size})
+        return assemble(self.graph, self.samples, {BATCH: batch_size})
 
 
 def _runner(backend: Backend, sample: Sample) -> Any:

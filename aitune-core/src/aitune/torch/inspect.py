@@ -46,6 +46,23 @@ class InspectResult:
     def recommended(self) -> list[str]:
         return [n for n, m in self.modules.items() if m.recommended]
 
+    def get_modules(self, min_execution_ratio: float | None = None, limit: int | None = None) -> list[ModuleInfo]:
+        """The modules that ran, largest share of time first, for ``ait.wrap(obj, modules)`` (AITune's API).
+
+        ``min_execution_ratio`` keeps modules taking at least that fraction of the time; ``limit``
+        keeps the first N. A module and its children are both listed (``recommended`` marks the
+        non-overlapping choice); the model itself is not, since it is wrapped as ``ait.Module(model)``.
+        """
+        if min_execution_ratio is not None and not 0 <= min_execution_ratio <= 1:
+            raise InputError(f"min_execution_ratio is a fraction of the time in [0, 1], got {min_execution_ratio!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InputError(f"limit must be an int >= 0, got {limit!r}")
+        ran = [m for m in self.modules.values() if m.name and m.calls > 0]
+        if min_execution_ratio is not None:
+            ran = [m for m in ran if m.share >= min_execution_ratio]
+        ran.sort(key=lambda m: (-m.share, m.name.count("."), m.name))
+        return ran if limit is None else ran[:limit]
+
     def to_dict(self) -> dict[str, Any]:
         from ..converter import unstructure
 
@@ -60,7 +77,7 @@ class InspectResult:
 
         table = Table(title=f"aitune inspect: {self.runs} runs, {self.total_ms / max(self.runs, 1):.2f} ms per run")
         for column in ("module", "type", "calls", "share", "params", "inputs", "graph breaks", "tune?"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")  # long module paths wrap, never get cut
         ordered = sorted(self.modules.values(), key=lambda m: -m.total_ms)[:limit]
         for m in ordered:
             table.add_row(

@@ -32,7 +32,8 @@ class Module(torch.nn.Module):
 
     ``strategy`` applies to every graph; ``strategies`` gives one per graph, as a list (in the
     order graphs were first recorded) or a mapping from graph index or graph key. ``dynamic_shapes``
-    states axes explicitly: ``{"x": {0: BatchDim(), 1: DynamicDim(min=1, max=512)}}``. With
+    states axes explicitly, per parameter one entry per axis as in AITune,
+    ``{"x": (BatchDim("batch", 1, 8), DynamicDim("seq", 1, 512))}``, or ``{axis: dim}``. With
     ``strict=True`` a call outside what was tuned raises instead of running eager.
     """
 
@@ -147,22 +148,40 @@ def _add_prefix(
 
 def wrapped_modules(obj: Any) -> list[Module]:
     """Every ``ait.Module`` reachable from ``obj``: itself, its submodules, or a pipeline's attributes."""
-    found: dict[int, Module] = {}
+    return [m for _, m in named_wrapped_modules(obj)]
 
-    def visit(value: Any, depth: int) -> None:
+
+def named_wrapped_modules(obj: Any) -> list[tuple[str, Module]]:
+    """Every ``ait.Module`` reachable from ``obj`` with its dotted path (``""`` for ``obj`` itself).
+
+    Paths are what ``ait.wrap`` takes: child names of modules, attribute names and mapping keys
+    of a pipeline, list indices; a wrapper adds no segment of its own.
+    """
+    found: dict[int, tuple[str, Module]] = {}
+    seen: set[int] = set()
+
+    def walk(module: torch.nn.Module, path: str) -> None:
+        if id(module) in seen:  # a shared submodule keeps its first path
+            return
+        seen.add(id(module))
+        if isinstance(module, Module):
+            found.setdefault(id(module), (path, module))
+            module = module.module
+        for name, child in module.named_children():
+            walk(child, f"{path}.{name}" if path else name)
+
+    def visit(value: Any, path: str, depth: int) -> None:
         if isinstance(value, torch.nn.Module):
-            for sub in value.modules():
-                if isinstance(sub, Module):
-                    found.setdefault(id(sub), sub)
+            walk(value, path)
         elif depth < 2 and isinstance(value, Mapping):
-            for v in value.values():
-                visit(v, depth + 1)
+            for k, v in value.items():
+                visit(v, f"{path}.{k}" if path else str(k), depth + 1)
         elif depth < 2 and isinstance(value, (list, tuple)):
-            for v in value:
-                visit(v, depth + 1)
+            for i, v in enumerate(value):
+                visit(v, f"{path}.{i}" if path else str(i), depth + 1)
         elif depth < 1 and hasattr(value, "__dict__") and not isinstance(value, type):
-            for v in vars(value).values():
-                visit(v, depth + 1)
+            for k, v in vars(value).items():
+                visit(v, f"{path}.{k}" if path else k, depth + 1)
 
-    visit(obj, 0)
+    visit(obj, "", 0)
     return list(found.values())

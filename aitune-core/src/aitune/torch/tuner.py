@@ -7,12 +7,13 @@ original error, LatencyBudget's unmet budget) always propagate.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 import platform
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ from .progress import TuneProgress, step
 from .strategies import MaxThroughputStrategy, TuneStrategy
 
 logger = logging.getLogger("aitune")
+
+AITUNE_DEFAULT_BATCH_SIZES = (1, 2)
+"""What ``batch_sizes=None`` means for data of batch-1 items, as in AITune."""
 
 
 def _call(fn: Callable[..., Any], sample: Any) -> Any:
@@ -86,23 +90,56 @@ def tune(
     report_path: str | Path | None = None,
     tolerances: Mapping[str, Tolerance] | None = None,
     show_progress: bool | None = None,
+    ignore_failing_modules: bool | None = None,
+    dry_run: bool = False,
+    max_num_batches_per_batch_size: int | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
-    ``batch_sizes`` widens the batch range the builds cover and the sizes profiled; ``device``
-    defaults to the device of the model's weights. Returns the tuning report (also written to
-    ``report_path`` when given). ``show_progress`` (default: when stderr is a terminal) shows
-    each step live; every step is logged on the ``aitune`` logger either way. Arguments left as
-    None take their value from :mod:`aitune.torch.config`.
+    A dataset item is one call of ``model_or_callable``. ``batch_sizes`` are the batch sizes to
+    build for and profile; a batch of each size is formed by concatenating recorded items along
+    their batch axis, so a list of batch-1 samples with ``batch_sizes=[1, 2, 4, 8]`` tunes for
+    batches 1..8. Left None, items that all have batch 1 are tuned for AITune's default ``[1, 2]``,
+    and other items for the batch sizes they have. ``device`` defaults to the device of the
+    model's weights. ``ignore_failing_modules`` (AITune's name) is ``not fail_fast``;
+    ``dry_run=True`` records and reports the graphs without building anything. Returns the
+    tuning report (also written to ``report_path`` when given). ``show_progress`` (default: when
+    stderr is a terminal) shows each step live; every step is logged on the ``aitune`` logger
+    either way. Arguments left as None take their value from :mod:`aitune.torch.config`.
     """
     from . import config
 
     samples = config.max_samples if max_samples is None else max_samples
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise InputError(f"max_samples must be an int >= 1, got {samples!r}")
+    if max_num_batches_per_batch_size is not None:
+        raise InputError(
+            "ait.tune(max_num_batches_per_batch_size=...) is not supported: aitune forms each batch size "
+            "from the recorded dataset items; bound how many are recorded with max_samples=N instead"
+        )
+    if ignore_failing_modules is not None:
+        if fail_fast is not None and fail_fast == ignore_failing_modules:
+            raise InputError(
+                f"ait.tune(fail_fast={fail_fast}, ignore_failing_modules={ignore_failing_modules}) contradict "
+                "each other: give only one of them"
+            )
+        fail_fast = not ignore_failing_modules
     fail = config.fail_fast if fail_fast is None else fail_fast
-    with TuneProgress(config.show_progress if show_progress is None else show_progress):
-        return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances)
+    kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
+    with TuneProgress(config.show_progress if show_progress is None else show_progress), kept:
+        return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances, dry_run)
+
+
+@contextlib.contextmanager
+def _kept_as_they_are(obj: Any) -> Iterator[None]:
+    """A dry run records through every wrapper; afterwards each one routes calls as before."""
+    before = [(m, m.state, list(m.tuned_graphs), m.report) for m in wrapped_modules(obj)]
+    try:
+        yield
+    finally:
+        for module, state, graphs, report in before:
+            if state != "recording":
+                module._install(graphs, report)
 
 
 def _tune(
@@ -114,6 +151,7 @@ def _tune(
     fail_fast: bool,
     report_path: str | Path | None,
     tolerances: Mapping[str, Tolerance] | None,
+    dry_run: bool = False,
 ) -> TuneReport:
     started = time.perf_counter()
     manager = get_manager()
@@ -156,7 +194,9 @@ def _tune(
     manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
     defaults = default_backends(tune_device)
     for rec in session.modules.values():
-        module_report = tune_recorded(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
+        module_report = tune_recorded(
+            rec, tune_device, batch_sizes, defaults, tolerances, fail_fast, AITUNE_DEFAULT_BATCH_SIZES, dry_run
+        )
         report.modules.append(module_report)
         logger.info("%s", module_report.summary)
     report.duration_s = time.perf_counter() - started
@@ -222,8 +262,14 @@ def tune_recorded(
     defaults: Sequence[Backend],
     tolerances: Mapping[str, Tolerance] | None,
     fail_fast: bool,
+    batch_one_sizes: Sequence[int] | None = None,
+    dry_run: bool = False,
 ) -> ModuleReport:
-    """Tune one recorded module graph by graph and install the winners (also the JIT's entry point)."""
+    """Tune one recorded module graph by graph and install the winners (also the JIT's entry point).
+
+    ``batch_one_sizes`` stands for ``batch_sizes`` when that is None and a graph's recorded calls
+    all have batch 1; ``dry_run`` stops after the graphs are known, installing nothing.
+    """
     module = rec.module
     manager = get_manager()
     report = ModuleReport(name=module.name, strategy=repr(_strategy_for(module, 0, "")))
@@ -232,16 +278,19 @@ def tune_recorded(
         for index, graph_rec in enumerate(rec.graphs.values()):
             if graph_rec.error:
                 raise InputError(f"{module.name}: a recorded call cannot be tuned: {graph_rec.error}")
+            sizes = batch_sizes or (batch_one_sizes if _batch_one(graph_rec.samples) else None)
             graph = infer_graph(
                 graph_rec.samples,
                 module._canonicalize.arg_names,
                 module.dynamic_shapes,
-                batch_sizes,
+                sizes,
                 graph_rec.outputs,
             )
             strategy = _strategy_for(module, index, graph.key)
             graph_report = GraphReport(graph_key=graph.key, graph=_graph_json(graph))
             report.graphs.append(graph_report)
+            if dry_run:
+                continue
             tuning = GraphTuning(
                 module.name,
                 module.module,
@@ -250,7 +299,7 @@ def tune_recorded(
                 device,
                 manager.hook,
                 manager.registry,
-                batch_sizes,
+                sizes,
                 module.tolerances or tolerances,
                 graph_report,
             )
@@ -275,10 +324,20 @@ def tune_recorded(
         if not isinstance(exc, AituneError):
             logger.exception("%s: unexpected error while tuning", module.name)
         return report
+    if dry_run:
+        report.status = "dry run"
+        report.summary = f"{module.name}: dry run, {len(report.graphs)} graph(s), nothing built"
+        return report
     module._install(winners, report)
     report.status = "tuned" if module.state == "tuned" else "eager"
     report.summary = summarize(report)
     return report
+
+
+def _batch_one(samples: Sequence[Any]) -> bool:
+    """True for AITune-style data: every tensor of every recorded call has a leading size of 1."""
+    tensors = [t for s in samples for t in s.tensors() if t.dim() > 0]
+    return bool(tensors) and all(t.shape[0] == 1 for t in tensors)
 
 
 def summarize(report: ModuleReport) -> str:

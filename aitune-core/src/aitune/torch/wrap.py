@@ -2,42 +2,72 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
 
 from ..errors import InputError
+from .inspect import ModuleInfo
 from .module import Module
 from .strategies import TuneStrategy
 
 
 def wrap(
     obj: Any,
-    modules: Sequence[str],
+    modules: Sequence[Any],
     strategy: TuneStrategy | None = None,
     strategies: Sequence[TuneStrategy] | Mapping[int | str, TuneStrategy] | None = None,
 ) -> Any:
-    """Replace each dotted path in ``modules`` (``"encoder"``, ``"unet.down.0"``) with an ``ait.Module``.
+    """Replace each module in ``modules`` with an ``ait.Module`` named after its path; returns ``obj``.
 
-    ``obj`` is an ``nn.Module`` or any object holding modules as attributes (a pipeline). The
-    wrapper is named after its path. Returns ``obj``.
+    ``modules`` holds dotted paths (``"encoder"``, ``"unet.down.0"``) or what
+    ``ait.inspect(...).get_modules()`` returns. ``obj`` is an ``nn.Module`` or any object holding
+    modules as attributes (a pipeline).
     """
-    for path in modules:
-        parent, attr = _parent(obj, path)
-        current = _get(parent, attr, path)
+    for item in modules:
+        path = _path_of(item)
+        current = resolve(obj, path)
         if isinstance(current, Module):
             continue
         if not isinstance(current, torch.nn.Module):
             raise InputError(f"{path!r} is a {type(current).__name__}, not a torch.nn.Module")
-        wrapped = Module(current, name=path, strategy=strategy, strategies=strategies)
-        if isinstance(parent, (torch.nn.ModuleList, torch.nn.Sequential)) and attr.isdigit():
-            parent[int(attr)] = wrapped
-        elif isinstance(parent, torch.nn.ModuleDict):
-            parent[attr] = wrapped
-        else:
-            setattr(parent, attr, wrapped)
+        place(obj, path, Module(current, name=path, strategy=strategy, strategies=strategies))
     return obj
+
+
+def _path_of(item: Any) -> str:
+    path = item.name if isinstance(item, ModuleInfo) else item
+    if not isinstance(path, str):
+        raise InputError(
+            f"ait.wrap takes dotted module paths or the module infos of ait.inspect(...).get_modules(), got {item!r}"
+        )
+    if not path:
+        raise InputError("ait.wrap cannot wrap the object itself in place: use model = ait.Module(model, 'name')")
+    return path
+
+
+def resolve(obj: Any, path: str) -> Any:
+    """What sits at the dotted ``path`` of ``obj`` (``""``: ``obj``); wrappers are looked through."""
+    if not path:
+        return obj
+    parent, attr = _parent(obj, path)
+    return _get(parent, attr, path)
+
+
+def place(obj: Any, path: str, value: torch.nn.Module) -> None:
+    """Put ``value`` at the dotted ``path`` of ``obj``, where a module is now."""
+    parent, attr = _parent(obj, path)
+    if isinstance(parent, Module):
+        parent = parent.module
+    if isinstance(parent, (torch.nn.ModuleList, torch.nn.Sequential, list)) and attr.isdigit():
+        parent[int(attr)] = value
+    elif isinstance(parent, (MutableMapping, torch.nn.ModuleDict)):
+        parent[attr] = value
+    elif isinstance(parent, tuple):
+        raise InputError(f"cannot replace {path!r}: it sits in a tuple; hold the modules in a list or attributes")
+    else:
+        setattr(parent, attr, value)
 
 
 def _parent(obj: Any, path: str) -> tuple[Any, str]:
@@ -51,7 +81,7 @@ def _parent(obj: Any, path: str) -> tuple[Any, str]:
 def _get(node: Any, attr: str, path: str) -> Any:
     if isinstance(node, Module):
         node = node.module
-    if isinstance(node, (torch.nn.ModuleList, torch.nn.Sequential)) and attr.isdigit():
+    if isinstance(node, (torch.nn.ModuleList, torch.nn.Sequential, list, tuple)) and attr.isdigit():
         if int(attr) < len(node):
             return node[int(attr)]
     elif isinstance(node, (Mapping, torch.nn.ModuleDict)):
