@@ -1,0 +1,21 @@
+"""The entry point's module: declares the backend to aitune and imports nothing heavy."""
+
+from __future__ import annotations
+
+from aitune import hookimpl
+from aitune.registry import BackendRegistry, BackendSpec
+
+
+@hookimpl
+def aitune_register_backends(registry: BackendRegistry) -> None:
+    registry.add(
+        BackendSpec(
+            name="channels_last",
+            backend_class="aitune_backend_example.backend:ChannelsLastBackend",
+            config_class="aitune_backend_example.backend:ChannelsLastConfig",
+            devices=("cpu", "cuda"),
+            description="channels-last (NHWC) weights and inputs, BatchNorm folded into the Conv before it",
+            # Opt-in: installing this distribution must not change what everyone's default tune tries.
+            default_candidate=False,
+        )
+    )
