@@ -9,7 +9,7 @@ import pytest
 
 from aitune import converter
 from aitune.backend import BackendConfig
-from aitune.builtin.eager import TorchEagerBackendConfig
+from aitune.builtin.eager import TorchEagerBackend, TorchEagerBackendConfig
 from aitune.errors import ConfigError
 from aitune.registry import BackendSpec
 
@@ -25,18 +25,17 @@ class ToyConfig(BackendConfig):
     nested: NestedConfig = attrs.field(factory=NestedConfig)
 
 
+class ToyBackend(TorchEagerBackend):
+    name = "toy"
+    config_class = ToyConfig
+
+
 class ToyPlugin:
     from aitune import hookimpl
 
     @hookimpl
     def aitune_register_backends(self, registry):
-        registry.add(
-            BackendSpec(
-                name="toy",
-                backend_class="aitune.builtin.eager:TorchEagerBackend",
-                config_class=f"{__name__}:ToyConfig",
-            )
-        )
+        registry.add(BackendSpec(backend_class=f"{__name__}:ToyBackend"))
 
 
 def test_round_trip_is_tagged_by_backend_name(register_plugin):

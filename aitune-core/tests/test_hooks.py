@@ -12,6 +12,7 @@ import torch
 import aitune.torch as ait
 from aitune import hookimpl, hookspecs
 from aitune.backend import BuildContext, LoadContext
+from aitune.builtin.eager import TorchEagerBackend
 from aitune.graph import infer_graph
 from aitune.report import ProfileResult, ValidationReport
 from aitune.testing import TinyMLP, assert_matches_eager, tiny_samples
@@ -59,13 +60,17 @@ def _setup(tmp_path):
     return module, samples, graph, BuildContext(graph, samples, torch.device("cpu"), tmp_path, tmp_path)
 
 
+class LateBackend(TorchEagerBackend):
+    name = "late"
+
+
 def test_hook_aitune_register_backends(aitune_manager, register_plugin):
     from aitune.registry import BackendSpec
 
     class Late:
         @hookimpl
         def aitune_register_backends(self, registry):
-            registry.add(BackendSpec(name="late", backend_class="x:Y", config_class="x:Z"))
+            registry.add(BackendSpec(backend_class=f"{__name__}:LateBackend"))
 
     register_plugin(Late(), distribution="late-dist")  # registered after discovery: historic still calls it
     assert aitune_manager.registry.distribution("late") == "late-dist"

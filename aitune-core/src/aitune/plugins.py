@@ -70,13 +70,19 @@ class AituneManager:
     def hook(self) -> Any:
         return self.pm.hook
 
-    def register(self, plugin: object, name: str | None = None, distribution: str = "unknown") -> None:
-        """Register a plugin object; its backends are recorded as coming from ``distribution``."""
+    def register(
+        self, plugin: object, name: str | None = None, distribution: str = "unknown", entry_point: bool = False
+    ) -> None:
+        """Register a plugin object; its backends are recorded as coming from ``distribution``.
+
+        ``entry_point``: ``name`` is the plugin's entry point, which its backends' names must match.
+        """
         with self._lock:
             name = name or getattr(plugin, "__name__", None) or repr(plugin)
             if self.pm.has_plugin(name) or self.pm.is_registered(plugin):
                 return
             self.registry._registering = distribution
+            self.registry._entry_point = name if entry_point else None
             before = dict(self.registry._entries)
             try:
                 self.pm.register(plugin, name=name)
@@ -89,6 +95,7 @@ class AituneManager:
                 raise PluginError(f"plugin {name!r} from {distribution} failed to register: {exc}") from exc
             finally:
                 self.registry._registering = "unknown"
+                self.registry._entry_point = None
             self.plugins[name] = PluginInfo(name, distribution, _dist_version(distribution))
 
     def load_entry_points(self) -> None:
@@ -111,7 +118,7 @@ class AituneManager:
         version = _dist_version(dist)
         try:
             plugin = ep.load()
-            self.register(plugin, name=ep.name, distribution=dist)
+            self.register(plugin, name=ep.name, distribution=dist, entry_point=True)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             self.plugins[ep.name] = PluginInfo(ep.name, dist, version, error)

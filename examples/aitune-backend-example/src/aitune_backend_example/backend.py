@@ -40,6 +40,7 @@ class ChannelsLastConfig(BackendConfig):
 class ChannelsLastBackend(Backend):
     name = "channels_last"
     config_class = ChannelsLastConfig
+    devices = ("cpu", "cuda")  # aitune reports cuda unavailable on a machine without a CUDA device
     config: ChannelsLastConfig
 
     def __init__(self, config: ChannelsLastConfig | None = None) -> None:

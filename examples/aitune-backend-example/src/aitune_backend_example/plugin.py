@@ -10,10 +10,8 @@ from aitune.registry import BackendRegistry, BackendSpec
 def aitune_register_backends(registry: BackendRegistry) -> None:
     registry.add(
         BackendSpec(
-            name="channels_last",
+            # name, config class and devices come from the class; its module imports only torch and aitune
             backend_class="aitune_backend_example.backend:ChannelsLastBackend",
-            config_class="aitune_backend_example.backend:ChannelsLastConfig",
-            devices=("cpu", "cuda"),
             description="channels-last (NHWC) weights and inputs, BatchNorm folded into the Conv before it",
             # Opt-in: installing this distribution must not change what everyone's default tune tries.
             default_candidate=False,
