@@ -96,7 +96,7 @@ def fuzz(session: nox.Session) -> None:
     env = {**_test_env(session), "AITUNE_FUZZ_RANDOM": "1"}
     env["AITUNE_FUZZ_EXAMPLES"] = os.environ.get("AITUNE_FUZZ_EXAMPLES", "2000")
     session.run("pytest", f"{CORE}/tests/test_fuzz_artifact.py", *session.posargs, env=env)
-    session.run("python", "-m", "aitune.survival", "--fuzz-examples", "1000", env=env)
+    session.run("python", "-m", "aitune.testing.survival", "--fuzz-examples", "1000", env=env)
 
 
 @nox.session

@@ -162,16 +162,3 @@ def exported_file(exported: Path, notes: dict[str, Any], key: str, default: str 
         raise BuildError(f"the exported {key} {name} is missing from {exported}; the export did not finish")
     return path
 
-
-class PendingBackend(Backend):
-    """A backend whose distribution is installed but not implemented yet: it refuses honestly."""
-
-    planned: ClassVar[str] = "a later release"
-
-    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
-        raise BackendNotImplementedError(
-            f"backend {self.name!r} is not implemented yet (planned for {self.planned}); choose another backend for now"
-        )
-
-    def infer(self, *args: Any, **kwargs: Any) -> Any:
-        raise BackendNotImplementedError(f"backend {self.name!r} is not implemented yet")

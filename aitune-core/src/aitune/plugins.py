@@ -57,8 +57,7 @@ class AituneManager:
         self._loaded_entry_points = False
         self._lock = threading.RLock()
         self.pm.hook.aitune_register_backends.call_historic(kwargs={"registry": self.registry})
-        from . import buildcache, isolation, journal
-        from .builtin import eager, operations
+        from .builtin import buildcache, eager, isolation, journal, operations
 
         self.register(operations, name="aitune.builtin.operations", distribution=CORE_DISTRIBUTION)
         self.register(buildcache, name="aitune.builtin.buildcache", distribution=CORE_DISTRIBUTION)

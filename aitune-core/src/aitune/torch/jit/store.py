@@ -26,7 +26,7 @@ import torch
 
 from ... import __version__
 from ...backend import Backend, LoadContext
-from ...buildcache import module_digest
+from ...builtin.buildcache import module_digest
 from ...converter import config_from_json, config_to_json, unstructure
 from ...errors import ConfigError, SerializationError
 from ...graph import GraphSpec

@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from . import hookimpl
-from .backend import Backend, BuildContext, LoadContext
-from .converter import unstructure
-from .errors import BuildError, ConfigError
-from .worker import EXIT_BAD_JOB, EXIT_OUT_OF_MEMORY
+from .. import hookimpl
+from ..backend import Backend, BuildContext, LoadContext
+from ..converter import unstructure
+from ..errors import BuildError, ConfigError
+from ..worker import EXIT_BAD_JOB, EXIT_OUT_OF_MEMORY
 
 logger = logging.getLogger("aitune")
 
@@ -116,7 +116,7 @@ def build_isolated(backend: Backend, module: torch.nn.Module, context: BuildCont
     start = time.perf_counter()
     metadata = run_worker(backend, notes, context, folder)
     worker_s = time.perf_counter() - start
-    from .plugins import get_manager
+    from ..plugins import get_manager
 
     load_context = LoadContext(context.graph, context.device, metadata, context.cache_dir, context.module_name)
     loaded: Backend = get_manager().hook.aitune_deserialize(

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from . import __version__, hookimpl
-from .backend import Backend, BuildContext, LoadContext
-from .converter import config_to_json, unstructure
-from .errors import SerializationError
+from .. import __version__, hookimpl
+from ..backend import Backend, BuildContext, LoadContext
+from ..converter import config_to_json, unstructure
+from ..errors import SerializationError
 
 logger = logging.getLogger("aitune")
 _digests: dict[int, tuple[Any, str]] = {}
@@ -36,7 +36,7 @@ def enabled() -> bool:
 
 
 def builds_dir() -> Path:
-    from .cache import cache_dir
+    from ..cache import cache_dir
 
     return cache_dir() / "builds"
 
@@ -59,7 +59,7 @@ def module_digest(module: torch.nn.Module) -> str:
 
 
 def build_key(backend: Backend, module: torch.nn.Module, context: BuildContext) -> str:
-    from .plugins import get_manager
+    from ..plugins import get_manager
 
     registry = get_manager().registry
     plugin_version = registry.status(backend.name).version if backend.name in registry else "unknown"
@@ -75,7 +75,7 @@ def build_key(backend: Backend, module: torch.nn.Module, context: BuildContext) 
 
 
 def _load_hit(entry: Path, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
-    from .plugins import get_manager
+    from ..plugins import get_manager
 
     try:
         meta = json.loads((entry / "meta.json").read_text())
@@ -95,7 +95,7 @@ def _load_hit(entry: Path, backend: Backend, module: torch.nn.Module, context: B
 
 
 def _store(entry: Path, backend: Backend) -> None:
-    from .plugins import get_manager
+    from ..plugins import get_manager
 
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
