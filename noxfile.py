@@ -3,7 +3,7 @@
 * ``tests``: every member installed together, with the example plugin built and installed as its
   own wheel, every test (the command CI runs);
 * ``tests-<member>``: one member alone with core, its own tests (proves it installs by itself);
-* ``lint``, ``typecheck``, ``build``;
+* ``lint`` (ruff and the import-linter contracts), ``typecheck``, ``build``;
 * ``fuzz``: the artifact fuzzers with many examples (``AITUNE_FUZZ_EXAMPLES``), then the survival table;
 * ``gpu``: the prepared GPU check (``scripts/gpu_check.py``), run on a machine with an NVIDIA GPU.
 """
@@ -101,10 +101,13 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and format check over the whole repository."""
-    session.install("ruff>=0.5")
+    """ruff check and format check over the whole repository; the architecture contracts of
+    .importlinter (import-linter reads the sources from the src folders, installing nothing)."""
+    session.install("ruff>=0.5", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    sources = [str(ROOT / m / "src") for m in MEMBERS] + [str(ROOT / EXAMPLE / "src")]
+    session.run("lint-imports", env={"PYTHONPATH": os.pathsep.join(sources)})
 
 
 @nox.session

@@ -161,4 +161,3 @@ def exported_file(exported: Path, notes: dict[str, Any], key: str, default: str 
     if not path.is_file():
         raise BuildError(f"the exported {key} {name} is missing from {exported}; the export did not finish")
     return path
-

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import pluggy
 
-from . import hookspecs
+from . import converter, hookspecs
 from .errors import PluginError, PluginLoadError
 from .registry import BackendRegistry
 
@@ -59,9 +59,13 @@ class AituneManager:
         self.pm.hook.aitune_register_backends.call_historic(kwargs={"registry": self.registry})
         from .builtin import buildcache, eager, isolation, journal, operations
 
+        # plugins that call other hooks are handed this manager's relay, never a global one
         self.register(operations, name="aitune.builtin.operations", distribution=CORE_DISTRIBUTION)
-        self.register(buildcache, name="aitune.builtin.buildcache", distribution=CORE_DISTRIBUTION)
-        self.register(isolation, name="aitune.builtin.isolation", distribution=CORE_DISTRIBUTION)
+        cache = buildcache.BuildCache(self.pm.hook, self.registry)
+        self.register(cache, name="aitune.builtin.buildcache", distribution=CORE_DISTRIBUTION)
+        self.register(
+            isolation.Isolation(self.pm.hook), name="aitune.builtin.isolation", distribution=CORE_DISTRIBUTION
+        )
         self.register(journal, name="aitune.builtin.journal", distribution=CORE_DISTRIBUTION)
         self.register(eager, name="aitune.builtin.eager", distribution=CORE_DISTRIBUTION)
 
@@ -157,7 +161,15 @@ def set_manager(manager: AituneManager | None) -> AituneManager | None:
     global _manager
     with _manager_lock:
         previous, _manager = _manager, manager
-        from . import converter
-
         converter.reset()
         return previous
+
+
+def config_to_json(config: Any, backend: str | None = None) -> dict[str, Any]:
+    """:meth:`BackendRegistry.config_to_json` with the process-wide manager's registry."""
+    return get_manager().registry.config_to_json(config, backend)
+
+
+def config_from_json(data: Any, what: str = "$") -> Any:
+    """:meth:`BackendRegistry.config_from_json` with the process-wide manager's registry."""
+    return get_manager().registry.config_from_json(data, what)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -20,7 +21,15 @@ import attrs
 from packaging.requirements import InvalidRequirement, Requirement
 
 from .backend import Backend, BackendConfig
-from .errors import BackendNotFoundError, BackendUnavailableError, DuplicateBackendError, PluginError
+from .converter import structure, unstructure
+from .errors import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    ConfigError,
+    DuplicateBackendError,
+    PluginError,
+    SerializationError,
+)
 
 Probe = Callable[[str], "str | None"]
 """Called with a device type (``"cpu"``, ``"cuda"``); returns why the backend cannot run there, or None."""
@@ -204,6 +213,33 @@ class BackendRegistry:
 
     def resolve(self, public_name: str) -> Any:
         return _import_path(self.public_names()[public_name])
+
+    def config_to_json(self, config: Any, backend: str | None = None) -> dict[str, Any]:
+        """A backend config as a JSON object tagged with its backend name.
+
+        Pass ``backend`` when several backends share one config class.
+        """
+        for name in [backend] if backend is not None else self.names():
+            if name in self and self.config_class(name) is type(config):
+                data = {"backend": name, **unstructure(config)}
+                try:
+                    json.dumps(data)
+                except (TypeError, ValueError) as exc:
+                    raise SerializationError(
+                        f"the {name} config cannot be written as JSON ({exc}); use settings that have a JSON form"
+                    ) from exc
+                return data
+        raise ConfigError(f"{type(config).__name__} belongs to no registered backend; is its plugin installed?")
+
+    def config_from_json(self, data: Any, what: str = "$") -> Any:
+        """The backend config that :meth:`config_to_json` wrote; the ``backend`` tag picks the class."""
+        if not isinstance(data, dict) or "backend" not in data:
+            raise ConfigError(f"{what}: a backend config must be an object with a 'backend' key, got {data!r}")
+        fields = dict(data)
+        name = fields.pop("backend")
+        if name not in self:
+            raise ConfigError(f"{what}.backend: unknown backend {name!r}; installed: {sorted(self.names())}")
+        return structure(fields, self.config_class(name), what)
 
 
 def _complete(spec: BackendSpec, distribution: str) -> BackendSpec:

@@ -101,7 +101,7 @@ class BackendConformance:
         assert registry.config_class(self.backend_name) is backend_class.config_class
 
     def test_config_json_round_trip(self) -> None:
-        from ..converter import config_from_json, config_to_json
+        from ..plugins import config_from_json, config_to_json
 
         config = self.make_backend().config
         data = json.loads(json.dumps(config_to_json(config, self.backend_name)))
