@@ -4,7 +4,8 @@ It runs every fault-injection backend of :mod:`aitune.testing.faults`, every bad
 docs/errors.md and a batch of mutated artifacts, each in this process, and reports the outcome:
 survived means the process carried on and the user got an aitune error or a warning that says
 what happened (never a crash, a hang or a foreign exception). Runs on CPU in about a minute.
-A development tool shipped with the test helpers: it needs no pytest.
+A development tool shipped with the test helpers: it needs no pytest. One file on purpose (over
+350 lines): each scenario is a short function and the table they make together is the product.
 """
 
 from __future__ import annotations
