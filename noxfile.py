@@ -1,8 +1,9 @@
 """Sessions generated from the member folders: no hand-kept list of distributions.
 
-* ``tests``: every member installed together, every test (the command CI runs);
+* ``tests``: every member installed together, with the example plugin built and installed as its
+  own wheel, every test (the command CI runs);
 * ``tests-<member>``: one member alone with core, its own tests (proves it installs by itself);
-* ``lint``, ``typecheck``, ``build``;
+* ``lint`` (ruff and the import-linter contracts), ``typecheck``, ``build``;
 * ``fuzz``: the artifact fuzzers with many examples (``AITUNE_FUZZ_EXAMPLES``), then the survival table;
 * ``gpu``: the prepared GPU check (``scripts/gpu_check.py``), run on a machine with an NVIDIA GPU.
 """
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -23,6 +25,7 @@ else:  # nox depends on tomli there
 ROOT = Path(__file__).parent
 MEMBERS = sorted(p.parent.name for p in ROOT.glob("aitune-*/pyproject.toml"))
 CORE = "aitune-core"
+EXAMPLE = "examples/aitune-backend-example"  # a third-party plugin: tested here, never published with the members
 TORCH = "torch==2.13.0"  # the CPU wheel; a bare "torch" pulls a multi-GB CUDA build
 DEV = ["pytest>=8", "hypothesis>=6.100"]
 GPU_MEMBERS = ("aitune-backend-tensorrt", "aitune-backend-torchtrt")
@@ -62,11 +65,22 @@ def _test_env(session: nox.Session) -> dict[str, str]:
     return {"AITUNE_CACHE_DIR": str(Path(session.virtualenv.location) / "aitune-cache")}
 
 
+def _install_example(session: nox.Session) -> None:
+    """The example plugin as a third party ships it: its own wheel, installed next to aitune-core."""
+    wheels = Path(session.create_tmp()) / "example-wheel"
+    shutil.rmtree(wheels, ignore_errors=True)
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), f"./{EXAMPLE}", silent=True)
+    [wheel] = wheels.glob("aitune_backend_example-*.whl")
+    session.install("--no-deps", "--force-reinstall", str(wheel))
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every distribution installed together; every member's tests and the cross-distribution tests."""
+    """Every distribution and the example plugin installed together; every member's tests, the
+    example's and the cross-distribution tests."""
     _install(session, *MEMBERS)
-    paths = [f"{m}/tests" for m in MEMBERS] + ["tests"]
+    _install_example(session)
+    paths = [f"{m}/tests" for m in MEMBERS] + [f"{EXAMPLE}/tests", "tests"]
     session.run("pytest", *paths, *session.posargs, env=_test_env(session))
 
 
@@ -98,15 +112,18 @@ def fuzz(session: nox.Session) -> None:
     env = {**_test_env(session), "AITUNE_FUZZ_RANDOM": "1"}
     env["AITUNE_FUZZ_EXAMPLES"] = os.environ.get("AITUNE_FUZZ_EXAMPLES", "2000")
     session.run("pytest", f"{CORE}/tests/test_fuzz_artifact.py", *session.posargs, env=env)
-    session.run("python", "-m", "aitune.survival", "--fuzz-examples", "1000", env=env)
+    session.run("python", "-m", "aitune.testing.survival", "--fuzz-examples", "1000", env=env)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and format check over the whole repository."""
-    session.install("ruff>=0.5")
+    """ruff check and format check over the whole repository; the architecture contracts of
+    .importlinter (import-linter reads the sources from the src folders, installing nothing)."""
+    session.install("ruff>=0.5", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    sources = [str(ROOT / m / "src") for m in MEMBERS] + [str(ROOT / EXAMPLE / "src")]
+    session.run("lint-imports", env={"PYTHONPATH": os.pathsep.join(sources)})
 
 
 @nox.session

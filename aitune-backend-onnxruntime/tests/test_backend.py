@@ -9,10 +9,11 @@ import torch
 
 from aitune import tree
 from aitune.backend import BuildContext, LoadContext
-from aitune.converter import config_from_json, config_to_json, unstructure
+from aitune.converter import unstructure
 from aitune.errors import BackendUnavailableError, ConfigError, SerializationError
 from aitune.graph import GraphSpec, Sample, infer_graph
 from aitune.onnx_export import ONNXExportConfig
+from aitune.plugins import config_from_json, config_to_json
 from aitune.testing import assert_matches_eager
 from aitune.testing.conformance import run_in_fresh_process
 from aitune.validation import validate
@@ -218,7 +219,8 @@ def test_save_then_load_in_a_fresh_process_gives_the_same_outputs_without_export
         import json, torch
         import aitune.onnx_export, aitune_backend_onnxruntime.backend as b
         from aitune.backend import LoadContext
-        from aitune.converter import structure, config_from_json
+        from aitune.converter import structure
+        from aitune.plugins import config_from_json
         from aitune.graph import GraphSpec
 
         def refuse(*a, **k):

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from aitune.converter import config_from_json, config_to_json
 from aitune.errors import ConfigError
+from aitune.plugins import config_from_json, config_to_json
 from aitune.validation import DEFAULT_TOLERANCES
 from aitune_backend_torchtrt.backend import TorchTensorRTAotBackend, TorchTensorRTJitBackend
 from aitune_backend_torchtrt.config import (

@@ -7,9 +7,9 @@ import json
 import attrs
 import pytest
 
-from aitune import converter
+from aitune import plugins
 from aitune.backend import BackendConfig
-from aitune.builtin.eager import TorchEagerBackendConfig
+from aitune.builtin.eager import TorchEagerBackend, TorchEagerBackendConfig
 from aitune.errors import ConfigError
 from aitune.registry import BackendSpec
 
@@ -25,48 +25,47 @@ class ToyConfig(BackendConfig):
     nested: NestedConfig = attrs.field(factory=NestedConfig)
 
 
+class ToyBackend(TorchEagerBackend):
+    name = "toy"
+    config_class = ToyConfig
+
+
 class ToyPlugin:
     from aitune import hookimpl
 
     @hookimpl
     def aitune_register_backends(self, registry):
-        registry.add(
-            BackendSpec(
-                name="toy",
-                backend_class="aitune.builtin.eager:TorchEagerBackend",
-                config_class=f"{__name__}:ToyConfig",
-            )
-        )
+        registry.add(BackendSpec(backend_class=f"{__name__}:ToyBackend"))
 
 
 def test_round_trip_is_tagged_by_backend_name(register_plugin):
     register_plugin(ToyPlugin())
     config = ToyConfig(mode="small", nested=NestedConfig(depth=3))
-    data = json.loads(json.dumps(converter.config_to_json(config)))
+    data = json.loads(json.dumps(plugins.config_to_json(config)))
     assert data == {"backend": "toy", "mode": "small", "nested": {"depth": 3}}
-    assert converter.config_from_json(data) == config
-    assert converter.config_from_json({"backend": "torch_eager"}) == TorchEagerBackendConfig()
+    assert plugins.config_from_json(data) == config
+    assert plugins.config_from_json({"backend": "torch_eager"}) == TorchEagerBackendConfig()
 
 
 def test_unknown_key_is_refused_with_its_path(register_plugin):
     register_plugin(ToyPlugin())
     with pytest.raises(ConfigError, match=r"extra fields found \(colour\) @ \$\.nested"):
-        converter.config_from_json({"backend": "toy", "nested": {"depth": 2, "colour": "red"}})
+        plugins.config_from_json({"backend": "toy", "nested": {"depth": 2, "colour": "red"}})
 
 
 def test_validator_failure_names_the_path(register_plugin):
     register_plugin(ToyPlugin())
     with pytest.raises(ConfigError, match=r"\$\.nested"):
-        converter.config_from_json({"backend": "toy", "nested": {"depth": 0}})
+        plugins.config_from_json({"backend": "toy", "nested": {"depth": 0}})
 
 
 def test_unknown_backend_and_missing_tag(aitune_manager):
     with pytest.raises(ConfigError, match="unknown backend 'nope'"):
-        converter.config_from_json({"backend": "nope"})
+        plugins.config_from_json({"backend": "nope"})
     with pytest.raises(ConfigError, match="'backend' key"):
-        converter.config_from_json({"mode": "fast"})
+        plugins.config_from_json({"mode": "fast"})
 
 
 def test_config_of_an_unregistered_class_is_refused(aitune_manager):
     with pytest.raises(ConfigError, match="belongs to no registered backend"):
-        converter.config_to_json(ToyConfig())
+        plugins.config_to_json(ToyConfig())

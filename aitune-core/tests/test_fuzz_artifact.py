@@ -15,6 +15,8 @@ import io
 import json
 import os
 import struct
+import subprocess
+import sys
 import tempfile
 import tracemalloc
 import zipfile
@@ -308,10 +310,24 @@ def test_messages_say_what_happened(valid, scratch):
 
 
 def test_the_survival_command_fuzz_batch_counts_every_outcome(manager, tmp_path):
-    from aitune import survival
+    from aitune.testing import survival
 
     rows = survival.fuzz_batch(tmp_path, per_kind=3)
     assert [kind for kind, *_ in rows] == list(survival.FUZZ_KINDS)
     assert all(counts["other"] == 0 for _, _, counts, _ in rows), rows
     bomb = rows[-1][2]
     assert bomb == {"loaded": 0, "aitune error": 1, "other": 0}
+
+
+def test_the_survival_command_and_fault_backends_need_no_pytest():
+    """README tells users to run it: it must work in an install without test tools."""
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['pytest'] = None\n"  # any import of pytest now fails
+        "from aitune.testing import assert_matches_eager, backends, faults\n"
+        "sys.argv = ['survival', '--help']\n"
+        "runpy.run_module('aitune.testing.survival', run_name='__main__')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "python -m aitune.testing.survival" in out.stdout

@@ -6,12 +6,14 @@ import inspect
 import re
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
 import aitune.torch as ait
 from aitune import hookimpl, hookspecs
-from aitune.backend import BuildContext, LoadContext
+from aitune.backend import Backend, BuildContext, LoadContext
+from aitune.builtin.eager import TorchEagerBackend
 from aitune.graph import infer_graph
 from aitune.report import ProfileResult, ValidationReport
 from aitune.testing import TinyMLP, assert_matches_eager, tiny_samples
@@ -31,6 +33,34 @@ def test_there_are_hooks():
 def test_every_hook_is_documented(hook):
     assert re.search(rf"^### {hook}$", DOCS.read_text(), re.M), f"docs/plugins.md has no section for {hook}"
     assert inspect.getdoc(getattr(hookspecs, hook)), f"{hook} has no docstring"
+
+
+BACKEND_MEMBERS = sorted(
+    {name for name in vars(Backend) if not name.startswith("_")} | {"__init__", "config", "build_info"}
+)
+
+
+def test_the_backend_has_members():
+    assert {"build", "infer", "save", "load", "export", "build_exported", "tolerance"} <= set(BACKEND_MEMBERS)
+
+
+@pytest.mark.parametrize("member", BACKEND_MEMBERS)
+def test_every_backend_member_is_documented(member):
+    """A plugin author can write a backend from docs/plugins.md alone."""
+    assert re.search(rf"^### Backend\.{re.escape(member)}$", DOCS.read_text(), re.M), (
+        f"docs/plugins.md has no section '### Backend.{member}'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("context", "field"), [(c, f.name) for c in (BuildContext, LoadContext) for f in attrs.fields(c)]
+)
+def test_every_context_field_is_documented(context, field):
+    docs = DOCS.read_text()
+    table = docs[docs.index(f"`aitune.backend.{context.__name__}`") :]
+    assert f"| `{field}` |" in table.split("\n\n", 2)[1], (
+        f"docs/plugins.md does not describe {context.__name__}.{field}"
+    )
 
 
 @pytest.mark.parametrize("hook", HOOKS)
@@ -59,13 +89,17 @@ def _setup(tmp_path):
     return module, samples, graph, BuildContext(graph, samples, torch.device("cpu"), tmp_path, tmp_path)
 
 
+class LateBackend(TorchEagerBackend):
+    name = "late"
+
+
 def test_hook_aitune_register_backends(aitune_manager, register_plugin):
     from aitune.registry import BackendSpec
 
     class Late:
         @hookimpl
         def aitune_register_backends(self, registry):
-            registry.add(BackendSpec(name="late", backend_class="x:Y", config_class="x:Z"))
+            registry.add(BackendSpec(backend_class=f"{__name__}:LateBackend"))
 
     register_plugin(Late(), distribution="late-dist")  # registered after discovery: historic still calls it
     assert aitune_manager.registry.distribution("late") == "late-dist"

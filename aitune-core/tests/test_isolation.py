@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import aitune.torch as ait
-from aitune import hookimpl, isolation
+from aitune import hookimpl
+from aitune.builtin import isolation
 from aitune.errors import BuildError, ConfigError
 from aitune.testing import assert_matches_eager, faults
 from aitune.testing.backends import NaNBackend, SlowModule, ToyBackend, ToyConfig

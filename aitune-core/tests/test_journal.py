@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import aitune.torch as ait
+from aitune.builtin.journal import journal_path, partial_report
 from aitune.errors import InputError
-from aitune.journal import journal_path, partial_report
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 

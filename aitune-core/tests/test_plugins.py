@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import subprocess
 import sys
 import warnings
 
 import pytest
 
+from aitune import hookimpl
+from aitune.builtin.eager import TorchEagerBackend, TorchEagerBackendConfig
 from aitune.errors import DuplicateBackendError, PluginError, PluginLoadError
 from aitune.plugins import AituneManager
 from aitune.registry import BackendSpec
 
 GOOD_PLUGIN = """
 from aitune import hookimpl
+from aitune.builtin.eager import TorchEagerBackend
 from aitune.registry import BackendSpec
+
+class Plain(TorchEagerBackend):
+    name = "{name}"
 
 @hookimpl
 def aitune_register_backends(registry):
-    registry.add(BackendSpec(name="{name}", backend_class="aitune.builtin.eager:TorchEagerBackend",
-                             config_class="aitune.builtin.eager:TorchEagerBackendConfig"))
+    registry.add(BackendSpec(backend_class=__name__ + ":Plain"))
 """
 
 
@@ -80,7 +86,7 @@ def test_duplicate_backend_registration_raises_directly():
 
         @hookimpl
         def aitune_register_backends(self, registry):
-            registry.add(BackendSpec(name="torch_eager", backend_class="x:Y", config_class="x:Z"))
+            registry.add(BackendSpec(backend_class="aitune.builtin.eager:TorchEagerBackend"))
 
     with pytest.raises(DuplicateBackendError, match="both aitune-core and my-dist"):
         manager.register(Plugin(), name="dup", distribution="my-dist")
@@ -88,12 +94,12 @@ def test_duplicate_backend_registration_raises_directly():
 
 
 def test_disable_and_load_filters(fake_distribution, monkeypatch):
-    fake_distribution("extra-backend", "extra_plugin", GOOD_PLUGIN.format(name="extra"))
+    fake_distribution("extra-backend", "extra", GOOD_PLUGIN.format(name="extra"))
     assert "extra" in fresh().registry.names()
     monkeypatch.setenv("AITUNE_DISABLE_PLUGINS", "extra-backend")
     assert "extra" not in fresh().registry.names()
     monkeypatch.delenv("AITUNE_DISABLE_PLUGINS")
-    monkeypatch.setenv("AITUNE_LOAD_PLUGINS", "extra_plugin")
+    monkeypatch.setenv("AITUNE_LOAD_PLUGINS", "extra")
     manager = fresh()
     assert set(manager.registry.names()) == {"torch_eager", "extra"}
 
@@ -112,6 +118,10 @@ def test_registering_something_that_is_not_a_spec_is_refused():
         manager.register(Plugin(), name="bad", distribution="bad-dist")
 
 
+class NeedsRuntime(TorchEagerBackend):
+    name = "needs_runtime"
+
+
 def test_missing_requirement_is_reported_without_importing(aitune_manager, register_plugin):
     class Plugin:
         from aitune import hookimpl
@@ -120,9 +130,7 @@ def test_missing_requirement_is_reported_without_importing(aitune_manager, regis
         def aitune_register_backends(self, registry):
             registry.add(
                 BackendSpec(
-                    name="needs_runtime",
-                    backend_class="nowhere:Backend",
-                    config_class="nowhere:Config",
+                    backend_class=f"{__name__}:NeedsRuntime",
                     requirements=["definitely-not-installed-runtime>=1"],
                     install_hint="pip install 'my-plugin[runtime]'",
                 )
@@ -183,3 +191,92 @@ def test_warning_free_default_load():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fresh()
+
+
+class Disagreeing(TorchEagerBackend):
+    name = "disagreeing"
+    devices = ("cpu",)
+
+
+@pytest.mark.parametrize(
+    ("declared", "complaint"),
+    [
+        ({"name": "other"}, "name 'other' in the spec, 'disagreeing' on the class"),
+        (
+            {"config_class": "aitune.testing.backends:ToyConfig"},
+            "config 'aitune.testing.backends:ToyConfig' in the spec",
+        ),
+        ({"devices": ("cuda",)}, "devices ['cuda'] in the spec, ['cpu'] on the class"),
+    ],
+)
+def test_a_spec_that_disagrees_with_its_backend_class_is_refused(declared, complaint):
+    class Plugin:
+        @hookimpl
+        def aitune_register_backends(self, registry):
+            registry.add(BackendSpec(backend_class=f"{__name__}:Disagreeing", **declared))
+
+    manager = AituneManager()
+    with pytest.raises(PluginError, match=re.escape(complaint)):
+        manager.register(Plugin(), name="disagreeing", distribution="my-dist")
+    assert "disagreeing" not in manager.registry
+
+
+def test_the_spec_takes_name_config_and_devices_from_the_class():
+    class Plugin:
+        @hookimpl
+        def aitune_register_backends(self, registry):
+            registry.add(BackendSpec(backend_class=f"{__name__}:Disagreeing"))
+
+    manager = AituneManager()
+    manager.register(Plugin(), name="disagreeing", distribution="my-dist")
+    spec = manager.registry.spec("disagreeing")
+    assert spec.devices == ("cpu",)
+    assert manager.registry.config_class("disagreeing") is TorchEagerBackendConfig
+
+
+@pytest.mark.parametrize(
+    ("backend_class", "complaint"),
+    [
+        ("nowhere:Backend", "cannot be imported (ModuleNotFoundError"),
+        ("aitune.builtin.eager:TorchEagerBackendConfig", "not a subclass of aitune.backend.Backend"),
+    ],
+)
+def test_a_spec_whose_class_is_missing_or_not_a_backend_is_refused(backend_class, complaint):
+    class Plugin:
+        @hookimpl
+        def aitune_register_backends(self, registry):
+            registry.add(BackendSpec(backend_class=backend_class))
+
+    with pytest.raises(PluginError, match=re.escape(complaint)):
+        AituneManager().register(Plugin(), name="bad", distribution="bad-dist")
+
+
+def test_an_entry_point_named_unlike_its_backend_is_refused(fake_distribution):
+    fake_distribution("acme-tools", "misnamed_plugin", GOOD_PLUGIN.format(name="fast"), ep_name="acme")
+    with pytest.warns(RuntimeWarning, match="entry point 'acme' of acme-tools registers the backend 'fast'"):
+        manager = fresh()
+    assert "fast" not in manager.registry
+
+
+@pytest.mark.parametrize(
+    ("dist", "ep", "backend"),
+    [("acme-tools", "fast", "fast"), ("acme-tools", "acme", "acme_fast"), ("aitune-backend-acme", "acme", "fast")],
+)
+def test_an_entry_point_named_after_its_backend_or_distribution_loads(fake_distribution, dist, ep, backend):
+    fake_distribution(dist, f"plugin_of_{backend}", GOOD_PLUGIN.format(name=backend), ep_name=ep)
+    assert fresh().registry.distribution(backend) == dist
+
+
+def test_a_backend_without_its_device_is_unavailable_there_whatever_the_probe_says(monkeypatch):
+    import torch
+
+    class Plugin:
+        @hookimpl
+        def aitune_register_backends(self, registry):
+            registry.add(BackendSpec(backend_class=f"{__name__}:NeedsRuntime", probe=lambda device: None))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    manager = AituneManager()
+    manager.register(Plugin(), name="needs_runtime", distribution="my-dist")
+    status = manager.registry.status("needs_runtime")
+    assert status.devices == {"cpu": None, "cuda": "no CUDA device is visible to torch"}

@@ -68,14 +68,17 @@ class LoadContext:
 class Backend(abc.ABC):
     """One way to run a module for one graph.
 
-    Subclasses set ``name`` (the registry name) and ``config_class``, and implement ``build``,
-    ``infer``, ``save`` and ``load``. ``build`` must leave the module it is given unchanged: copy
+    Subclasses set ``name`` (the registry name), ``config_class`` and, when not both CPU and CUDA,
+    ``devices``, and implement ``build``, ``infer``, ``save`` and ``load``; the plugin's
+    ``BackendSpec`` takes these three from the class. ``build`` must leave the module it is given unchanged: copy
     it first if a transformation works in place. ``build_info`` is for JSON-able facts the backend
     wants in the tuning report (graph breaks, providers, whether a load compiled anything).
     """
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type[BackendConfig]] = BackendConfig
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    """Device types this backend runs on; a device the machine lacks is reported unavailable."""
     native_build: ClassVar[bool] = False
     """True when building compiles native code that may crash the process (isolated by default)."""
 
@@ -158,17 +161,3 @@ def exported_file(exported: Path, notes: dict[str, Any], key: str, default: str 
     if not path.is_file():
         raise BuildError(f"the exported {key} {name} is missing from {exported}; the export did not finish")
     return path
-
-
-class PendingBackend(Backend):
-    """A backend whose distribution is installed but not implemented yet: it refuses honestly."""
-
-    planned: ClassVar[str] = "a later release"
-
-    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
-        raise BackendNotImplementedError(
-            f"backend {self.name!r} is not implemented yet (planned for {self.planned}); choose another backend for now"
-        )
-
-    def infer(self, *args: Any, **kwargs: Any) -> Any:
-        raise BackendNotImplementedError(f"backend {self.name!r} is not implemented yet")

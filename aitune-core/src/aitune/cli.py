@@ -193,7 +193,7 @@ app.add_typer(cache_app, name="cache")
 @cache_app.command("info")
 def cache_info(as_json: bool = typer.Option(False, "--json")) -> None:
     """Where the build cache is, how many builds it holds and their size."""
-    from . import buildcache
+    from .builtin import buildcache
 
     data = buildcache.info()
     typer.echo(json.dumps(data) if as_json else f"{data['path']}: {data['entries']} builds, {_size(data['bytes'])}")
@@ -202,7 +202,7 @@ def cache_info(as_json: bool = typer.Option(False, "--json")) -> None:
 @cache_app.command("clear")
 def cache_clear() -> None:
     """Delete every cached build."""
-    from . import buildcache
+    from .builtin import buildcache
 
     typer.echo(f"removed {buildcache.clear()} cached builds")
 

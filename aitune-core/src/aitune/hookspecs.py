@@ -44,7 +44,9 @@ def aitune_register_backends(registry: BackendRegistry) -> None:
     """Declare this plugin's backends with ``registry.add(BackendSpec(...))``.
 
     Historic: a plugin registered after discovery is still called. A name another distribution
-    already registered raises :class:`~aitune.errors.DuplicateBackendError` naming both.
+    already registered raises :class:`~aitune.errors.DuplicateBackendError` naming both; a spec
+    whose Backend class cannot be imported or disagrees with it (name, config class, devices), or
+    whose name does not match its entry point, raises :class:`~aitune.errors.PluginError`.
     """
 
 

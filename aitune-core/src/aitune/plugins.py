@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import pluggy
 
-from . import hookspecs
+from . import converter, hookspecs
 from .errors import PluginError, PluginLoadError
 from .registry import BackendRegistry
 
@@ -57,12 +57,15 @@ class AituneManager:
         self._loaded_entry_points = False
         self._lock = threading.RLock()
         self.pm.hook.aitune_register_backends.call_historic(kwargs={"registry": self.registry})
-        from . import buildcache, isolation, journal
-        from .builtin import eager, operations
+        from .builtin import buildcache, eager, isolation, journal, operations
 
+        # plugins that call other hooks are handed this manager's relay, never a global one
         self.register(operations, name="aitune.builtin.operations", distribution=CORE_DISTRIBUTION)
-        self.register(buildcache, name="aitune.builtin.buildcache", distribution=CORE_DISTRIBUTION)
-        self.register(isolation, name="aitune.builtin.isolation", distribution=CORE_DISTRIBUTION)
+        cache = buildcache.BuildCache(self.pm.hook, self.registry)
+        self.register(cache, name="aitune.builtin.buildcache", distribution=CORE_DISTRIBUTION)
+        self.register(
+            isolation.Isolation(self.pm.hook), name="aitune.builtin.isolation", distribution=CORE_DISTRIBUTION
+        )
         self.register(journal, name="aitune.builtin.journal", distribution=CORE_DISTRIBUTION)
         self.register(eager, name="aitune.builtin.eager", distribution=CORE_DISTRIBUTION)
 
@@ -70,13 +73,19 @@ class AituneManager:
     def hook(self) -> Any:
         return self.pm.hook
 
-    def register(self, plugin: object, name: str | None = None, distribution: str = "unknown") -> None:
-        """Register a plugin object; its backends are recorded as coming from ``distribution``."""
+    def register(
+        self, plugin: object, name: str | None = None, distribution: str = "unknown", entry_point: bool = False
+    ) -> None:
+        """Register a plugin object; its backends are recorded as coming from ``distribution``.
+
+        ``entry_point``: ``name`` is the plugin's entry point, which its backends' names must match.
+        """
         with self._lock:
             name = name or getattr(plugin, "__name__", None) or repr(plugin)
             if self.pm.has_plugin(name) or self.pm.is_registered(plugin):
                 return
             self.registry._registering = distribution
+            self.registry._entry_point = name if entry_point else None
             before = dict(self.registry._entries)
             try:
                 self.pm.register(plugin, name=name)
@@ -89,6 +98,7 @@ class AituneManager:
                 raise PluginError(f"plugin {name!r} from {distribution} failed to register: {exc}") from exc
             finally:
                 self.registry._registering = "unknown"
+                self.registry._entry_point = None
             self.plugins[name] = PluginInfo(name, distribution, _dist_version(distribution))
 
     def load_entry_points(self) -> None:
@@ -111,7 +121,7 @@ class AituneManager:
         version = _dist_version(dist)
         try:
             plugin = ep.load()
-            self.register(plugin, name=ep.name, distribution=dist)
+            self.register(plugin, name=ep.name, distribution=dist, entry_point=True)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             self.plugins[ep.name] = PluginInfo(ep.name, dist, version, error)
@@ -151,7 +161,15 @@ def set_manager(manager: AituneManager | None) -> AituneManager | None:
     global _manager
     with _manager_lock:
         previous, _manager = _manager, manager
-        from . import converter
-
         converter.reset()
         return previous
+
+
+def config_to_json(config: Any, backend: str | None = None) -> dict[str, Any]:
+    """:meth:`BackendRegistry.config_to_json` with the process-wide manager's registry."""
+    return get_manager().registry.config_to_json(config, backend)
+
+
+def config_from_json(data: Any, what: str = "$") -> Any:
+    """:meth:`BackendRegistry.config_from_json` with the process-wide manager's registry."""
+    return get_manager().registry.config_from_json(data, what)

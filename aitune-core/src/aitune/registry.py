@@ -1,8 +1,10 @@
 """The typed registry through which plugins declare backends.
 
 A plugin's ``aitune_register_backends(registry)`` hook calls :meth:`BackendRegistry.add` with a
-:class:`BackendSpec`. Specs hold dotted paths, not classes, so listing backends imports no
-backend runtime; the classes are imported only when used.
+:class:`BackendSpec`. A backend is declared once, on its :class:`~aitune.backend.Backend` class
+(``name``, ``config_class``, ``devices``): registration imports that class (its module must import
+no runtime, only torch and aitune) and fills the spec from it, refusing a spec that says otherwise.
+Runtimes are checked by requirement strings and probes, so listing backends imports none.
 """
 
 from __future__ import annotations
@@ -10,16 +12,30 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 from packaging.requirements import InvalidRequirement, Requirement
 
-from .errors import BackendNotFoundError, BackendUnavailableError, DuplicateBackendError, PluginError
+from .backend import Backend, BackendConfig
+from .converter import structure, unstructure
+from .errors import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    ConfigError,
+    DuplicateBackendError,
+    PluginError,
+    SerializationError,
+)
 
 Probe = Callable[[str], "str | None"]
 """Called with a device type (``"cpu"``, ``"cuda"``); returns why the backend cannot run there, or None."""
+
+NAME_RULE = r"^[a-z][a-z0-9_\-]*$"
+"""A backend name: lower case, starting with a letter; digits, ``_`` and ``-`` after that."""
 
 
 def _import_path(path: str) -> Any:
@@ -38,21 +54,29 @@ def _strings(values: Iterable[str]) -> tuple[str, ...]:
 
 @attrs.frozen(kw_only=True)
 class BackendSpec:
-    """What a plugin declares about one backend."""
+    """What a plugin declares about one backend.
 
-    name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_\-]*$"))
+    Only ``backend_class`` is required: ``name``, ``config_class`` and ``devices`` come from the
+    Backend class at registration. A spec that states one of them anyway must agree with the class.
+    """
+
     backend_class: str
     """``"package.module:ClassName"`` of the :class:`~aitune.backend.Backend` subclass."""
-    config_class: str
-    """``"package.module:ClassName"`` of its :class:`~aitune.backend.BackendConfig` subclass."""
+    name: str = attrs.field(default="", validator=attrs.validators.matches_re(f"({NAME_RULE})|^$"))
+    """Filled from ``Backend.name`` at registration."""
+    config_class: str = ""
+    """``"package.module:ClassName"`` of its config; filled from ``Backend.config_class`` at registration."""
     exports: Mapping[str, str] = attrs.field(factory=dict)
     """Further public names for ``aitune.torch.backend`` (enums, helper configs): name -> path."""
     requirements: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     """PEP 508 strings of the runtime libraries this backend needs (``"onnxruntime>=1.17"``)."""
-    devices: tuple[str, ...] = attrs.field(default=("cpu", "cuda"), converter=_strings)
+    devices: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    """Device types it runs on; filled from ``Backend.devices`` at registration."""
     probe: Probe | None = attrs.field(default=None, eq=False)
-    """A cheap availability check per device; it must not import heavy runtimes."""
+    """A cheap availability check per device; it must not import heavy runtimes. Whatever it answers,
+    a device type the machine lacks (no CUDA device) is reported unavailable."""
     description: str = ""
+    """One line for ``aitune backends``."""
     default_candidate: bool = True
     """Whether ``ait.tune`` tries this backend when the user names none (False for quantizing backends)."""
     install_hint: str | None = None
@@ -101,16 +125,26 @@ class BackendRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._registering: str = "unknown"
+        self._entry_point: str | None = None
+        """The entry point whose plugin is registering now; None for plugins registered in code."""
 
     def add(self, spec: BackendSpec) -> None:
-        """Declare a backend; a name that another distribution already declared is refused."""
+        """Declare a backend. Refused: a spec that disagrees with its Backend class, a name that
+        another distribution already declared, a name that does not match its entry point."""
         if not isinstance(spec, BackendSpec):
             raise PluginError(f"{self._registering} registered {spec!r}, which is not a BackendSpec")
+        spec = _complete(spec, self._registering)
         if spec.name in self._entries:
             other = self._entries[spec.name].distribution
             raise DuplicateBackendError(
                 f"backend {spec.name!r} is registered by both {other} and {self._registering}; "
                 "uninstall one of them or disable one with AITUNE_DISABLE_PLUGINS"
+            )
+        if self._entry_point is not None and not _entry_point_matches(self._entry_point, self._registering, spec.name):
+            raise PluginError(
+                f"entry point {self._entry_point!r} of {self._registering} registers the backend {spec.name!r}; "
+                f"name the entry point after the backend ({spec.name!r}), a prefix of its backends' names, "
+                f"or the distribution, so that AITUNE_DISABLE_PLUGINS and `aitune backends` agree"
             )
         self._entries[spec.name] = _Entry(spec, self._registering)
 
@@ -151,7 +185,9 @@ class BackendRegistry:
                 devices[device] = missing
                 continue
             try:
-                devices[device] = spec.probe(device) if spec.probe else None
+                # the plugin's own reason first (it says more); a probe that answers None on a
+                # machine without the device still leaves the device unavailable
+                devices[device] = (spec.probe(device) if spec.probe else None) or device_absent(device)
             except Exception as exc:  # a probe must not take the listing down
                 devices[device] = f"availability probe failed: {type(exc).__name__}: {exc}"
         return BackendStatus(name, dist, _version(dist), devices)
@@ -177,6 +213,95 @@ class BackendRegistry:
 
     def resolve(self, public_name: str) -> Any:
         return _import_path(self.public_names()[public_name])
+
+    def config_to_json(self, config: Any, backend: str | None = None) -> dict[str, Any]:
+        """A backend config as a JSON object tagged with its backend name.
+
+        Pass ``backend`` when several backends share one config class.
+        """
+        for name in [backend] if backend is not None else self.names():
+            if name in self and self.config_class(name) is type(config):
+                data = {"backend": name, **unstructure(config)}
+                try:
+                    json.dumps(data)
+                except (TypeError, ValueError) as exc:
+                    raise SerializationError(
+                        f"the {name} config cannot be written as JSON ({exc}); use settings that have a JSON form"
+                    ) from exc
+                return data
+        raise ConfigError(f"{type(config).__name__} belongs to no registered backend; is its plugin installed?")
+
+    def config_from_json(self, data: Any, what: str = "$") -> Any:
+        """The backend config that :meth:`config_to_json` wrote; the ``backend`` tag picks the class."""
+        if not isinstance(data, dict) or "backend" not in data:
+            raise ConfigError(f"{what}: a backend config must be an object with a 'backend' key, got {data!r}")
+        fields = dict(data)
+        name = fields.pop("backend")
+        if name not in self:
+            raise ConfigError(f"{what}.backend: unknown backend {name!r}; installed: {sorted(self.names())}")
+        return structure(fields, self.config_class(name), what)
+
+
+def _complete(spec: BackendSpec, distribution: str) -> BackendSpec:
+    """``spec`` with name, config class and devices from its Backend class; a disagreement is refused."""
+    where = f"{distribution} declares {spec.backend_class!r}"
+    try:
+        cls = _import_path(spec.backend_class)
+    except Exception as exc:
+        raise PluginError(
+            f"{where}, which cannot be imported ({type(exc).__name__}: {exc}); a Backend's module must import "
+            "with only torch and aitune installed (import runtimes inside its methods)"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise PluginError(f"{where}, which is not a subclass of aitune.backend.Backend")
+    if not cls.name or not re.match(NAME_RULE, cls.name):
+        raise PluginError(f"{where}, whose name {cls.name!r} does not follow the rule {NAME_RULE} (e.g. 'my_backend')")
+    config = cls.config_class
+    if config is BackendConfig:
+        raise PluginError(f"{where}, which sets no config_class (a frozen attrs subclass of BackendConfig)")
+    own_devices = any("devices" in vars(c) for c in cls.__mro__ if c is not Backend)
+    problems = []
+    if spec.name and spec.name != cls.name:
+        problems.append(f"name {spec.name!r} in the spec, {cls.name!r} on the class")
+    if spec.config_class and _import_path(spec.config_class) is not config:
+        problems.append(f"config {spec.config_class!r} in the spec, {config.__qualname__} on the class")
+    if spec.devices and own_devices and set(spec.devices) != set(cls.devices):
+        problems.append(f"devices {list(spec.devices)} in the spec, {list(cls.devices)} on the class")
+    if problems:
+        raise PluginError(
+            f"{where}, which disagrees with its spec: {'; '.join(problems)}; declare them once, on the class"
+        )
+    return attrs.evolve(
+        spec,
+        name=cls.name,
+        config_class=spec.config_class or f"{config.__module__}:{config.__qualname__}",
+        devices=spec.devices or cls.devices,
+    )
+
+
+def _entry_point_matches(entry_point: str, distribution: str, name: str) -> bool:
+    """The entry point is named after the backend, a prefix of its name, or the distribution."""
+
+    def norm(text: str) -> str:
+        return text.lower().replace("-", "_").replace(".", "_")
+
+    ep, name, dist = norm(entry_point), norm(name), norm(distribution)
+    return name == ep or name.startswith(ep + "_") or dist in (ep, f"aitune_backend_{ep}")
+
+
+def device_absent(device: str) -> str | None:
+    """Why this machine has no ``device`` at all (the check every backend gets before its probe)."""
+    if device == "cpu":
+        return None
+    import torch
+
+    backend = getattr(torch, device, None)
+    is_available = getattr(backend, "is_available", None)
+    if is_available is None:
+        return f"torch knows no device type {device!r}"
+    if not is_available():
+        return f"no {device.upper() if device == 'cuda' else device} device is visible to torch"
+    return None
 
 
 def _version(dist: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..backend import Backend, LoadContext
-from ..converter import config_from_json, structure
+from ..converter import structure
 from ..errors import AituneError, ArtifactError, InputError
 from ..plugins import get_manager
 from ..registry import missing_requirements
@@ -309,7 +309,7 @@ def _load_module(
             if reason:
                 raise ArtifactError(f"{entry.name} graph {index}: {reason}")
             registry = get_manager().registry
-            config = config_from_json(graph_entry.config, f"{entry.name}.graphs[{index}].config")
+            config = registry.config_from_json(graph_entry.config, f"{entry.name}.graphs[{index}].config")
             backend = registry.backend_class(graph_entry.backend)(config)
             folder = tmp / f"{entry.name}-{index}".replace("/", "_")
             folder.mkdir()

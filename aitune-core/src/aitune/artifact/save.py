@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..converter import config_to_json, unstructure
+from ..converter import unstructure
 from ..errors import ArtifactError, SerializationError
 from ..plugins import get_manager
 from ..report import TuneReport
@@ -118,7 +118,7 @@ def save(obj: Any, path: str | Path) -> Path:
                         GraphEntry(
                             graph=graph,
                             backend=backend.name,
-                            config=config_to_json(backend.config, backend.name),
+                            config=manager.registry.config_to_json(backend.config, backend.name),
                             distribution=manager.registry.distribution(backend.name),
                             distribution_version=manager.registry.status(backend.name).version,
                             payload=prefix,

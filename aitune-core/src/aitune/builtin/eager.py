@@ -46,17 +46,7 @@ class TorchEagerBackend(Backend):
 def aitune_register_backends(registry: BackendRegistry) -> None:
     registry.add(
         BackendSpec(
-            name=TorchEagerBackend.name,
             backend_class="aitune.builtin.eager:TorchEagerBackend",
-            config_class="aitune.builtin.eager:TorchEagerBackendConfig",
-            devices=("cpu", "cuda"),
-            probe=_probe,
             description="the module as it is (baseline and fallback)",
         )
     )
-
-
-def _probe(device: str) -> str | None:
-    if device == "cuda" and not torch.cuda.is_available():
-        return "no CUDA device is visible to torch"
-    return None

@@ -9,7 +9,18 @@ outputs with :func:`assert_matches_eager`, which holds on any CPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .compare import assert_matches_eager
-from .conformance import BackendConformance, TinyMLP, tiny_samples
 
 __all__ = ["BackendConformance", "TinyMLP", "assert_matches_eager", "tiny_samples"]
+
+
+def __getattr__(name: str) -> Any:
+    """The conformance suite imports pytest: only when asked for, so the fault backends and
+    ``python -m aitune.testing.survival`` run where pytest is not installed."""
+    if name in ("BackendConformance", "TinyMLP", "tiny_samples"):
+        from . import conformance
+
+        return getattr(conformance, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

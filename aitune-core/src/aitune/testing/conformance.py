@@ -1,10 +1,16 @@
 """``BackendConformance``: the contract tests every backend's own test suite inherits.
 
 Subclass it, set ``backend_name`` and, where needed, override ``make_backend``, ``make_module``
-or ``make_samples``::
+or ``make_samples`` (a CNN backend tests on images, not on the default 2-D MLP)::
 
     class TestMyBackend(BackendConformance):
         backend_name = "my_backend"
+
+        def make_module(self):
+            return MyCNN().eval()
+
+        def make_samples(self):
+            return [Sample((torch.randn(b, 3, 32, 32),)) for b in (2, 4)]
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ import torch
 
 from .. import tree
 from ..backend import Backend, BuildContext, LoadContext
-from ..errors import BackendNotImplementedError
 from ..graph import GraphSpec, Sample, infer_graph
 from .compare import assert_matches_eager
 
@@ -96,7 +101,7 @@ class BackendConformance:
         assert registry.config_class(self.backend_name) is backend_class.config_class
 
     def test_config_json_round_trip(self) -> None:
-        from ..converter import config_from_json, config_to_json
+        from ..plugins import config_from_json, config_to_json
 
         config = self.make_backend().config
         data = json.loads(json.dumps(config_to_json(config, self.backend_name)))
@@ -127,12 +132,17 @@ class BackendConformance:
         context = BuildContext(graph, samples, torch.device(self.device), tmp_path / "work", tmp_path / "cache")
         context.workdir.mkdir()
         context.cache_dir.mkdir()
+        refusal = backend.unsupported_reason(graph, context.device)
+        assert refusal is None, (
+            f"{self.backend_name} refuses the conformance graph ({refusal}); override make_module and "
+            "make_samples with a module and inputs it supports"
+        )
         hook = get_manager().hook
-        try:
-            with torch.no_grad():
-                built = hook.aitune_build(backend=backend, module=module, context=context)
-        except BackendNotImplementedError as exc:
-            pytest.skip(str(exc))
+        before = module_state(module)
+        with torch.no_grad():
+            built = hook.aitune_build(backend=backend, module=module, context=context)
+        changes = state_changes(before, module_state(module))
+        assert not changes, f"build() changed the user's module (copy it before transforming): {'; '.join(changes)}"
         with torch.no_grad():
             report = validate(built, module, samples, graph)
         assert report.passed, report.reason
@@ -150,6 +160,38 @@ class BackendConformance:
                 got = tree.flatten(loaded.infer(*s.args, **s.kwargs))[0]
                 for w, g in zip(want, got):
                     assert_matches_eager(g, w)
+
+
+def module_state(module: torch.nn.Module) -> dict[str, Any]:
+    """What a user sees of a module: submodule types and modes, every tensor's values and layout."""
+    tensors = {}
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        layout = (t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad)
+        tensors[name] = (layout, t.detach().clone())
+    return {
+        "modules": {name: (type(m).__name__, m.training) for name, m in module.named_modules()},
+        "tensors": tensors,
+    }
+
+
+def state_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """How ``after`` differs from ``before`` (both from :func:`module_state`), in words."""
+    changes = []
+    for name in sorted(set(before["modules"]) | set(after["modules"])):
+        was, now = before["modules"].get(name), after["modules"].get(name)
+        if was is None or now is None or was[0] != now[0]:
+            changes.append(f"submodule {name or '(root)'} is now {now and now[0]}, was {was and was[0]}")
+        elif was[1] != now[1]:
+            changes.append(f"{name or '(root)'} switched to {'training' if now[1] else 'eval'} mode")
+    for name in sorted(set(before["tensors"]) | set(after["tensors"])):
+        was, now = before["tensors"].get(name), after["tensors"].get(name)
+        if was is None or now is None:
+            changes.append(f"tensor {name} was {'added' if was is None else 'removed'}")
+        elif was[0] != now[0]:
+            changes.append(f"tensor {name} changed dtype, device, shape, memory format or requires_grad")
+        elif not torch.equal(was[1], now[1]):  # the same storage untouched: exact equality is right here
+            changes.append(f"tensor {name} changed values")
+    return changes
 
 
 def run_in_fresh_process(code: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Any:

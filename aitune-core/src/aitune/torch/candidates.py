@@ -21,7 +21,6 @@ import torch
 
 from ..backend import Backend, BuildContext, Tolerance
 from ..builtin.eager import TorchEagerBackend
-from ..converter import config_to_json
 from ..errors import ConfigError, SerializationError
 from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
 from ..report import CandidateReport, GraphReport, ProfileResult, RouteReport
@@ -125,7 +124,7 @@ class GraphTuning:
         """Build a fresh copy of ``template`` for this graph; failures are recorded, not raised."""
         backend = template.clone()
         try:
-            config = config_to_json(backend.config, backend.name)
+            config = self.registry.config_to_json(backend.config, backend.name)
         except (ConfigError, SerializationError):
             config = {"backend": backend.name}
         candidate = Candidate(backend, CandidateReport(backend.name, config))

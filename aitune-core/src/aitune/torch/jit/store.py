@@ -26,8 +26,8 @@ import torch
 
 from ... import __version__
 from ...backend import Backend, LoadContext
-from ...buildcache import module_digest
-from ...converter import config_from_json, config_to_json, unstructure
+from ...builtin.buildcache import module_digest
+from ...converter import unstructure
 from ...errors import ConfigError, SerializationError
 from ...graph import GraphSpec
 from ...plugins import get_manager
@@ -55,7 +55,7 @@ def jit_dir() -> Path:
 def _backend_identity(backend: Backend) -> dict[str, Any]:
     registry = get_manager().registry
     try:
-        config: Any = config_to_json(backend.config, backend.name)
+        config: Any = registry.config_to_json(backend.config, backend.name)
     except (ConfigError, SerializationError):
         config = repr(backend.config)
     version = registry.status(backend.name).version if backend.name in registry else "unknown"
@@ -113,7 +113,9 @@ def save(key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple
                 folder.mkdir()
                 metadata = hook.aitune_serialize(backend=backend, directory=folder) or {}
                 record.update(
-                    config=config_to_json(backend.config, backend.name), metadata=metadata, payload=str(index)
+                    config=get_manager().registry.config_to_json(backend.config, backend.name),
+                    metadata=metadata,
+                    payload=str(index),
                 )
             graphs.append(record)
         decision = {"format": FORMAT, "name": name, "outcome": outcome, "reason": reason, "graphs": graphs}
@@ -153,7 +155,7 @@ def load(
             if record["backend"] == EAGER:
                 winners.append((graph, None))
                 continue
-            config = config_from_json(record["config"], f"{name}.config")
+            config = registry.config_from_json(record["config"], f"{name}.config")
             backend = registry.backend_class(record["backend"])(config)
             context = LoadContext(graph, device, dict(record.get("metadata") or {}), cache_dir(), name)
             with torch.no_grad():

@@ -4,6 +4,9 @@ Entries are content-addressed by the module's structure and weights, the graph, 
 its config, the versions of aitune, the plugin and torch, and the device. A hit loads the saved
 payload through ``aitune_deserialize`` instead of building; a miss builds, then saves the
 payload into the cache. ``AITUNE_BUILD_CACHE=0`` turns it off.
+
+The plugin is a :class:`BuildCache` object, made by the plugin manager with its hook relay and
+registry: it calls other hooks through what it was handed, never through a global manager.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from typing import Any
 
 import torch
 
-from . import __version__, hookimpl
-from .backend import Backend, BuildContext, LoadContext
-from .converter import config_to_json, unstructure
-from .errors import SerializationError
+from .. import __version__, hookimpl
+from ..backend import Backend, BuildContext, LoadContext
+from ..converter import unstructure
+from ..errors import SerializationError
+from ..registry import BackendRegistry
 
 logger = logging.getLogger("aitune")
 _digests: dict[int, tuple[Any, str]] = {}
@@ -36,7 +40,7 @@ def enabled() -> bool:
 
 
 def builds_dir() -> Path:
-    from .cache import cache_dir
+    from ..cache import cache_dir
 
     return cache_dir() / "builds"
 
@@ -58,32 +62,27 @@ def module_digest(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def build_key(backend: Backend, module: torch.nn.Module, context: BuildContext) -> str:
-    from .plugins import get_manager
-
-    registry = get_manager().registry
+def build_key(backend: Backend, module: torch.nn.Module, context: BuildContext, registry: BackendRegistry) -> str:
     plugin_version = registry.status(backend.name).version if backend.name in registry else "unknown"
     payload = {
         "module": module_digest(module),
         "graph": unstructure(context.graph),
         "backend": backend.name,
-        "config": config_to_json(backend.config, backend.name),
+        "config": registry.config_to_json(backend.config, backend.name),
         "versions": {"aitune": __version__, "plugin": plugin_version, "torch": torch.__version__},
         "device": str(context.device),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _load_hit(entry: Path, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
-    from .plugins import get_manager
-
+def _load_hit(
+    entry: Path, backend: Backend, module: torch.nn.Module, context: BuildContext, hook: Any
+) -> Backend | None:
     try:
         meta = json.loads((entry / "meta.json").read_text())
         load_ctx = LoadContext(context.graph, context.device, meta["metadata"], context.cache_dir, context.module_name)
         start = time.perf_counter()
-        loaded = get_manager().hook.aitune_deserialize(
-            backend=backend, module=module, directory=entry / "payload", context=load_ctx
-        )
+        loaded = hook.aitune_deserialize(backend=backend, module=module, directory=entry / "payload", context=load_ctx)
     except Exception as exc:  # a broken entry is dropped and rebuilt, never fatal
         logger.warning("build cache entry %s is unusable (%s: %s); rebuilding", entry.name, type(exc).__name__, exc)
         shutil.rmtree(entry, ignore_errors=True)
@@ -94,14 +93,12 @@ def _load_hit(entry: Path, backend: Backend, module: torch.nn.Module, context: B
     return loaded  # type: ignore[no-any-return]
 
 
-def _store(entry: Path, backend: Backend) -> None:
-    from .plugins import get_manager
-
+def _store(entry: Path, backend: Backend, hook: Any) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
     try:
         (staging / "payload").mkdir()
-        metadata = get_manager().hook.aitune_serialize(backend=backend, directory=staging / "payload")
+        metadata = hook.aitune_serialize(backend=backend, directory=staging / "payload")
         info = {k: v for k, v in backend.build_info.items() if k != "from_cache"}
         (staging / "meta.json").write_text(
             json.dumps({"backend": backend.name, "metadata": metadata or {}, "build_info": info}, default=str)
@@ -115,35 +112,41 @@ def _store(entry: Path, backend: Backend) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _entry(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Path | None:
+def _entry(backend: Backend, module: torch.nn.Module, context: BuildContext, registry: BackendRegistry) -> Path | None:
     if not enabled():
         return None
     try:
-        key = build_key(backend, module, context)
+        key = build_key(backend, module, context, registry)
     except Exception as exc:  # a config that cannot be keyed is built, not cached
         logger.debug("build of %s not cached: %s", backend.name, exc)
         return None
     return builds_dir() / key[:2] / key
 
 
-@hookimpl(specname="aitune_build", tryfirst=True)
-def lookup(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
-    """A hit answers the build with the cached payload; a miss lets the builders run."""
-    entry = _entry(backend, module, context)
-    if entry is None or not (entry / "meta.json").is_file():
-        return None
-    return _load_hit(entry, backend, module, context)
+class BuildCache:
+    """The build cache as a plugin, handed the hook relay and registry of its manager."""
 
+    def __init__(self, hook: Any, registry: BackendRegistry) -> None:
+        self.hook = hook
+        self.registry = registry
 
-@hookimpl(specname="aitune_build", wrapper=True)
-def store(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Generator[None, Any, Any]:
-    """After a fresh build, save its payload into the cache."""
-    built = yield
-    if built is not None and not built.build_info.get("from_cache"):
-        entry = _entry(backend, module, context)
-        if entry is not None:
-            _store(entry, built)
-    return built
+    @hookimpl(specname="aitune_build", tryfirst=True)
+    def lookup(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
+        """A hit answers the build with the cached payload; a miss lets the builders run."""
+        entry = _entry(backend, module, context, self.registry)
+        if entry is None or not (entry / "meta.json").is_file():
+            return None
+        return _load_hit(entry, backend, module, context, self.hook)
+
+    @hookimpl(specname="aitune_build", wrapper=True)
+    def store(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Generator[None, Any, Any]:
+        """After a fresh build, save its payload into the cache."""
+        built = yield
+        if built is not None and not built.build_info.get("from_cache"):
+            entry = _entry(backend, module, context, self.registry)
+            if entry is not None:
+                _store(entry, built, self.hook)
+        return built
 
 
 def info() -> dict[str, Any]:

@@ -20,10 +20,10 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import IO, Any
 
-from . import hookimpl
-from .converter import structure, unstructure
-from .errors import InputError
-from .report import CandidateReport, GraphReport, ModuleReport, TuneReport
+from .. import hookimpl
+from ..converter import structure, unstructure
+from ..errors import InputError
+from ..report import CandidateReport, GraphReport, ModuleReport, TuneReport
 
 logger = logging.getLogger("aitune")
 SUFFIX = ".journal.jsonl"

@@ -12,6 +12,8 @@ Settings: ``AITUNE_ISOLATE`` = ``native`` (default: backends with ``native_build
 ``all`` (every backend that can export) or ``none``; ``AITUNE_BUILD_TIMEOUT_S`` (default 1800);
 ``AITUNE_BUILD_MEMORY_MB`` (default: three quarters of the machine's memory on CPU, no cap for
 CUDA builds, whose driver reserves more address space than any cap; ``0`` means no cap).
+
+The plugin is an :class:`Isolation` object, made by the plugin manager with its hook relay.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ from typing import Any
 
 import torch
 
-from . import hookimpl
-from .backend import Backend, BuildContext, LoadContext
-from .converter import unstructure
-from .errors import BuildError, ConfigError
-from .worker import EXIT_BAD_JOB, EXIT_OUT_OF_MEMORY
+from .. import hookimpl
+from ..backend import Backend, BuildContext, LoadContext
+from ..converter import unstructure
+from ..errors import BuildError, ConfigError
+from ..worker import EXIT_BAD_JOB, EXIT_OUT_OF_MEMORY
 
 logger = logging.getLogger("aitune")
 
@@ -102,34 +104,38 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-@hookimpl(specname="aitune_build")
-def build_isolated(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
-    """Build in a worker when isolation applies and the backend can export; else leave it to the default."""
-    if not isolated(backend):
-        return None
-    folder = Path(tempfile.mkdtemp(prefix="isolated-", dir=context.workdir))
-    exported, payload = folder / "exported", folder / "payload"
-    exported.mkdir()
-    notes = backend.export(module, context, exported)
-    if notes is None:
-        return None
-    start = time.perf_counter()
-    metadata = run_worker(backend, notes, context, folder)
-    worker_s = time.perf_counter() - start
-    from .plugins import get_manager
+class Isolation:
+    """Worker builds as a plugin, handed the hook relay of its manager (to load the payload)."""
 
-    load_context = LoadContext(context.graph, context.device, metadata, context.cache_dir, context.module_name)
-    loaded: Backend = get_manager().hook.aitune_deserialize(
-        backend=backend, module=module, directory=payload, context=load_context
-    )
-    # a build warms up on the recorded samples; the worker never saw them, so warm up here
-    # (CUDA-graph capture, lazy runtime init), keeping the user's first call free of that cost
-    with torch.no_grad():
-        for sample in context.samples:
-            loaded.infer(*sample.args, **sample.kwargs)
-    loaded.build_info["isolated"] = True
-    loaded.build_info["worker_s"] = round(worker_s, 3)
-    return loaded
+    def __init__(self, hook: Any) -> None:
+        self.hook = hook
+
+    @hookimpl(specname="aitune_build")
+    def build_isolated(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
+        """Build in a worker when isolation applies and the backend can export; else leave it to the default."""
+        if not isolated(backend):
+            return None
+        folder = Path(tempfile.mkdtemp(prefix="isolated-", dir=context.workdir))
+        exported, payload = folder / "exported", folder / "payload"
+        exported.mkdir()
+        notes = backend.export(module, context, exported)
+        if notes is None:
+            return None
+        start = time.perf_counter()
+        metadata = run_worker(backend, notes, context, folder)
+        worker_s = time.perf_counter() - start
+        load_context = LoadContext(context.graph, context.device, metadata, context.cache_dir, context.module_name)
+        loaded: Backend = self.hook.aitune_deserialize(
+            backend=backend, module=module, directory=payload, context=load_context
+        )
+        # a build warms up on the recorded samples; the worker never saw them, so warm up here
+        # (CUDA-graph capture, lazy runtime init), keeping the user's first call free of that cost
+        with torch.no_grad():
+            for sample in context.samples:
+                loaded.infer(*sample.args, **sample.kwargs)
+        loaded.build_info["isolated"] = True
+        loaded.build_info["worker_s"] = round(worker_s, 3)
+        return loaded
 
 
 def run_worker(backend: Backend, notes: dict[str, Any], context: BuildContext, folder: Path) -> dict[str, Any]:

@@ -1,9 +1,11 @@
-"""What aitune survives: ``python -m aitune.survival`` prints it as a markdown table.
+"""What aitune survives: ``python -m aitune.testing.survival`` prints it as a markdown table.
 
 It runs every fault-injection backend of :mod:`aitune.testing.faults`, every bad input of
 docs/errors.md and a batch of mutated artifacts, each in this process, and reports the outcome:
 survived means the process carried on and the user got an aitune error or a warning that says
 what happened (never a crash, a hang or a foreign exception). Runs on CPU in about a minute.
+A development tool shipped with the test helpers: it needs no pytest. One file on purpose (over
+350 lines): each scenario is a short function and the table they make together is the product.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def _quick() -> Any:
-    from .torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+    from ..torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
     return ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
 
@@ -66,7 +68,7 @@ def _with_fallback(backend: Any, inner: torch.nn.Module | None = None, **tune: A
     """Tune ``backend`` next to a working toy: the faulty candidate fails, tuning goes on."""
     import aitune.torch as ait
 
-    from .testing.backends import SlowModule, ToyBackend, ToyConfig
+    from .backends import SlowModule, ToyBackend, ToyConfig
 
     model = ait.Module(
         inner or SlowModule(),
@@ -91,8 +93,8 @@ def _expect(exc_type: type[BaseException], fn: Callable[[], Any]) -> Outcome:
 def _infer_fails() -> Outcome:
     import aitune.torch as ait
 
-    from .testing.backends import SlowModule
-    from .testing.faults import InferFailBackend
+    from .backends import SlowModule
+    from .faults import InferFailBackend
 
     model = ait.Module(
         SlowModule(), "m", strategy=ait.MaxThroughputStrategy(backends=[InferFailBackend()], profiling_config=_quick())
@@ -110,9 +112,9 @@ def _oom_profiling() -> Outcome:
 
     import aitune.torch as ait
 
-    from .testing.backends import SlowModule, ToyConfig
-    from .testing.faults import OutOfMemoryBackend
-    from .torch.task.profiling import ProfilingConfig
+    from ..torch.task.profiling import ProfilingConfig
+    from .backends import SlowModule, ToyConfig
+    from .faults import OutOfMemoryBackend
 
     config = ProfilingConfig(batch_sizes=[2, 4, 16], measurement_stop_strategy=_quick().measurement_stop_strategy)
     strategy = ait.MaxThroughputStrategy(backends=[OutOfMemoryBackend(ToyConfig(max_batch=4))], profiling_config=config)
@@ -131,7 +133,7 @@ def _oom_profiling() -> Outcome:
 
 
 def _broken_plugin() -> Outcome:
-    from .plugins import AituneManager
+    from ..plugins import AituneManager
 
     with tempfile.TemporaryDirectory() as site:
         (Path(site) / "aitune_broken_plugin.py").write_text(
@@ -155,7 +157,7 @@ def _broken_plugin() -> Outcome:
 def _model_error(inner: torch.nn.Module, data: list[Any]) -> Outcome:
     import aitune.torch as ait
 
-    from .testing.backends import ToyBackend
+    from .backends import ToyBackend
 
     model = ait.Module(inner, "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()))
     report = ait.tune(model, data)
@@ -180,7 +182,7 @@ class _ReturnsDataclass(torch.nn.Module):
 def _grad_inputs() -> Outcome:
     import aitune.torch as ait
 
-    from .testing.backends import SlowModule, ToyBackend
+    from .backends import SlowModule, ToyBackend
 
     model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()))
     ait.tune(model, [t.requires_grad_() for t in _data()])
@@ -194,8 +196,8 @@ def _grad_inputs() -> Outcome:
 def _meta_weights() -> Outcome:
     import aitune.torch as ait
 
-    from .errors import InputError
-    from .testing.backends import SlowModule
+    from ..errors import InputError
+    from .backends import SlowModule
 
     model = ait.Module(SlowModule().to("meta"), "m")
     return _expect(InputError, lambda: ait.tune(model, _data()))
@@ -204,8 +206,8 @@ def _meta_weights() -> Outcome:
 def _tune_raises(data: list[Any]) -> Outcome:
     import aitune.torch as ait
 
-    from .errors import InputError
-    from .testing.backends import SlowModule
+    from ..errors import InputError
+    from .backends import SlowModule
 
     return _expect(InputError, lambda: ait.tune(ait.Module(SlowModule(), "m"), data))
 
@@ -217,7 +219,7 @@ def _nan_data() -> list[torch.Tensor]:
 
 
 def scenarios() -> list[tuple[str, str, Callable[[], Outcome]]]:
-    from .testing import faults
+    from . import faults
 
     return [
         ("fault", "build segfaults (SIGSEGV) in the worker", lambda: _with_fallback(faults.SegfaultBackend())),
@@ -252,13 +254,13 @@ def scenarios() -> list[tuple[str, str, Callable[[], Outcome]]]:
 
 
 def _slow() -> torch.nn.Module:
-    from .testing.backends import SlowModule
+    from .backends import SlowModule
 
     return SlowModule()
 
 
 def _toy_nan() -> Any:
-    from .testing.backends import NaNBackend
+    from .backends import NaNBackend
 
     return NaNBackend()
 
@@ -274,7 +276,7 @@ def _with_env(fn: Callable[..., Outcome], *args: Any, **env: str) -> Outcome:
 def _valid_artifact(folder: Path) -> bytes:
     import aitune.torch as ait
 
-    from .testing.backends import SlowModule, ToyBackend
+    from .backends import SlowModule, ToyBackend
 
     strategy = ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()).enable_performance_validation(False)
     model = ait.Module(SlowModule(delay_s=0.0), "m", strategy=strategy)
@@ -354,9 +356,9 @@ def fuzz_batch(folder: Path, per_kind: int, seed: int = 0) -> list[tuple[str, in
     """Mutated artifacts by kind: how each load ended (loaded, an aitune error, anything else)."""
     import aitune.torch as ait
 
-    from .artifact.load import verify
-    from .errors import AituneError
-    from .testing.backends import SlowModule
+    from ..artifact.load import verify
+    from ..errors import AituneError
+    from .backends import SlowModule
 
     valid = _valid_artifact(folder)
     rng = random.Random(seed)
@@ -385,8 +387,8 @@ def fuzz_batch(folder: Path, per_kind: int, seed: int = 0) -> list[tuple[str, in
 
 
 def run(per_kind: int = 100) -> str:
-    from . import plugins
-    from .testing import backends, faults
+    from .. import plugins
+    from . import backends, faults
 
     lines = ["| Case | Kind | What the user gets | Survived |", "| --- | --- | --- | --- |"]
     with tempfile.TemporaryDirectory(prefix="aitune-survival-") as tmp, _env(AITUNE_CACHE_DIR=tmp):
@@ -413,7 +415,7 @@ def run(per_kind: int = 100) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aitune.survival", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m aitune.testing.survival", description=__doc__.splitlines()[0])
     parser.add_argument("--fuzz-examples", type=int, default=100, help="mutated artifacts per kind (default 100)")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
