@@ -45,7 +45,7 @@ def test_backends_table_keeps_install_hints_intact(aitune_manager):
 
 def test_piped_output_keeps_full_names_one_row_per_line(aitune_manager, tmp_path):
     """``aitune backends | grep inductor`` must find whole names, whatever the terminal width."""
-    from aitune import buildcache
+    from aitune.builtin import buildcache
 
     result = CliRunner().invoke(app, ["backends"], env={"COLUMNS": "40"})
     assert result.exit_code == 0, result.output
