@@ -172,7 +172,7 @@ def test_report_json_round_trip_and_log_line(toy_backends, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="aitune"):
         report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], report_path=tmp_path / "report.json")
     data = json.loads((tmp_path / "report.json").read_text())
-    assert data["schema_version"] == 1 and data["modules"][0]["graphs"][0]["decision"] == "toy"
+    assert data["schema_version"] == 2 and data["modules"][0]["graphs"][0]["decision"] == "toy"
     again = TuneReport.read(tmp_path / "report.json")
     assert again.modules[0].graphs[0].candidates[0].validation.passed
     assert report.environment["torch"] == torch.__version__
