@@ -177,7 +177,7 @@ def test_report_json_round_trip_and_log_line(toy_backends, tmp_path, caplog):
     assert again.modules[0].graphs[0].candidates[0].validation.passed
     assert report.environment["torch"] == torch.__version__
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: toy, "))
-    assert "x eager (p50" in line and "max rel err" in line
+    assert "] eager at batch" in line and "(p50" in line and "max rel err" in line
     steps = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("encoder: build toy done in") for m in steps), "every step is logged"
     assert any(m.startswith("encoder: profile torch_eager, toy at batch") for m in steps)
