@@ -338,9 +338,11 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         pays = []
         for size in measured:
             best, _, why = self._choose(tuning, ok, [size])
-            winners.append((size, best, f"{best.name if best else 'eager'} at batch {size} ({why})"))
             if best is not single and _clearly_faster(best, single, size, tuning):
                 pays.append(size)
+            elif self.per_batch_size is None:  # not worth another backend here: the single winner serves it
+                best, why = single, f"the single winner; {why}"
+            winners.append((size, best, f"{best.name if best else 'eager'} at batch {size} ({why})"))
         if self.per_batch_size is None and not pays:
             tuning.annotate(single_batch)
             tuning.finish(
