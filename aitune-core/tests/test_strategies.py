@@ -387,6 +387,7 @@ def test_ranking_uses_the_robust_figure_not_the_outlier_dragged_mean(toy_backend
     assert first.profiles[0].mean_ms > second.profiles[0].mean_ms
     assert [first.status, second.status] == ["selected", "rejected"]
     assert first.speedup > second.speedup, "the selected candidate shows the better figure"
+    assert "not chosen over toy's" in second.reason
     assert first.speedup_low <= first.speedup <= first.speedup_high
 
 

@@ -255,6 +255,7 @@ class _ProfilingStrategy(TuneStrategy):
             return None
         winner, batch, why = self._choose(tuning, ok, measured)
         tuning.annotate(batch)
+        _explain_rejections(tuning, ok, winner, batch)
         tuning.finish(winner, why, batch)
         return winner
 
@@ -290,6 +291,19 @@ class _ProfilingStrategy(TuneStrategy):
         if cmp is None or cmp.speedup <= 1.0:
             return None, b, f"eager is as fast or faster than the best backend ({figures})"
         return None, b, f"{figures}, but the gap is inside the measured spread; keeping eager"
+
+
+def _explain_rejections(tuning: GraphTuning, ok: list[Candidate], winner: Candidate | None, batch: int | None) -> None:
+    """Give each correct candidate that lost the figure it lost with, next to the winner's."""
+    if batch is None:
+        return
+    chosen = tuning.versus_eager(winner, batch) if winner is not None else None
+    against = f"{winner.name}'s {chosen.describe()}" if winner is not None and chosen else "eager"
+    for c in ok:
+        cmp = tuning.versus_eager(c, batch)
+        if c is winner or c.report.reason or cmp is None:
+            continue
+        c.report.reason = f"{cmp.describe()} eager at batch {batch}, not chosen over {against}"
 
 
 def _beats_eager(cmp: Comparison | None) -> bool:
@@ -345,6 +359,7 @@ class MaxThroughputStrategy(_ProfilingStrategy):
             winners.append((size, best, f"{best.name if best else 'eager'} at batch {size} ({why})"))
         if self.per_batch_size is None and not pays:
             tuning.annotate(single_batch)
+            _explain_rejections(tuning, ok, single, single_batch)
             tuning.finish(
                 single, single_why + "; no batch size where another backend beats it beyond the spread", single_batch
             )
@@ -391,12 +406,13 @@ def _artifact_bytes(candidate: Candidate) -> int | None:
 def _extra_size(routes: list[Route], single: Candidate | None) -> str:
     """The memory and artifact size per-batch routing costs beyond one winner."""
     kept = list(dict.fromkeys(r.candidate for r in routes if r.candidate is not None))
-    sizes = {c.name: _artifact_bytes(c) for c in kept}
-    if any(v is None for v in sizes.values()):
-        return f"routing keeps {len(kept)} backends loaded ({', '.join(sizes)}); their artifact size is unknown"
-    total = sum(v or 0 for v in sizes.values())
+    sizes = [(c.name, _artifact_bytes(c)) for c in kept]
+    names = ", ".join(name for name, _ in sizes)
+    if any(size is None for _, size in sizes):
+        return f"routing keeps {len(kept)} backends loaded ({names}); their artifact size is unknown"
+    total = sum(size or 0 for _, size in sizes)
     base = (_artifact_bytes(single) or 0) if single is not None else 0
-    listed = ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in sizes.items())
+    listed = ", ".join(f"{name} {(size or 0) / 1e6:.2f} MB" for name, size in sizes)
     return (
         f"routing keeps {len(kept)} backends loaded ({listed}): about {max(total - base, 0) / 1e6:.2f} MB more "
         "artifact size and memory than one winner"
