@@ -154,7 +154,7 @@ def test_max_throughput_falls_back_to_eager_when_nothing_beats_it(toy_backends):
 
 def test_max_throughput_without_validation_keeps_the_fastest_backend(toy_backends):
     strategy = ait.MaxThroughputStrategy(
-        backends=[ToyBackend(ToyConfig(speed=3.0)), ToyBackend(SLOW)], profiling_config=QUICK
+        backends=[ToyBackend(ToyConfig(speed=3.0)), ToyBackend(SLOW)], profiling_config=QUICK, per_batch_size=False
     ).enable_performance_validation(False)
     model = wrap(strategy)
     graph = graph_report(ait.tune(model, data(2, 4)))

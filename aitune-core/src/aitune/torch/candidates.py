@@ -342,7 +342,7 @@ class GraphTuning:
     def _check_noise(self, config: ProfilingConfig, batch_size: int) -> None:
         """Time eager briefly before profiling; warn when its spread already hides 20% differences."""
         probe = attrs.evolve(
-            config, measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5)
+            config, measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5)
         )
         key = "torch_eager#probe"
         with recording.bypass():
@@ -487,7 +487,7 @@ def _with_dispatch(result: ProfileResult, dispatch_ms: float) -> ProfileResult:
     )
 
 
-def measure_dispatch_ms(graph: GraphSpec, sample: Sample, repeats: int = 7, calls: int = 200) -> float:
+def measure_dispatch_ms(graph: GraphSpec, sample: Sample, repeats: int = 5, calls: int = 100) -> float:
     """What routing one call through the ``ait.Module`` dispatcher costs beyond calling the backend.
 
     A do-nothing backend is called directly and through a dispatcher built for ``graph``, the way
