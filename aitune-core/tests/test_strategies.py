@@ -407,6 +407,7 @@ def test_first_wins_pairs_each_candidate_with_the_eager_of_its_own_session(toy_b
     assert [c.status for c in graph.candidates] == ["rejected", "selected"]
     assert graph.candidates[1].speedup == pytest.approx(4.0 / 3.0)
     assert len(graph.eager_profiles) == 1, "one eager baseline per batch size in the report"
+    assert graph.eager_profiles[0].p50_ms == pytest.approx(4.0), "the one the winner was judged against"
     assert graph.candidates[1].profiles[0].baseline_p50_ms == pytest.approx(4.0)
 
 

@@ -209,7 +209,8 @@ class GraphTuning:
 
         Every runner cycles through the recorded samples, batched to the size. Each candidate's
         result carries the eager windows of its own session (its paired baseline) and the measured
-        dispatch cost. Eager is kept once per batch size in the report. A candidate that raises
+        dispatch cost. The report keeps one eager result per batch size, from the latest session
+        (so FirstWins shows the baseline its winner was judged against). A candidate that raises
         while profiled fails (stage ``profile``) and the others go on; an out-of-memory error at
         one batch size ends the sweep and keeps what was measured.
         """
@@ -227,9 +228,9 @@ class GraphTuning:
                 return measured  # every candidate failed to profile: nothing left to compare
             eager = results.get(self.eager)
             for candidate, result in results.items():
-                if candidate is self.eager:
-                    if self.eager_profile(batch_size) is None:
-                        self.report.eager_profiles.append(result)
+                if candidate is self.eager:  # the latest session's: the one FirstWins' winner was paired with
+                    self.report.eager_profiles = [p for p in self.report.eager_profiles if p.batch_size != batch_size]
+                    self.report.eager_profiles.append(result)
                     continue
                 result = _with_dispatch(result, dispatch_ms)
                 if eager is not None:
