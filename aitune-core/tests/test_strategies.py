@@ -441,6 +441,14 @@ def test_first_wins_moves_on_after_a_profiling_failure(toy_backends):
     assert [(c.status, c.stage) for c in graph.candidates] == [("failed", "profile"), ("selected", None)]
 
 
+def test_one_backend_that_fails_while_profiled_falls_back_to_eager(toy_backends):
+    model = wrap(ait.OneBackendStrategy(FlakyBackend(FAST), profiling_config=QUICK))
+    graph = graph_report(ait.tune(model, data(2, 4)))
+    assert model.state == "passthrough" and graph.decision == "torch_eager"
+    assert (graph.candidates[0].status, graph.candidates[0].stage) == ("failed", "profile")
+    assert "failed while profiled" in graph.reason
+
+
 def test_dispatch_cost_is_charged_before_the_gate(toy_backends, register_plugin):
     # 1.02x faster than eager on its own; not once the wrapper's per-call cost is added
     register_plugin(_clock({"torch_eager": [2.0] * 4, "toy": [1.96] * 4}))
