@@ -192,6 +192,9 @@ def measure_batch(
             "decisions": tuned.decisions,
             "picked_best": bool(tuned.decisions) and all(d == best for d in tuned.decisions),
             "miss": s["median"] / alone[best]["median"] - 1.0,
+            # the tuned model's quartiles reach the fastest contender's: not slower beyond the spread
+            "within_spread": s["q1"] <= alone[best]["q3"],
+            "slower_than_eager": s["q1"] > stats["eager"]["q3"],
         }
     return {"batch": batch, "stats": stats, "oracle_best": best, "picks": picks}
 

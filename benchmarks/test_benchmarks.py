@@ -55,3 +55,26 @@ def test_markdown_marks_a_missed_pick_and_a_failed_backend() -> None:
     assert "Test CPU" in text and "`tensorrt`: needs CUDA" in text
     assert "| mlp | 8 | 2 (1.9–2.1) | 2.00x | failed | ort |" in text
     assert "no, +33% vs best" in text and "mlp / inductor-aot: boom" in text
+    assert "- first_wins: 0 of 1" in text
+
+
+def test_a_pick_inside_the_spread_of_the_fastest_counts_as_met() -> None:
+    stat = {"median": 2.0, "q1": 1.9, "q3": 2.1, "min": 1.8, "max": 2.2, "n": 3}
+    results = {
+        "machine": {"cpu": "Test CPU", "cores": 2, "torch": "2.x", "torch_threads": 1, "OMP_NUM_THREADS": "1",
+                    "OMP_WAIT_POLICY": "ACTIVE", "python": "3.11"},
+        "settings": {"device": "cpu", "quick": True, "repeats": 3, "steps": 4, "batch_sizes": [8]},
+        "backends": ["onnxruntime"], "skipped_backends": {},
+        "cases": [{
+            "case": "mlp", "oracle": {"onnxruntime": {"ok": True, "build_s": 1.0, "modules": {}}},
+            "batches": [{
+                "batch": 8, "oracle_best": "onnxruntime",
+                "stats": {"eager": {**stat, "speedup": 1.0}, "backend:onnxruntime": {**stat, "speedup": 2.0},
+                          "strategy:max_throughput": {**stat, "speedup": 1.9}},
+                "picks": {"max_throughput": {"decisions": ["torch_inductor_aot"], "picked_best": False,
+                                             "miss": 0.02, "within_spread": True, "slower_than_eager": False}},
+            }],
+        }],
+    }  # fmt: skip
+    text = markdown(results)
+    assert "within the spread (+2%)" in text and "- max_throughput: 1 of 1" in text

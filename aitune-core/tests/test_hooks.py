@@ -173,8 +173,10 @@ def test_hook_aitune_profile(toy_backends, register_plugin):
         SlowModule(), "m", strategy=ait.MaxThroughputStrategy(backends=[ToyBackend(ToyConfig(speed=1.0))])
     )
     report = ait.tune(model, [torch.randn(2, 8)])
-    assert calls == [["torch_eager#0", "toy#1"]]
-    assert report.modules[0].graphs[0].candidates[0].speedup == pytest.approx(10.0)
+    assert calls == [["torch_eager#probe"], ["torch_eager#0", "toy#1"]], "the noise probe, then the session"
+    candidate = report.modules[0].graphs[0].candidates[0]
+    dispatch = candidate.profiles[0].dispatch_ms
+    assert candidate.speedup == pytest.approx(10.0 / (1.0 + dispatch)), "the plugin's figures, plus the dispatch cost"
 
 
 def test_hook_aitune_serialize(aitune_manager, register_plugin, tmp_path):

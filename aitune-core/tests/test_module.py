@@ -173,12 +173,12 @@ def test_report_json_round_trip_and_log_line(toy_backends, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="aitune"):
         report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], report_path=tmp_path / "report.json")
     data = json.loads((tmp_path / "report.json").read_text())
-    assert data["schema_version"] == 1 and data["modules"][0]["graphs"][0]["decision"] == "toy"
+    assert data["schema_version"] == 2 and data["modules"][0]["graphs"][0]["decision"] == "toy"
     again = TuneReport.read(tmp_path / "report.json")
     assert again.modules[0].graphs[0].candidates[0].validation.passed
     assert report.environment["torch"] == torch.__version__
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: toy, "))
-    assert "x eager (p50" in line and "max rel err" in line
+    assert "] eager at batch" in line and "(p50" in line and "max rel err" in line
     steps = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("encoder: build toy done in") for m in steps), "every step is logged"
     assert any(m.startswith("encoder: profile torch_eager, toy at batch") for m in steps)

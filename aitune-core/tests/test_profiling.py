@@ -32,8 +32,16 @@ def test_summary_figures():
     assert (r.p50_ms, r.min_ms, r.steps) == (3.0, 1.0, 5)
     assert r.mean_ms == pytest.approx(22.0)
     assert r.p99_ms > r.p90_ms > r.p50_ms
-    assert r.throughput == pytest.approx(4 / 0.022)
+    assert r.throughput == pytest.approx(4 / 0.003), "throughput comes from the median, like every decision"
     assert r.window_p50_ms == [1.5, 3.5, 100.0]
+
+
+def test_outliers_do_not_reorder_throughput():
+    # the demo's case: a backend with a few 4 ms interruptions and a lower median
+    interrupted = summarize([0.067] * 57 + [4.0] * 3, batch_size=1, window=10)
+    steady = summarize([0.113] * 60, batch_size=1, window=10)
+    assert interrupted.mean_ms > steady.mean_ms, "by the mean it would look slower"
+    assert interrupted.throughput > steady.throughput, "by the figure decisions use it is faster"
 
 
 def test_runners_alternate_and_get_their_steps():
@@ -77,3 +85,20 @@ def test_comparison_uses_window_spread():
     assert noisy.low_speedup < 1.0, "a candidate that loses in some windows is not clearly faster"
     unlucky_eager = compare(result(1, 1.0, [1.0] * 6), result(1, 3.4, [3.1, 3.3, 3.4, 3.5, 9.0, 12.0]))
     assert unlucky_eager.low_speedup > 2.5, "windows where eager was slow do not hide a real win"
+
+
+def test_the_interval_always_contains_the_figure_shown():
+    eager = result(1, 2.0, [1.0, 1.1, 1.2, 1.3])
+    cmp = compare(result(1, 1.0, [1.0, 1.0, 1.0, 1.0]), eager)
+    assert cmp.low_speedup <= cmp.speedup <= cmp.high_speedup
+    assert 1.0 < cmp.low_speedup < 1.3 and cmp.high_speedup == 2.0
+    assert cmp.describe().startswith("2.00x [1.")
+
+
+def test_a_result_is_compared_with_the_eager_of_its_own_session():
+    import attrs
+
+    mine = attrs.evolve(result(1, 1.0, [1.0, 1.0]), baseline_p50_ms=3.0, baseline_window_p50_ms=[3.0, 3.0])
+    assert compare(mine).speedup == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="needs a baseline"):
+        compare(result(1, 1.0))

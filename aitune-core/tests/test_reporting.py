@@ -35,6 +35,9 @@ def test_markdown_has_every_candidate_and_the_decision(report):
     assert "| toy_wrong | failed (validate) |" in text
     assert "torch_eager (baseline)" in text
     assert "x: float32[batch, 8] with batch 2..4" in text
+    selected = next(line for line in text.splitlines() if line.startswith("| toy | selected"))
+    assert "x [" in selected, "the speedup is shown with its interval"
+    assert "- timed: batch 2: x[2, 8]" in text and "- timed: batch 4: x[4, 8]" in text
 
 
 def test_html_is_self_contained_with_inline_plots(report):
@@ -77,6 +80,7 @@ def test_tune_command_end_to_end(toy_backends, tmp_path, monkeypatch):
         )
     )
     monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
     result = CliRunner().invoke(
         app,
         [
@@ -92,10 +96,14 @@ def test_tune_command_end_to_end(toy_backends, tmp_path, monkeypatch):
             "out.json",
             "--html",
             "out.html",
+            "--threads",
+            "1",
         ],
         env={"COLUMNS": "200"},
     )
+    torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out.json").read_text())["environment"]["threads"] == 1
     assert "SlowModule" in result.output and "tuned" in result.output
     assert json.loads((tmp_path / "out.json").read_text())["modules"][0]["graphs"][0]["decision"] == "toy"
     assert (tmp_path / "out.ait").stat().st_size > 0 and "<svg" in (tmp_path / "out.html").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 import warnings
 
 import pytest
@@ -154,7 +155,7 @@ def test_max_throughput_falls_back_to_eager_when_nothing_beats_it(toy_backends):
 
 def test_max_throughput_without_validation_keeps_the_fastest_backend(toy_backends):
     strategy = ait.MaxThroughputStrategy(
-        backends=[ToyBackend(ToyConfig(speed=3.0)), ToyBackend(SLOW)], profiling_config=QUICK
+        backends=[ToyBackend(ToyConfig(speed=3.0)), ToyBackend(SLOW)], profiling_config=QUICK, per_batch_size=False
     ).enable_performance_validation(False)
     model = wrap(strategy)
     graph = graph_report(ait.tune(model, data(2, 4)))
@@ -325,3 +326,308 @@ def test_per_batch_size_keeps_eager_where_nothing_beats_it(toy_backends, registe
         (6, 32, "toy"),
     ]
     torch.testing.assert_close(loaded(torch.randn(20, 8)).shape, torch.Size([20, 8]))
+
+
+# -- one figure, paired baselines, recorded data (issue 18) --------------------------------------
+
+NO_DISPATCH = ProfilingConfig(
+    measurement_stop_strategy=QUICK.measurement_stop_strategy,
+    dispatch_cost_ms=0.0,
+)
+
+
+class SessionClock:
+    """A profiling plugin with fixed per-window latencies chosen per runner, batch and session.
+
+    ``table(name, index, batch, session)`` returns the window latencies of one runner; ``session``
+    counts the profiling sessions (the noise probe excluded). Runners are called once each, so a
+    backend that raises while profiled does so here too.
+    """
+
+    def __init__(self, table):
+        self.table = table
+        self.sessions = 0
+
+    @property
+    def plugin(self):
+        from aitune import hookimpl
+        from aitune.torch.task.profiling import summarize
+
+        clock = self
+
+        class Clock:
+            @hookimpl
+            def aitune_profile(self, runners, batch_size, config, device):
+                probe = any(k.endswith("#probe") for k in runners)
+                if not probe:
+                    clock.sessions += 1
+                out = {}
+                for key, run in runners.items():
+                    name, index = key.split("#")
+                    run()
+                    ms = [1.0] * 4 if probe else clock.table(name, index, batch_size, clock.sessions)
+                    out[key] = summarize(ms, batch_size, 1)
+                return out
+
+        return Clock()
+
+
+def test_ranking_uses_the_robust_figure_not_the_outlier_dragged_mean(toy_backends, register_plugin):
+    # the demo's case: candidate 1 has the lower median but three 4 ms outliers; candidate 2 is steady
+    windows = {
+        "0": [0.165] * 12,
+        "1": [0.067] * 9 + [4.0] * 3,
+        "2": [0.113] * 12,
+    }
+    register_plugin(SessionClock(lambda name, index, batch, session: windows[index]).plugin)
+    strategy = ait.MaxThroughputStrategy(
+        backends=[ToyBackend(ToyConfig(speed=0.1)), ToyBackend(ToyConfig(speed=0.2))], profiling_config=NO_DISPATCH
+    )
+    graph = graph_report(ait.tune(wrap(strategy), data(4, 4)))
+    first, second = graph.candidates
+    assert first.profiles[0].mean_ms > second.profiles[0].mean_ms
+    assert [first.status, second.status] == ["selected", "rejected"]
+    assert first.speedup > second.speedup, "the selected candidate shows the better figure"
+    assert "not chosen over toy's" in second.reason
+    assert first.speedup_low <= first.speedup <= first.speedup_high
+
+
+def test_first_wins_pairs_each_candidate_with_the_eager_of_its_own_session(toy_backends, register_plugin):
+    # session 1: eager 1 ms, candidate 1.5 ms (rejected); then the machine slows down:
+    # session 2: eager 4 ms, candidate 3 ms, which is 1.33x faster than the eager it ran with
+    def table(name, index, batch, session):
+        if name == "torch_eager":
+            return [1.0] * 4 if session == 1 else [4.0] * 4
+        return [1.5] * 4 if session == 1 else [3.0] * 4
+
+    register_plugin(SessionClock(table).plugin)
+    strategy = ait.FirstWinsStrategy(
+        backends=[ToyBackend(ToyConfig(speed=0.1)), ToyBackend(ToyConfig(speed=0.2))], profiling_config=NO_DISPATCH
+    )
+    graph = graph_report(ait.tune(wrap(strategy), data(4, 4)))
+    assert [c.status for c in graph.candidates] == ["rejected", "selected"]
+    assert graph.candidates[1].speedup == pytest.approx(4.0 / 3.0)
+    assert len(graph.eager_profiles) == 1, "one eager baseline per batch size in the report"
+    assert graph.eager_profiles[0].p50_ms == pytest.approx(4.0), "the one the winner was judged against"
+    assert graph.candidates[1].profiles[0].baseline_p50_ms == pytest.approx(4.0)
+
+
+class FlakyBackend(ToyBackend):
+    """Correct on the recorded samples, then raises once it has been called a few more times."""
+
+    name = "toy_flaky"
+
+    def infer(self, *args, **kwargs):
+        if self.calls >= 12:
+            raise RuntimeError("toy runtime lost its context")
+        return super().infer(*args, **kwargs)
+
+
+def test_a_profiling_failure_costs_only_that_candidate(toy_backends):
+    strategy = ait.MaxThroughputStrategy(
+        backends=[FlakyBackend(FAST), ToyBackend(FAST)], profiling_config=QUICK, per_batch_size=False
+    )
+    model = wrap(strategy)
+    report = ait.tune(model, data(2, 4))
+    graph = graph_report(report)
+    flaky, good = graph.candidates
+    assert (flaky.status, flaky.stage) == ("failed", "profile")
+    assert "lost its context" in flaky.reason
+    assert good.status == "selected" and model.state == "tuned"
+
+
+def test_first_wins_moves_on_after_a_profiling_failure(toy_backends):
+    strategy = ait.FirstWinsStrategy(backends=[FlakyBackend(FAST), ToyBackend(FAST)], profiling_config=QUICK)
+    graph = graph_report(ait.tune(wrap(strategy), data(2, 4)))
+    assert [(c.status, c.stage) for c in graph.candidates] == [("failed", "profile"), ("selected", None)]
+
+
+def test_one_backend_that_fails_while_profiled_falls_back_to_eager(toy_backends):
+    model = wrap(ait.OneBackendStrategy(FlakyBackend(FAST), profiling_config=QUICK))
+    graph = graph_report(ait.tune(model, data(2, 4)))
+    assert model.state == "passthrough" and graph.decision == "torch_eager"
+    assert (graph.candidates[0].status, graph.candidates[0].stage) == ("failed", "profile")
+    assert "failed while profiled" in graph.reason
+
+
+def test_dispatch_cost_is_charged_before_the_gate(toy_backends, register_plugin):
+    # 1.02x faster than eager on its own; not once the wrapper's per-call cost is added
+    register_plugin(_clock({"torch_eager": [2.0] * 4, "toy": [1.96] * 4}))
+    passes = ait.OneBackendStrategy(ToyBackend(), profiling_config=NO_DISPATCH)
+    assert graph_report(ait.tune(wrap(passes), data(4, 4))).decision == "toy"
+    charged = ProfilingConfig(measurement_stop_strategy=QUICK.measurement_stop_strategy, dispatch_cost_ms=0.05)
+    graph = graph_report(ait.tune(wrap(ait.OneBackendStrategy(ToyBackend(), profiling_config=charged)), data(4, 4)))
+    assert graph.decision == "torch_eager"
+    assert graph.candidates[0].profiles[0].dispatch_ms == 0.05
+    assert graph.candidates[0].profiles[0].p50_ms == pytest.approx(2.01)
+
+
+def test_dispatch_cost_is_measured_through_the_dispatcher():
+    from aitune.graph import Sample, infer_graph
+    from aitune.torch.candidates import measure_dispatch_ms
+
+    samples = [Sample((x,)) for x in data(2, 4)]
+    graph = infer_graph(samples, ("x",), None, None)
+    cost = measure_dispatch_ms(graph, samples[0], repeats=3, calls=50)
+    assert 0.0 < cost < 5.0
+
+
+class ShapeSpy(ToyBackend):
+    """Records the input shapes it is called with."""
+
+    name = "toy_spy"
+    seen: typing.ClassVar[list] = []
+
+    def infer(self, *args, **kwargs):
+        ShapeSpy.seen.append(tuple(args[0].shape))
+        return super().infer(*args, **kwargs)
+
+
+def test_profiling_rotates_through_every_recorded_sample_at_every_recorded_batch_size(toy_backends):
+    ShapeSpy.seen = []
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(2, 3, 8, generator=g), torch.randn(4, 5, 8, generator=g), torch.randn(4, 3, 8, generator=g)]
+    strategy = ait.MaxThroughputStrategy(backends=[ShapeSpy(FAST)], profiling_config=QUICK, per_batch_size=False)
+    report = ait.tune(wrap(strategy), inputs)
+    graph = graph_report(report)
+    assert [p.batch_size for p in graph.eager_profiles] == [2, 4], "every recorded batch size"
+    profiled = set(ShapeSpy.seen[-20:])
+    assert profiled == {(4, 3, 8), (4, 5, 8)}, "every recorded sequence length, batched to the size"
+    assert any("batch 2" in line and "x[2, 5, 8]" in line for line in graph.profiled_inputs)
+    assert "timed: batch 4" in render_markdown_text(report)
+
+
+def render_markdown_text(report):
+    from aitune.reporting import render_markdown
+
+    return render_markdown(report)
+
+
+def test_gate_strategies_profile_the_most_common_recorded_batch_size(toy_backends):
+    model = wrap(ait.OneBackendStrategy(ToyBackend(FAST), profiling_config=QUICK))
+    graph = graph_report(ait.tune(model, data(1, 8, 8, 4)))
+    assert [p.batch_size for p in graph.eager_profiles] == [8]
+
+
+def test_min_latency_without_a_batch_axis_says_so_and_uses_the_recorded_size(toy_backends):
+    model = wrap(ait.MinLatencyStrategy(backends=[ToyBackend(FAST)], profiling_config=QUICK))
+    graph = graph_report(ait.tune(model, data(4, 4)))
+    assert [p.batch_size for p in graph.eager_profiles] == [4]
+    assert any("no batch axis" in n for n in graph.notes)
+
+
+def test_latency_budget_never_keeps_eager_over_budget_silently(toy_backends, register_plugin):
+    # the backend is within the budget but not clearly faster than eager, which is over the budget
+    register_plugin(_clock({"torch_eager": [2.0] * 4, "toy": [1.0, 1.0, 2.5, 2.6]}))
+    strategy = ait.LatencyBudgetStrategy(latency_budget_ms=1.9, backends=[ToyBackend()], profiling_config=NO_DISPATCH)
+    graph = graph_report(ait.tune(wrap(strategy), data(4, 4)))
+    assert graph.decision == "toy"
+    assert "eager is over the latency budget" in graph.reason
+
+
+def test_latency_budget_raises_when_every_backend_fails(toy_backends):
+    strategy = ait.LatencyBudgetStrategy(
+        latency_budget_ms=100.0, backends=[WrongBackend(FAST)], profiling_config=NO_DISPATCH
+    )
+    with pytest.raises(TuningError, match="no backend stays within the latency budget"):
+        ait.tune(wrap(strategy), data(2, 4))
+
+
+def _per_size_clock(fast_at_large: dict[int, float]):
+    def table(name, index, batch, session):
+        eager = {1: 2.0, 8: 8.0, 32: 30.0}[batch]
+        if name == "torch_eager":
+            return [eager] * 4
+        return [{1: 0.5, 8: 6.0, 32: 25.0}[batch] if index == "1" else fast_at_large[batch]] * 4
+
+    return SessionClock(table).plugin
+
+
+def test_per_batch_routing_is_the_default_where_it_pays(toy_backends, register_plugin):
+    register_plugin(_per_size_clock({1: 1.5, 8: 2.0, 32: 5.0}))
+    strategy = ait.MaxThroughputStrategy(
+        backends=[ToyBackend(ToyConfig(speed=0.1)), ToyBackend(ToyConfig(speed=0.2))], profiling_config=NO_DISPATCH
+    )
+    graph = graph_report(ait.tune(wrap(strategy), data(1, 8, 32)))
+    assert [(r.batch_min, r.batch_max) for r in graph.routes] == [(1, 2), (3, 32)]
+    assert any("routing by batch size pays at batch 1" in n for n in graph.notes)
+    assert any("MB more artifact size and memory" in n for n in graph.notes)
+
+
+def test_per_batch_routing_stays_off_when_one_backend_wins_everywhere(toy_backends, register_plugin):
+    register_plugin(_per_size_clock({1: 0.4, 8: 2.0, 32: 5.0}))
+    strategy = ait.MaxThroughputStrategy(
+        backends=[ToyBackend(ToyConfig(speed=0.1)), ToyBackend(ToyConfig(speed=0.2))], profiling_config=NO_DISPATCH
+    )
+    graph = graph_report(ait.tune(wrap(strategy), data(1, 8, 32)))
+    assert graph.routes == [] and graph.decision == "toy"
+    assert [c.status for c in graph.candidates] == ["rejected", "selected"]
+
+
+def test_per_batch_size_false_forces_one_winner(toy_backends, register_plugin):
+    register_plugin(_per_size_clock({1: 1.5, 8: 2.0, 32: 5.0}))
+    strategy = ait.MaxThroughputStrategy(
+        backends=[ToyBackend(ToyConfig(speed=0.1)), ToyBackend(ToyConfig(speed=0.2))],
+        profiling_config=NO_DISPATCH,
+        per_batch_size=False,
+    )
+    graph = graph_report(ait.tune(wrap(strategy), data(1, 8, 32)))
+    assert graph.routes == [] and graph.selected_batch_size == 32
+
+
+def test_a_noisy_machine_is_reported_before_timing(toy_backends, register_plugin, caplog):
+    from aitune import hookimpl
+    from aitune.torch.task.profiling import summarize
+
+    class Noisy:
+        @hookimpl
+        def aitune_profile(self, runners, batch_size, config, device):
+            ms = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.6, 1.7]
+            return {k: summarize(ms, batch_size, 1) for k in runners}
+
+    register_plugin(Noisy())
+    with caplog.at_level("WARNING", logger="aitune"):
+        graph = graph_report(ait.tune(wrap(ait.OneBackendStrategy(ToyBackend(), profiling_config=QUICK)), data(4)))
+    assert any("machine is noisy" in n and "--threads" in n for n in graph.notes)
+    assert "machine is noisy" in caplog.text
+
+
+def test_the_report_records_the_thread_settings(toy_backends):
+    report = ait.tune(wrap(ait.OneBackendStrategy(ToyBackend(), profiling_config=QUICK)), data(4))
+    env = report.environment
+    assert env["threads"] == torch.get_num_threads()
+    assert env["interop_threads"] == torch.get_num_interop_threads()
+    assert "omp_wait_policy" in env
+
+
+def test_the_selected_candidate_is_never_beaten_beyond_its_interval(toy_backends, register_plugin):
+    """Property: on the figure the report shows, no candidate beats the selected one beyond the interval."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    latencies = {}
+    register_plugin(SessionClock(lambda name, index, batch, session: latencies[index]).plugin)
+
+    def windows(base):
+        spikes = st.lists(st.sampled_from([1.0, 1.0, 1.0, 1.05, 0.95, 1.3, 20.0]), min_size=8, max_size=8)
+        return spikes.map(lambda f: [base * x for x in f])
+
+    runner = st.tuples(*(st.sampled_from([0.5, 0.9, 1.0, 1.1, 2.0]).flatmap(windows) for _ in range(4)))
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(runner)
+    def check(timings):
+        latencies.clear()
+        latencies.update({str(i): t for i, t in enumerate(timings)})
+        strategy = ait.MaxThroughputStrategy(
+            backends=[ToyBackend(ToyConfig(speed=s)) for s in (0.1, 0.2, 0.3)], profiling_config=NO_DISPATCH
+        )
+        graph = graph_report(ait.tune(wrap(strategy), data(4, 4)))
+        selected = [c for c in graph.candidates if c.status == "selected"]
+        figure = selected[0].speedup if selected else 1.0
+        for c in graph.candidates:
+            assert c.speedup is not None and c.speedup_low <= c.speedup <= c.speedup_high
+            if c.status == "rejected":
+                assert c.speedup_low <= figure, (c, figure)
+
+    check()

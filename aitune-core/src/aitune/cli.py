@@ -282,6 +282,21 @@ def _print_summary(report: Any) -> None:
     print_table(("module", "status", "result"), rows, "aitune: tuned modules")
 
 
+THREADS_HELP = (
+    "Torch intra-op threads to tune (and time) with; default: torch's. On a busy or shared machine, "
+    "fewer threads than cores give steadier timings."
+)
+
+
+def _set_threads(threads: int | None) -> None:
+    """Apply ``--threads`` before anything is timed; the report records what timing ran under."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 @app.command()
 def tune(
     target: str = typer.Argument(..., help="package.module:factory returning (model, dataset)."),
@@ -297,10 +312,12 @@ def tune(
     report_path: Path | None = typer.Option(None, "--report", help="Write the JSON report here."),
     html: Path | None = typer.Option(None, "--html", help="Write the HTML report here."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of a table."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Tune a model from a factory, save the artifact and the reports."""
     import aitune.torch as ait
 
+    _set_threads(threads)
     model, dataset = _load_target(target)
     chosen = _strategy(strategy, _backends(backend), budget_ms)
     from .torch.module import wrapped_modules
@@ -367,10 +384,12 @@ def report(
 def demo(
     output_dir: Path = typer.Option(Path("aitune-demo"), "--output-dir", help="Where the artifact and reports go."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of a table."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Tune a built-in small model with every backend available here; write the artifact and HTML report."""
     import aitune.torch as ait
 
+    _set_threads(threads)
     from . import demo as demo_model
 
     model: Any

@@ -15,7 +15,7 @@ import attrs
 
 from .converter import structure, unstructure
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @attrs.define
@@ -60,9 +60,15 @@ class ProfileResult:
     std_ms: float
     min_ms: float
     throughput: float
-    """Samples per second: ``batch_size / mean latency``."""
+    """Samples per second: ``batch_size / p50``, from the same outlier-robust latency decisions use."""
     window_p50_ms: list[float] = attrs.field(factory=list)
     """Median latency of each measuring window, for judging noise between alternating runners."""
+    baseline_p50_ms: float | None = None
+    """Eager's p50 measured in the same interleaved session: the baseline this result is paired with."""
+    baseline_window_p50_ms: list[float] = attrs.field(factory=list)
+    """Eager's window medians from that session, window for window against ``window_p50_ms``."""
+    dispatch_ms: float = 0.0
+    """The measured per-call cost of the ``ait.Module`` dispatcher, included in every latency above."""
 
 
 @attrs.define
@@ -80,7 +86,12 @@ class CandidateReport:
     validation: ValidationReport | None = None
     profiles: list[ProfileResult] = attrs.field(factory=list)
     speedup: float | None = None
-    """Eager latency over this candidate's, at the batch size the decision used."""
+    """Eager p50 over this candidate's (dispatch included), at the batch size the decision used:
+    the figure candidates are ranked and gated by."""
+    speedup_low: float | None = None
+    """Lower end of the speedup's interval: the lower quartile of per-window ratios against eager."""
+    speedup_high: float | None = None
+    """Upper end of the speedup's interval: the upper quartile of those ratios."""
 
 
 @attrs.define
@@ -103,6 +114,10 @@ class GraphReport:
     selected_batch_size: int | None = None
     routes: list[RouteReport] = attrs.field(factory=list)
     """Empty when one backend serves the whole graph."""
+    profiled_inputs: list[str] = attrs.field(factory=list)
+    """The input shapes that were timed at each profiled batch size, and how many recorded samples."""
+    notes: list[str] = attrs.field(factory=list)
+    """What a reader should know about the figures: a noisy machine, a missing batch axis, extra memory."""
 
 
 @attrs.define

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import AituneError
 from ..report import GraphReport, TuneReport
-from .tables import CANDIDATE_COLUMNS, candidate_rows, graph_inputs, headline, module_status
+from .tables import CANDIDATE_COLUMNS, candidate_rows, graph_inputs, graph_notes, headline, module_status
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#1d2330;padding:0 1rem}
@@ -121,6 +121,9 @@ def render_html(report: TuneReport) -> str:
             rows = candidate_rows(graph)
             classes = [r[1].split(" ")[0] for r in rows]
             parts.append(_table(CANDIDATE_COLUMNS, rows, classes))
+            notes = graph_notes(graph)
+            if notes:
+                parts.append("<ul class='why'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
             parts.append("<div class='plots'>" + "".join(_plots(graph)) + "</div>")
     env_rows = [[k, str(v)] for k, v in sorted(report.environment.items())]
     parts.append("<h2>Environment</h2>" + _table(["key", "value"], env_rows))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..report import TuneReport
-from .tables import CANDIDATE_COLUMNS, candidate_rows, graph_inputs, headline, module_status
+from .tables import CANDIDATE_COLUMNS, candidate_rows, graph_inputs, graph_notes, headline, module_status
 
 
 def _row(cells: list[str] | tuple[str, ...]) -> str:
@@ -29,4 +29,7 @@ def render_markdown(report: TuneReport) -> str:
                 lines += [f"Why: {graph.reason}", ""]
             lines += [_row(CANDIDATE_COLUMNS), _row(["---"] * len(CANDIDATE_COLUMNS))]
             lines += [_row(r) for r in candidate_rows(graph)]
+            notes = graph_notes(graph)
+            if notes:
+                lines += [""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"

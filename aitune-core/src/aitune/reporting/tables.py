@@ -19,6 +19,8 @@ CANDIDATE_COLUMNS = (
     "speedup",
     "reason",
 )
+"""``samples/s`` is batch over p50 and ``speedup`` is eager's p50 over the candidate's, measured in
+one interleaved session, with the interval of the per-window ratios: the figure decisions use."""
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -52,11 +54,26 @@ def candidate_rows(graph: GraphReport) -> list[list[str]]:
                 _fmt(p.p50_ms if p else None, ".3g"),
                 _fmt(p.p99_ms if p else None, ".3g"),
                 _fmt(p.throughput if p else None, ".1f"),
-                _fmt(c.speedup, ".2f") + ("x" if c.speedup is not None else ""),
+                _speedup(c),
                 c.reason or "",
             ]
         )
     return rows
+
+
+def _speedup(c: CandidateReport) -> str:
+    if c.speedup is None:
+        return ""
+    text = f"{c.speedup:.2f}x"
+    if c.speedup_low is not None and c.speedup_high is not None:
+        text += f" [{c.speedup_low:.2f}-{c.speedup_high:.2f}]"
+    return text
+
+
+def graph_notes(graph: GraphReport) -> list[str]:
+    """What was timed and what a reader should know about the figures, one line each."""
+    lines = [f"timed: {line}" for line in graph.profiled_inputs]
+    return lines + [f"note: {n}" for n in graph.notes]
 
 
 def graph_inputs(graph: GraphReport) -> str:
@@ -79,10 +96,21 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
         ("device", report.device),
         ("machine", str(env.get("gpu") or env.get("cpu", ""))),
         ("torch", str(env.get("torch", ""))),
-        ("threads", str(env.get("threads", ""))),
+        ("threads", _threads(env)),
         ("python", str(env.get("python", ""))),
     ]
     return [(k, v) for k, v in rows if v]  # a report read back from an artifact has no run times
+
+
+def _threads(env: dict[str, Any]) -> str:
+    if "threads" not in env:
+        return ""
+    text = f"{env['threads']} intra-op"
+    if "interop_threads" in env:
+        text += f", {env['interop_threads']} inter-op"
+    if "omp_wait_policy" in env:
+        text += f", OMP_WAIT_POLICY {env['omp_wait_policy']}"
+    return text
 
 
 def module_status(module: ModuleReport) -> str:

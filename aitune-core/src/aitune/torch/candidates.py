@@ -7,12 +7,15 @@ report entry as it happens, and observers hear about each finished candidate.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from ..errors import ConfigError, SerializationError
 from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
 from ..report import CandidateReport, GraphReport, ProfileResult, RouteReport
 from . import progress, recording
-from .task.profiling import ProfilingConfig
+from .task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 logger = logging.getLogger("aitune")
 
@@ -52,25 +55,53 @@ class Candidate:
 
 @attrs.frozen
 class Comparison:
-    """A candidate against eager at one batch size."""
+    """A candidate against a baseline (eager, or another candidate) timed in the same session."""
 
     speedup: float
-    """Eager p50 over candidate p50."""
+    """Baseline p50 over candidate p50: the figure candidates are ranked by, gated on and shown with."""
     low_speedup: float
-    """A conservative speedup: the lower quartile of the per-window ratios (eager window p50 over
-    the candidate's). A candidate clearly beats a bar only when it does so in at least three windows
-    of four; otherwise the gap is inside the measured spread. Windows where eager was unlucky only
-    raise the upper quartiles, so they cannot hide a real win."""
+    """The lower end of its interval: the lower quartile of the per-window ratios (baseline window
+    p50 over the candidate's, window for window). A candidate clearly beats a bar only when it does
+    so in at least three windows of four; otherwise the gap is inside the measured spread. Windows
+    where the baseline was unlucky only raise the upper quartiles, so they cannot hide a real win."""
+    high_speedup: float
+    """The upper end: the upper quartile of those ratios."""
+
+    def describe(self) -> str:
+        return f"{self.speedup:.2f}x [{self.low_speedup:.2f}-{self.high_speedup:.2f}]"
 
 
-def compare(candidate: ProfileResult, eager: ProfileResult) -> Comparison:
-    speedup = eager.p50_ms / candidate.p50_ms if candidate.p50_ms > 0 else float("inf")
-    ratios = [e / c for e, c in zip(eager.window_p50_ms, candidate.window_p50_ms) if c > 0]
+def compare(candidate: ProfileResult, baseline: ProfileResult | None = None) -> Comparison:
+    """``candidate`` against ``baseline``, or against the eager windows of its own session.
+
+    The interval is widened to contain the point figure, so a reader never sees a speedup outside
+    the interval printed next to it.
+    """
+    if baseline is not None:
+        base_p50, base_windows = baseline.p50_ms, baseline.window_p50_ms
+    elif candidate.baseline_p50_ms is not None:
+        base_p50, base_windows = candidate.baseline_p50_ms, candidate.baseline_window_p50_ms
+    else:
+        raise ValueError("compare() needs a baseline: this result was profiled without eager")
+    speedup = base_p50 / candidate.p50_ms if candidate.p50_ms > 0 else float("inf")
+    ratios = [e / c for e, c in zip(base_windows, candidate.window_p50_ms) if c > 0]
     if len(ratios) < 2:
-        return Comparison(speedup, speedup)
-    if len(ratios) < 4:
-        return Comparison(speedup, min(ratios))
-    return Comparison(speedup, statistics.quantiles(ratios, n=4, method="inclusive")[0])
+        low = high = speedup
+    elif len(ratios) < 4:
+        low, high = min(ratios), max(ratios)
+    else:
+        q = statistics.quantiles(ratios, n=4, method="inclusive")
+        low, high = q[0], q[2]
+    return Comparison(speedup, min(low, speedup), max(high, speedup))
+
+
+class _RunnerFailed(Exception):
+    """A runner raised (anything but out-of-memory) while being profiled."""
+
+    def __init__(self, key: str, error: Exception) -> None:
+        super().__init__(key)
+        self.key = key
+        self.error = error
 
 
 @attrs.frozen
@@ -117,6 +148,10 @@ class GraphTuning:
         self.report = report
         self.eager = Candidate(TorchEagerBackend(), CandidateReport("torch_eager", {"backend": "torch_eager"}))
         self.eager.backend.build(module, self._context(Path(tempfile.gettempdir())))
+        self.built: list[Candidate] = []
+        """Every candidate built for this graph, in order (their report entries are in ``report``)."""
+        self._dispatch_ms: float | None = None
+        self._noise_checked = False
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -129,6 +164,7 @@ class GraphTuning:
             config = {"backend": backend.name}
         candidate = Candidate(backend, CandidateReport(backend.name, config))
         self.report.candidates.append(candidate.report)
+        self.built.append(candidate)
         reason = self._unavailable(backend)
         if reason:
             return self._fail(candidate, "availability", reason, None)
@@ -170,14 +206,59 @@ class GraphTuning:
     ) -> list[int]:
         """Measure candidates (and eager) in alternating windows at each batch size; returns the sizes measured.
 
-        An out-of-memory error at one batch size ends the sweep and keeps what was measured.
+        Every runner cycles through the recorded samples, batched to the size. Each candidate's
+        result carries the eager windows of its own session (its paired baseline) and the measured
+        dispatch cost. The report keeps one eager result per batch size, from the latest session
+        (so FirstWins shows the baseline its winner was judged against). A candidate that raises
+        while profiled fails (stage ``profile``) and the others go on; an out-of-memory error at
+        one batch size ends the sweep and keeps what was measured.
         """
-        runners = ([self.eager] if with_eager else []) + [c for c in candidates if c.ok]
+        if not self._noise_checked and batch_sizes:
+            self._noise_checked = True
+            self._check_noise(config, batch_sizes[0])
+        dispatch_ms = self.dispatch_cost_ms(config)
         measured: list[int] = []
         for batch_size in batch_sizes:
-            sample = self._sample_at(batch_size)
-            calls = {c.name + f"#{i}": _runner(c.backend, sample) for i, c in enumerate(runners)}
-            names = ", ".join(c.name for c in runners)
+            inputs = self.inputs_at(batch_size)
+            results = self._session(candidates, config, with_eager, batch_size, inputs)
+            if results is None:
+                break
+            if not any(c is not self.eager for c in results):
+                return measured  # every candidate failed to profile: nothing left to compare
+            eager = results.get(self.eager)
+            for candidate, result in results.items():
+                if candidate is self.eager:  # the latest session's: the one FirstWins' winner was paired with
+                    self.report.eager_profiles = [p for p in self.report.eager_profiles if p.batch_size != batch_size]
+                    self.report.eager_profiles.append(result)
+                    continue
+                result = _with_dispatch(result, dispatch_ms)
+                if eager is not None:
+                    result = attrs.evolve(
+                        result, baseline_p50_ms=eager.p50_ms, baseline_window_p50_ms=list(eager.window_p50_ms)
+                    )
+                candidate.report.profiles.append(result)
+            self._describe_inputs(batch_size, inputs)
+            measured.append(batch_size)
+            histories = [self.report.eager_profiles] if with_eager else []
+            histories += [c.report.profiles for c in candidates if c.ok]
+            if histories and all(config.profiling_stop_strategy.should_stop(h) for h in histories):
+                break
+        return measured
+
+    def _session(
+        self,
+        candidates: Sequence[Candidate],
+        config: ProfilingConfig,
+        with_eager: bool,
+        batch_size: int,
+        inputs: list[Sample],
+    ) -> dict[Candidate, ProfileResult] | None:
+        """One interleaved session at one batch size; None when it ran out of memory."""
+        while True:
+            contenders = ([self.eager] if with_eager else []) + [c for c in candidates if c.ok]
+            keys = [f"{c.name}#{i}" for i, c in enumerate(contenders)]
+            calls = {k: _guarded(k, _runner(c.backend, inputs)) for k, c in zip(keys, contenders)}
+            names = ", ".join(c.name for c in contenders)
             try:
                 with progress.step(f"{self.module_name}: profile {names} at batch {batch_size}"), recording.bypass():
                     results = self.hook.aitune_profile(
@@ -187,16 +268,105 @@ class GraphTuning:
                 logger.warning(
                     "%s: out of memory at batch size %d; profiling stops there", self.module_name, batch_size
                 )
-                break
-            for key, candidate in zip(calls, runners):
-                target = self.report.eager_profiles if candidate is self.eager else candidate.report.profiles
-                target.append(results[key])
-            measured.append(batch_size)
-            histories = [self.report.eager_profiles] if with_eager else []
-            histories += [c.report.profiles for c in candidates if c.ok]
-            if histories and all(config.profiling_stop_strategy.should_stop(h) for h in histories):
-                break
-        return measured
+                return None
+            except _RunnerFailed as failed:
+                culprit = contenders[keys.index(failed.key)]
+                if culprit is self.eager:
+                    raise failed.error from None
+                self._fail(
+                    culprit,
+                    "profile",
+                    f"raised while profiled at batch {batch_size}: {type(failed.error).__name__}: {failed.error}",
+                    failed.error,
+                )
+                continue
+            return {c: results[k] for k, c in zip(keys, contenders)}
+
+    def dispatch_cost_ms(self, config: ProfilingConfig) -> float:
+        """What a call through ``ait.Module`` adds to a tuned backend (measured once per graph)."""
+        if config.dispatch_cost_ms is not None:
+            return config.dispatch_cost_ms
+        if self._dispatch_ms is None:
+            self._dispatch_ms = measure_dispatch_ms(self.graph, self.samples[0])
+        return self._dispatch_ms
+
+    def versus_eager(self, candidate: Candidate, batch_size: int) -> Comparison | None:
+        """``candidate`` against the eager windows of its own profiling session at ``batch_size``."""
+        mine = candidate.profile_at(batch_size)
+        if mine is None:
+            return None
+        if mine.baseline_p50_ms is None:
+            eager = self.eager_profile(batch_size)
+            return compare(mine, eager) if eager is not None else None
+        return compare(mine)
+
+    def annotate(self, batch_size: int | None) -> None:
+        """Write every candidate's speedup and interval at ``batch_size``: the figures the report shows."""
+        for c in self.built:
+            cmp = self.versus_eager(c, batch_size) if batch_size is not None else None
+            c.report.speedup = cmp.speedup if cmp else None
+            c.report.speedup_low = cmp.low_speedup if cmp else None
+            c.report.speedup_high = cmp.high_speedup if cmp else None
+
+    def note(self, text: str) -> None:
+        if text not in self.report.notes:
+            self.report.notes.append(text)
+
+    def recorded_batch_sizes(self) -> list[int]:
+        """The batch size of each recorded sample, in recorded order (empty without a batch axis)."""
+        for i, spec in enumerate(self.graph.inputs):
+            axis = spec.batch_axis
+            if axis is not None:
+                return [int(s.tensors()[i].shape[axis]) for s in self.samples]
+        return []
+
+    def inputs_at(self, batch_size: int) -> list[Sample]:
+        """The data profiling rotates through: a batch of ``batch_size`` starting at each recorded sample.
+
+        Each batch is made as AITune makes one (successive recorded samples concatenated, see
+        :func:`aitune.graph.assemble`), so batch-1 data is timed on real rows at every size.
+        """
+        if self.graph.batch is None:
+            return list(self.samples)
+        n = len(self.samples)
+        return [assemble(self.graph, self.samples[k:] + self.samples[:k], {BATCH: batch_size}) for k in range(n)]
+
+    def _describe_inputs(self, batch_size: int, inputs: list[Sample]) -> None:
+        shapes = collections.Counter(tuple(tuple(t.shape) for t in s.tensors()) for s in inputs)
+        paths = [spec.path for spec in self.graph.inputs]
+        described = "; ".join(
+            ", ".join(f"{p}[{', '.join(map(str, shape))}]" for p, shape in zip(paths, key))
+            + (f" x{n}" if len(shapes) > 1 else "")
+            for key, n in shapes.items()
+        )
+        label = f"batch {batch_size}" if self.graph.batch is not None else "recorded size (no batch axis)"
+        line = f"{label}: {described} ({len(inputs)} recorded sample{'s' if len(inputs) != 1 else ''}, rotated)"
+        if line not in self.report.profiled_inputs:
+            self.report.profiled_inputs.append(line)
+
+    def _check_noise(self, config: ProfilingConfig, batch_size: int) -> None:
+        """Time eager briefly before profiling; warn when its spread already hides 20% differences."""
+        probe = attrs.evolve(
+            config, measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5)
+        )
+        key = "torch_eager#probe"
+        with recording.bypass():
+            result = self.hook.aitune_profile(
+                runners={key: _runner(self.eager.backend, self.inputs_at(batch_size))},
+                batch_size=batch_size,
+                config=probe,
+                device=self.device,
+            )[key]
+        spread = (result.p90_ms - result.p50_ms) / result.p50_ms if result.p50_ms > 0 else 0.0
+        if spread > NOISY_SPREAD:
+            text = (
+                f"the machine is noisy: eager's p90 is {spread:.0%} above its p50 before profiling, so small "
+                "differences between backends are not measurable; close other programs, pin the threads "
+                "(aitune tune --threads N, or OMP_NUM_THREADS=N with OMP_WAIT_POLICY=PASSIVE), or profile longer "
+                "(ProfilingConfig(measurement_stop_strategy=CvMeasuringStopStrategy()))"
+            )
+            logger.warning("%s: %s", self.module_name, text)
+            self.note(text)
 
     def finish_routes(self, routes: list[Route], reason: str) -> None:
         """Record a decision that serves batch ranges with different candidates."""
@@ -214,16 +384,25 @@ class GraphTuning:
     def eager_profile(self, batch_size: int) -> ProfileResult | None:
         return next((p for p in self.report.eager_profiles if p.batch_size == batch_size), None)
 
-    def default_batch_sizes(self, config: ProfilingConfig) -> list[int]:
-        """The batch sizes to profile: the config's, else tune's, else the most common recorded one."""
+    def default_batch_sizes(self, config: ProfilingConfig, every_recorded: bool = False) -> list[int]:
+        """The batch sizes to profile: the config's, else tune's, else the recorded ones.
+
+        Throughput strategies ask for ``every_recorded`` size; the eager gate of OneBackend and
+        FirstWins takes the most common recorded size (ties: the larger).
+        """
         batch = self.graph.batch
-        wanted = config.batch_sizes or self.batch_sizes
         if batch is None:
             return [self._leading_size()]
-        if not wanted:
-            return [batch.opt]
-        inside = [b for b in wanted if b in batch]
-        return sorted(set(inside)) or [batch.opt]
+        wanted = config.batch_sizes or self.batch_sizes
+        inside = sorted({b for b in wanted or () if b in batch})
+        if inside:
+            return inside
+        recorded = self.recorded_batch_sizes() or [batch.opt]
+        if every_recorded:
+            return sorted(set(recorded))
+        counts = collections.Counter(recorded)
+        top = max(counts.values())
+        return [max(b for b, n in counts.items() if n == top)]
 
     def finish(self, candidate: Candidate | None, reason: str, batch_size: int | None = None) -> None:
         """Record the decision: ``candidate`` wins, or eager when None."""
@@ -264,13 +443,89 @@ class GraphTuning:
         first = self.graph.inputs[0] if self.graph.inputs else None
         return first.shape[0] if first is not None and first.rank else 1
 
-    def _sample_at(self, batch_size: int) -> Sample:
-        if self.graph.batch is None:
-            return self.samples[0]
-        return assemble(self.graph, self.samples, {BATCH: batch_size})
+
+NOISY_SPREAD = 0.2
+"""Eager's p90 this far above its p50 before profiling makes the tuner warn about the machine."""
 
 
-def _runner(backend: Backend, sample: Sample) -> Any:
-    args, kwargs = sample.args, sample.kwargs
+def _runner(backend: Backend, samples: Sequence[Sample]) -> Callable[[], Any]:
+    """Calls ``backend`` on each of ``samples`` in turn, as recorded."""
+    calls = itertools.cycle([(s.args, s.kwargs) for s in samples])
     infer = backend.infer
-    return lambda: infer(*args, **kwargs)
+
+    def run() -> Any:
+        args, kwargs = next(calls)
+        return infer(*args, **kwargs)
+
+    return run
+
+
+def _guarded(key: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn``, with any error but out-of-memory tagged with the runner it came from."""
+
+    def run() -> Any:
+        try:
+            return fn()
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            raise _RunnerFailed(key, exc) from exc
+
+    return run
+
+
+def _with_dispatch(result: ProfileResult, dispatch_ms: float) -> ProfileResult:
+    """``result`` as users will see it through ``ait.Module``: every latency plus the dispatch cost."""
+    if dispatch_ms <= 0:
+        return result
+    p50 = result.p50_ms + dispatch_ms
+    return attrs.evolve(
+        result,
+        mean_ms=result.mean_ms + dispatch_ms,
+        p50_ms=p50,
+        p90_ms=result.p90_ms + dispatch_ms,
+        p99_ms=result.p99_ms + dispatch_ms,
+        min_ms=result.min_ms + dispatch_ms,
+        throughput=result.batch_size / (p50 / 1000.0),
+        window_p50_ms=[w + dispatch_ms for w in result.window_p50_ms],
+        dispatch_ms=dispatch_ms,
+    )
+
+
+def measure_dispatch_ms(graph: GraphSpec, sample: Sample, repeats: int = 5, calls: int = 100) -> float:
+    """What routing one call through the ``ait.Module`` dispatcher costs beyond calling the backend.
+
+    A do-nothing backend is called directly and through a dispatcher built for ``graph``, the way
+    a tuned module routes calls (structure key, shape checks, fallback guard); the median
+    difference per call is the cost. 0 when the sample does not reach the route.
+    """
+    from .dispatch import Dispatcher
+
+    reached = [0]
+
+    def backend(*args: Any, **kwargs: Any) -> None:
+        reached[0] += 1
+
+    def eager(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    dispatcher = Dispatcher("dispatch-cost", eager, lambda a, k: (a, k), [(graph, backend)])
+    args, kwargs = sample.args, sample.kwargs
+
+    def per_call_ns(fn: Callable[[], Any]) -> float:
+        timings = []
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            timings.append((time.perf_counter_ns() - start) / calls)
+        return statistics.median(timings)
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dispatcher(args, kwargs)
+        if reached[0] == 0:
+            return 0.0
+        routed = per_call_ns(lambda: dispatcher(args, kwargs))
+        direct = per_call_ns(lambda: backend(*args, **kwargs))
+    return max(0.0, (routed - direct) / 1e6)

@@ -6,24 +6,31 @@ The rules follow the product's strategy guide exactly:
   correct but not at least ``1 + min_speedup_ratio`` times faster than eager falls back to eager.
 * ``FirstWinsStrategy``: backends in order; the first that builds, is correct and passes that
   gate wins; if none does, the module runs eager and the report says why each failed.
-* ``MaxThroughputStrategy`` / ``MinLatencyStrategy``: build and profile all; the best must strictly
-  beat eager (ties go to eager). MinLatency always profiles at batch size 1.
+* ``MaxThroughputStrategy`` / ``MinLatencyStrategy``: build and profile all; the best that
+  strictly beats eager wins (ties go to eager). MinLatency profiles at batch size 1.
 * ``LatencyBudgetStrategy``: the highest throughput (backend, batch size) within the budget;
   raises when no backend meets it.
 
-Beyond the guide: when a gap is inside the measured spread (the lower quartile of per-window
-speedups does not clear the bar) the simpler choice, eager, is kept and the report says so.
+One figure decides everything: the candidate's p50 latency (dispatch cost included) against the
+p50 of eager timed in the same interleaved session, with the interval of the per-window ratios.
+Candidates are ranked by it, gated on it, and the report shows it. Beyond the guide: a gap inside
+the measured spread (the lower quartile of per-window speedups does not clear the bar) does not
+count as beating eager, and the report says so. A candidate that raises while profiled fails
+(stage ``profile``) and the others go on.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import shutil
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..backend import Backend
 from ..errors import BuildError, TuningError, ValidationError
-from .candidates import Candidate, GraphTuning, Route, compare
+from .candidates import Candidate, Comparison, GraphTuning, Route, compare
 from .task.profiling import ProfilingConfig
 
 
@@ -104,20 +111,25 @@ class _GateStrategy(TuneStrategy):
         self.min_speedup_ratio = min_speedup_ratio
 
     def _gate(self, tuning: GraphTuning, candidate: Candidate) -> tuple[bool, str, int | None]:
-        """Whether ``candidate`` passes the eager gate, why, and the batch size it was judged at."""
+        """Whether ``candidate`` passes the eager gate, why, and the batch size it was judged at.
+
+        The candidate is timed together with eager in one interleaved session, so each candidate
+        has its own paired baseline even when FirstWins tries several in turn.
+        """
         if not self.with_baseline:
             return True, "performance validation disabled", None
         sizes = tuning.default_batch_sizes(self.profiling_config)
         measured = tuning.profile([candidate], self.profiling_config, True, sizes)
+        if not candidate.ok:
+            return False, candidate.report.reason or "failed while profiled", None
         if not measured:
             return False, "could not be profiled (out of memory)", None
         batch = max(measured)
-        eager, mine = tuning.eager_profile(batch), candidate.profile_at(batch)
-        assert eager is not None and mine is not None
-        cmp = compare(mine, eager)
-        candidate.report.speedup = cmp.speedup
+        cmp = tuning.versus_eager(candidate, batch)
+        assert cmp is not None
+        tuning.annotate(batch)
         bar = 1.0 + self.min_speedup_ratio
-        figures = f"{cmp.speedup:.2f}x eager (p50 {mine.p50_ms:.3g} ms vs {eager.p50_ms:.3g} ms) at batch {batch}"
+        figures = describe(tuning, candidate, batch, cmp)
         if not self.gated:
             return True, f"{figures}; diagnostic mode, not gated", batch
         if cmp.speedup < bar:
@@ -125,6 +137,17 @@ class _GateStrategy(TuneStrategy):
         if cmp.low_speedup < bar:
             return False, f"{figures}, but inside the measured spread (low {cmp.low_speedup:.2f}x < {bar:.2f}x)", batch
         return True, figures, batch
+
+
+def describe(tuning: GraphTuning, candidate: Candidate, batch: int, cmp: Comparison | None = None) -> str:
+    """The figures of ``candidate`` at ``batch`` as the report shows them."""
+    mine = candidate.profile_at(batch)
+    assert mine is not None
+    text = f"{candidate.name} at batch {batch}: {mine.throughput:.1f} samples/s, p50 {mine.p50_ms:.3g} ms"
+    cmp = cmp or tuning.versus_eager(candidate, batch)
+    if cmp is not None and mine.baseline_p50_ms is not None:
+        text += f", {cmp.describe()} eager (p50 {mine.baseline_p50_ms:.3g} ms)"
+    return text
 
 
 class OneBackendStrategy(_GateStrategy):
@@ -156,6 +179,9 @@ class OneBackendStrategy(_GateStrategy):
         if passed:
             tuning.finish(candidate, why, batch)
             return candidate
+        if not candidate.ok:  # raised while profiled: that costs the candidate, not the module
+            tuning.finish(None, f"{candidate.name} failed while profiled: {why}; falling back to eager", batch)
+            return None
         candidate.report.status = "rejected"
         candidate.report.reason = why
         tuning.finish(None, f"{candidate.name} is correct but not faster: {why}; falling back to eager", batch)
@@ -174,8 +200,9 @@ class FirstWinsStrategy(_GateStrategy):
                 if passed:
                     tuning.finish(candidate, f"first to pass: {why}", batch)
                     return candidate
-                candidate.report.status = "rejected"
-                candidate.report.reason = why
+                if candidate.ok:
+                    candidate.report.status = "rejected"
+                    candidate.report.reason = why
             reasons.append(f"{candidate.name}: {candidate.report.reason}")
         tuning.finish(None, "no backend passed; running eager. " + "; ".join(reasons) if reasons else "no backends")
         return None
@@ -193,17 +220,24 @@ class _ProfilingStrategy(TuneStrategy):
         return correct
 
     def _batch_sizes(self, tuning: GraphTuning) -> list[int]:
-        return tuning.default_batch_sizes(self.profiling_config)
+        return tuning.default_batch_sizes(self.profiling_config, every_recorded=True)
 
     def _score(self, candidate: Candidate, batch: int) -> float:
         """Higher is better."""
         raise NotImplementedError
 
+    def _allowed(self, tuning: GraphTuning, candidate: Candidate, batch: int) -> bool:
+        """Whether (candidate, batch) may be chosen at all (LatencyBudget: within the budget)."""
+        return True
+
+    def _profile(self, tuning: GraphTuning, correct: list[Candidate]) -> list[int]:
+        if not correct or (len(correct) == 1 and not self.with_baseline):
+            return []
+        return tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
+
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
         correct = self._correct(tuning, default_backends)
-        measured: list[int] = []
-        if correct and not (len(correct) == 1 and not self.with_baseline):
-            measured = tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
+        measured = self._profile(tuning, correct)
         return self._decide(tuning, correct, measured)
 
     def _decide(self, tuning: GraphTuning, correct: list[Candidate], measured: list[int]) -> Candidate | None:
@@ -214,52 +248,76 @@ class _ProfilingStrategy(TuneStrategy):
         if len(correct) == 1 and not self.with_baseline:
             tuning.finish(correct[0], "the only correct backend (performance validation disabled)")
             return correct[0]
-        if not measured:
-            tuning.finish(None, "nothing could be profiled (out of memory); running eager")
+        ok = [c for c in correct if c.ok]
+        if not ok or not measured:
+            failures = "; ".join(f"{c.backend}: {c.reason}" for c in tuning.report.candidates if c.stage == "profile")
+            tuning.finish(None, f"nothing could be profiled; running eager. {failures or 'out of memory'}")
             return None
-        best, best_batch, best_score = None, None, float("-inf")
-        for candidate in correct:
-            for batch in measured:
-                if candidate.profile_at(batch) is not None and self._score(candidate, batch) > best_score:
-                    best, best_batch, best_score = candidate, batch, self._score(candidate, batch)
-        if best is None or best_batch is None:
-            tuning.finish(None, "no correct backend qualifies at the profiled batch sizes; running eager")
-            return None
-        for candidate in correct:
-            eager = tuning.eager_profile(best_batch)
-            mine = candidate.profile_at(best_batch)
-            if eager is not None and mine is not None:
-                candidate.report.speedup = compare(mine, eager).speedup
-        if not self.gated:
-            tuning.finish(best, f"best {self._figure(best, best_batch)} (performance validation off)", best_batch)
-            return best
-        eager = tuning.eager_profile(best_batch)
-        mine = best.profile_at(best_batch)
-        assert eager is not None and mine is not None
-        cmp = compare(mine, eager)
-        figures = f"{self._figure(best, best_batch)}, {cmp.speedup:.2f}x eager (p50 {mine.p50_ms:.3g} ms vs {eager.p50_ms:.3g} ms)"
-        if cmp.speedup <= 1.0:
-            tuning.finish(None, f"eager is as fast or faster than the best backend ({figures})", best_batch)
-            return None
-        if cmp.low_speedup <= 1.0:
-            tuning.finish(None, f"{figures}, but the gap is inside the measured spread; keeping eager", best_batch)
-            return None
-        tuning.finish(best, figures, best_batch)
-        return best
+        winner, batch, why = self._choose(tuning, ok, measured)
+        tuning.annotate(batch)
+        _explain_rejections(tuning, ok, winner, batch)
+        tuning.finish(winner, why, batch)
+        return winner
 
-    def _figure(self, candidate: Candidate, batch: int) -> str:
-        p = candidate.profile_at(batch)
-        assert p is not None
-        return f"{candidate.name} at batch {batch}: {p.throughput:.1f} samples/s, p50 {p.p50_ms:.3g} ms"
+    def _choose(
+        self, tuning: GraphTuning, ok: list[Candidate], measured: list[int]
+    ) -> tuple[Candidate | None, int | None, str]:
+        """The winner (None: eager), the batch size it was judged at, and why.
+
+        The best (candidate, batch) by the strategy's figure among those that beat eager beyond
+        the measured spread at that batch size (all of them when not gated). So a candidate listed
+        as faster than the winner on the figure the report shows is one whose lead is inside its
+        own interval, or that did not beat eager clearly.
+        """
+        pairs = [(c, b) for b in measured for c in ok if c.profile_at(b) is not None and self._allowed(tuning, c, b)]
+        if not pairs:
+            return None, None, "no correct backend qualifies at the profiled batch sizes; running eager"
+        fastest = max(pairs, key=lambda p: self._score(*p))
+        if not self.gated:
+            c, b = fastest
+            return c, b, f"best: {describe(tuning, c, b)} (performance validation off)"
+        beating = [p for p in pairs if _beats_eager(tuning.versus_eager(*p))]
+        if beating:
+            c, b = max(beating, key=lambda p: self._score(*p))
+            why = describe(tuning, c, b)
+            if (c, b) != fastest:
+                why += (
+                    f"; {fastest[0].name} at batch {fastest[1]} ranks higher but does not beat eager beyond the spread"
+                )
+            return c, b, why
+        c, b = fastest
+        cmp = tuning.versus_eager(c, b)
+        figures = describe(tuning, c, b)
+        if cmp is None or cmp.speedup <= 1.0:
+            return None, b, f"eager is as fast or faster than the best backend ({figures})"
+        return None, b, f"{figures}, but the gap is inside the measured spread; keeping eager"
+
+
+def _explain_rejections(tuning: GraphTuning, ok: list[Candidate], winner: Candidate | None, batch: int | None) -> None:
+    """Give each correct candidate that lost the figure it lost with, next to the winner's."""
+    if batch is None:
+        return
+    chosen = tuning.versus_eager(winner, batch) if winner is not None else None
+    against = f"{winner.name}'s {chosen.describe()}" if winner is not None and chosen else "eager"
+    for c in ok:
+        cmp = tuning.versus_eager(c, batch)
+        if c is winner or c.report.reason or cmp is None:
+            continue
+        c.report.reason = f"{cmp.describe()} eager at batch {batch}, not chosen over {against}"
+
+
+def _beats_eager(cmp: Comparison | None) -> bool:
+    return cmp is not None and cmp.speedup > 1.0 and cmp.low_speedup > 1.0
 
 
 class MaxThroughputStrategy(_ProfilingStrategy):
-    """Profiles every backend and keeps the highest throughput that beats eager.
+    """Profiles every backend at every recorded batch size and keeps the highest throughput that beats eager.
 
-    With ``per_batch_size=True`` each profiled batch size gets its own fastest backend (or eager
-    when none beats it there), and calls are routed by batch size: ranges split at the geometric
-    mean of neighbouring profiled sizes. For serving mixed batch sizes, where the backend that wins
-    at 32 can lose by a third at 1.
+    ``per_batch_size`` routes calls by batch range to each profiled size's own winner (eager
+    where none beats it; ranges split at the geometric mean of neighbouring sizes). ``None``
+    (default) routes only where it pays: when at some profiled size another backend (or eager)
+    beats the single winner beyond the measured spread. ``True`` always routes, ``False`` always
+    keeps one winner. With one profiled size there is one winner either way.
     """
 
     def __init__(
@@ -267,7 +325,7 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         backends: Sequence[Backend] | None = None,
         profiling_config: ProfilingConfig | None = None,
         performance_validation: bool | PerformanceValidationMode = True,
-        per_batch_size: bool = False,
+        per_batch_size: bool | None = None,
     ) -> None:
         super().__init__(backends, profiling_config, performance_validation)
         self.per_batch_size = per_batch_size
@@ -277,45 +335,88 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         return p.throughput if p else float("-inf")
 
     def _batch_sizes(self, tuning: GraphTuning) -> list[int]:
-        sizes = tuning.default_batch_sizes(self.profiling_config)
+        sizes = super()._batch_sizes(tuning)
         batch = tuning.graph.batch
         if self.per_batch_size and batch is not None and len(sizes) == 1:
             return sorted({batch.min, batch.opt, batch.max})
         return sizes
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
-        if not self.per_batch_size or tuning.graph.batch is None:
-            return super().tune(tuning, default_backends)
         correct = self._correct(tuning, default_backends)
-        measured = (
-            tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
-            if correct
-            else []
-        )
-        if len(measured) < 2:
-            return super()._decide(tuning, correct, measured)
+        measured = self._profile(tuning, correct)
+        ok = [c for c in correct if c.ok]
+        if self.per_batch_size is False or tuning.graph.batch is None or len(measured) < 2 or not ok:
+            return self._decide(tuning, correct, measured)
+        single, single_batch, single_why = self._choose(tuning, ok, measured)
         winners: list[tuple[int, Candidate | None, str]] = []
+        pays = []
         for size in measured:
-            best = max(correct, key=lambda c: self._score(c, size))
-            mine, eager = best.profile_at(size), tuning.eager_profile(size)
-            if mine is None:
-                winners.append((size, None, "not measured"))
-                continue
-            if not self.gated or eager is None:
-                winners.append((size, best, f"{best.name} at batch {size}"))
-                continue
-            cmp = compare(mine, eager)
-            beats = cmp.speedup > 1.0 and cmp.low_speedup > 1.0
-            winners.append(
-                (
-                    size,
-                    best if beats else None,
-                    f"{best.name if beats else 'eager'} at batch {size} ({cmp.speedup:.2f}x)",
-                )
+            best, _, why = self._choose(tuning, ok, [size])
+            if best is not single and _clearly_faster(best, single, size, tuning):
+                pays.append(size)
+            elif self.per_batch_size is None:  # not worth another backend here: the single winner serves it
+                best, why = single, f"the single winner; {why}"
+            winners.append((size, best, f"{best.name if best else 'eager'} at batch {size} ({why})"))
+        if self.per_batch_size is None and not pays:
+            tuning.annotate(single_batch)
+            _explain_rejections(tuning, ok, single, single_batch)
+            tuning.finish(
+                single, single_why + "; no batch size where another backend beats it beyond the spread", single_batch
             )
+            return single
         routes = _routes(tuning.graph.batch.min, tuning.graph.batch.max, winners)
+        tuning.annotate(single_batch)
         tuning.finish_routes(routes, "per batch size: " + "; ".join(why for _, _, why in winners))
+        if self.per_batch_size is None:
+            tuning.note(
+                "routing by batch size pays at batch "
+                + ", ".join(map(str, pays))
+                + f": the single winner would be {single.name if single else 'eager'}"
+            )
+        tuning.note(_extra_size(routes, single))
         return routes
+
+
+def _clearly_faster(best: Candidate | None, other: Candidate | None, size: int, tuning: GraphTuning) -> bool:
+    """Whether ``best`` (None: eager) beats ``other`` at ``size`` beyond the spread of their paired windows."""
+    if other is None:
+        return best is not None  # a per-size winner already beat eager beyond the spread
+    theirs = other.profile_at(size)
+    if theirs is None:
+        return False
+    if best is None:  # eager wins here: the single winner is clearly slower than eager
+        cmp = tuning.versus_eager(other, size)
+        return cmp is not None and cmp.high_speedup < 1.0
+    mine = best.profile_at(size)
+    return mine is not None and compare(mine, theirs).low_speedup > 1.0
+
+
+def _artifact_bytes(candidate: Candidate) -> int | None:
+    """What ``candidate``'s backend writes into an artifact, in bytes (None when it cannot say)."""
+    directory = Path(tempfile.mkdtemp(prefix="aitune-size-"))
+    try:
+        candidate.backend.save(directory)
+        return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+    except Exception:
+        return None
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _extra_size(routes: list[Route], single: Candidate | None) -> str:
+    """The memory and artifact size per-batch routing costs beyond one winner."""
+    kept = list(dict.fromkeys(r.candidate for r in routes if r.candidate is not None))
+    sizes = [(c.name, _artifact_bytes(c)) for c in kept]
+    names = ", ".join(name for name, _ in sizes)
+    if any(size is None for _, size in sizes):
+        return f"routing keeps {len(kept)} backends loaded ({names}); their artifact size is unknown"
+    total = sum(size or 0 for _, size in sizes)
+    base = (_artifact_bytes(single) or 0) if single is not None else 0
+    listed = ", ".join(f"{name} {(size or 0) / 1e6:.2f} MB" for name, size in sizes)
+    return (
+        f"routing keeps {len(kept)} backends loaded ({listed}): about {max(total - base, 0) / 1e6:.2f} MB more "
+        "artifact size and memory than one winner"
+    )
 
 
 def _routes(low: int, high: int, winners: list[tuple[int, Candidate | None, str]]) -> list[Route]:
@@ -333,16 +434,28 @@ def _routes(low: int, high: int, winners: list[tuple[int, Candidate | None, str]
 
 
 class MinLatencyStrategy(_ProfilingStrategy):
-    """Profiles every backend at batch size 1 and keeps the lowest latency that beats eager."""
+    """Profiles every backend at batch size 1 and keeps the lowest latency that beats eager.
+
+    A graph without a batch axis (one recorded batch size, no ``batch_sizes``) can only run at
+    its recorded size: it is profiled there and the report says so.
+    """
 
     def _batch_sizes(self, tuning: GraphTuning) -> list[int]:
         batch = tuning.graph.batch
-        if batch is not None and 1 not in batch:
+        if batch is None:
+            size = tuning.default_batch_sizes(self.profiling_config)
+            tuning.note(
+                f"MinLatencyStrategy profiles at batch size 1, but this graph has no batch axis (every call had "
+                f"leading size {size[0]}), so it was profiled at the recorded size; record calls of several batch "
+                "sizes or pass batch_sizes=[1, ...] to ait.tune to tune for batch 1"
+            )
+            return size
+        if 1 not in batch:
             raise TuningError(
                 f"{tuning.module_name}: MinLatencyStrategy profiles at batch size 1, but the graph was tuned "
                 f"for batch sizes {batch.min}..{batch.max}; record a batch of 1 or pass batch_sizes=[1, ...]"
             )
-        return [1] if batch is not None else tuning.default_batch_sizes(self.profiling_config)
+        return [1]
 
     def _score(self, candidate: Candidate, batch: int) -> float:
         p = candidate.profile_at(batch)
@@ -350,7 +463,12 @@ class MinLatencyStrategy(_ProfilingStrategy):
 
 
 class LatencyBudgetStrategy(_ProfilingStrategy):
-    """The highest throughput (backend, batch size) whose p50 latency stays within the budget."""
+    """The highest throughput (backend, batch size) whose p50 latency stays within the budget.
+
+    Raises when no user-provided backend meets the budget. When eager is kept (no backend beats
+    it) but eager itself is over the budget at that batch size, the fastest backend within the
+    budget is chosen instead and the report says why.
+    """
 
     raises_on_failure = True
 
@@ -366,31 +484,50 @@ class LatencyBudgetStrategy(_ProfilingStrategy):
         super().__init__(backends, profiling_config, performance_validation)
         self.latency_budget_ms = latency_budget_ms
 
-    def _batch_sizes(self, tuning: GraphTuning) -> list[int]:
-        batch = tuning.graph.batch
-        wanted = self.profiling_config.batch_sizes or tuning.batch_sizes
-        if batch is None or wanted:
-            return tuning.default_batch_sizes(self.profiling_config)
-        return sorted({batch.min, batch.opt, batch.max})
+    def _allowed(self, tuning: GraphTuning, candidate: Candidate, batch: int) -> bool:
+        p = candidate.profile_at(batch)
+        return p is not None and p.p50_ms <= self.latency_budget_ms
+
+    def _profile(self, tuning: GraphTuning, correct: list[Candidate]) -> list[int]:
+        """Always profile: even a lone backend must be shown to meet the budget."""
+        if not correct:
+            return []
+        return tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
 
     def _score(self, candidate: Candidate, batch: int) -> float:
         p = candidate.profile_at(batch)
-        if p is None or p.p50_ms > self.latency_budget_ms:
-            return float("-inf")
-        return p.throughput
+        return p.throughput if p else float("-inf")
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
-        result = super().tune(tuning, default_backends)
-        within = [c for c in tuning.report.candidates if any(p.p50_ms <= self.latency_budget_ms for p in c.profiles)]
+        correct = self._correct(tuning, default_backends)
+        measured = self._profile(tuning, correct)
+        ok = [c for c in correct if c.ok]
+        within = [(c, b) for b in measured for c in ok if self._allowed(tuning, c, b)]
         if not within:
             raise TuningError(
                 f"{tuning.module_name}: no backend stays within the latency budget of {self.latency_budget_ms} ms "
                 f"at the profiled batch sizes; best p50 per backend: "
-                + ", ".join(
-                    f"{c.backend} {min(p.p50_ms for p in c.profiles):.3g} ms"
-                    for c in tuning.report.candidates
-                    if c.profiles
+                + (
+                    ", ".join(
+                        f"{c.backend} {min(p.p50_ms for p in c.profiles):.3g} ms"
+                        for c in tuning.report.candidates
+                        if c.profiles
+                    )
+                    or "none measured"
                 )
                 + ". Raise the budget or profile smaller batch sizes."
             )
+        result = self._decide(tuning, correct, measured)
+        batch = tuning.report.selected_batch_size
+        eager = tuning.eager_profile(batch) if batch is not None else None
+        if result is None and within and eager is not None and eager.p50_ms > self.latency_budget_ms:
+            c, b = max(within, key=lambda p: self._score(*p))
+            tuning.annotate(b)
+            tuning.finish(
+                c,
+                f"eager is over the latency budget at batch {batch} (p50 {eager.p50_ms:.3g} ms > "
+                f"{self.latency_budget_ms} ms), so the fastest backend within it is kept: {describe(tuning, c, b)}",
+                b,
+            )
+            return c
         return result

@@ -192,6 +192,13 @@ def _tune(
         environment=environment(tune_device),
     )
     manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
+    env = report.environment
+    logger.info(
+        "timing with %s intra-op and %s inter-op threads, OMP_WAIT_POLICY %s",
+        env["threads"],
+        env["interop_threads"],
+        env["omp_wait_policy"],
+    )
     defaults = default_backends(tune_device)
     for rec in session.modules.values():
         module_report = tune_recorded(
@@ -341,7 +348,7 @@ def _batch_one(samples: Sequence[Any]) -> bool:
 
 
 def summarize(report: ModuleReport) -> str:
-    """One line a person can read, e.g. ``encoder: onnxruntime, 1.72x eager (p50 1.04 ms vs 1.79 ms), max rel err 2e-07``."""
+    """One line a person can read, e.g. ``encoder: onnxruntime, 1.72x [1.65-1.80] eager at batch 8 (p50 1.04 ms vs 1.79 ms), max rel err 2e-07``."""
     parts = []
     for g in report.graphs:
         if g.routes:
@@ -356,7 +363,15 @@ def summarize(report: ModuleReport) -> str:
         mine = next((p for p in chosen.profiles if p.batch_size == batch), None) if batch else None
         eager = next((p for p in g.eager_profiles if p.batch_size == batch), None) if batch else None
         if chosen.speedup is not None and mine is not None and eager is not None:
-            text += f", {chosen.speedup:.2f}x eager (p50 {mine.p50_ms:.3g} ms vs {eager.p50_ms:.3g} ms)"
+            base = mine.baseline_p50_ms if mine.baseline_p50_ms is not None else eager.p50_ms
+            interval = (
+                f" [{chosen.speedup_low:.2f}-{chosen.speedup_high:.2f}]"
+                if chosen.speedup_low is not None and chosen.speedup_high is not None
+                else ""
+            )
+            text += (
+                f", {chosen.speedup:.2f}x{interval} eager at batch {batch} (p50 {mine.p50_ms:.3g} ms vs {base:.3g} ms)"
+            )
         if chosen.validation is not None:
             text += f", max rel err {chosen.validation.max_rel_error:.1g}"
         parts.append(text)
@@ -379,6 +394,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": _cpu_model(),
         "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (the OpenMP runtime's default)"),
         "thread_settings": {k: os.environ[k] for k in _THREAD_VARS if k in os.environ},
         "cuda": torch.version.cuda,
     }
