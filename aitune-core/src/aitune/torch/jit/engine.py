@@ -318,7 +318,15 @@ def _decide(module: torch.nn.Module, cand: _Candidate) -> Decision:
         key = store.decision_key(cand.twin, specs, device, repr(strategy), candidates)
         remembered = store.load(key, cand.name, cand.twin, specs, device)
         if remembered is not None:
-            return _reuse(module, cand, remembered)
+            wrong = _stale_winner(cand, graphs, remembered)
+            if wrong is None:
+                return _reuse(module, cand, remembered)
+            logger.warning(
+                "aitune jit: the remembered winner for %s no longer matches the module (%s); tuning it again",
+                cand.name,
+                wrong,
+            )
+            store.forget(key)
     if config.detect_graph_breaks:
         for g in graphs:
             reason = graph_break_reason(cand.twin, g.samples[0])
@@ -346,6 +354,24 @@ def _decide(module: torch.nn.Module, cand: _Candidate) -> Decision:
     logger.info("aitune jit: %s stays eager: %s", cand.name, why)
     _states[module] = "eager"
     return _decision(module, cand, "eager", reason=why)
+
+
+def _stale_winner(cand: _Candidate, graphs: Sequence[Any], remembered: store.Remembered) -> str | None:
+    """Why a remembered winner is wrong for the module as it is now (checked on the recorded calls), or None."""
+    from ...plugins import get_manager
+
+    hook = get_manager().hook
+    recorded = [s for g in graphs for s in g.samples]
+    for graph, backend in remembered.winners:
+        if backend is None:
+            continue
+        samples = [s for s in recorded if graph.mismatch(s.tensors()) is None] or [graph.example("opt")]
+        result = hook.aitune_validate(
+            backend=backend, reference=cand.twin, samples=samples, graph=graph, tolerances=None
+        )
+        if not result.passed:
+            return f"{backend.name}: {result.reason}"
+    return None
 
 
 def _reuse(module: torch.nn.Module, cand: _Candidate, remembered: store.Remembered) -> Decision:
