@@ -86,6 +86,7 @@ def tune(
     report_path: str | Path | None = None,
     tolerances: Mapping[str, Tolerance] | None = None,
     show_progress: bool | None = None,
+    set_eval: bool = False,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -94,6 +95,9 @@ def tune(
     ``report_path`` when given). ``show_progress`` (default: when stderr is a terminal) shows
     each step live; every step is logged on the ``aitune`` logger either way. Arguments left as
     None take their value from :mod:`aitune.torch.config`.
+
+    Tuning is for inference: a wrapped module in training mode whose code reads ``self.training``
+    (Dropout, BatchNorm, ...) is refused, or with ``set_eval=True`` switched to eval mode (logged).
     """
     from . import config
 
@@ -101,8 +105,28 @@ def tune(
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise InputError(f"max_samples must be an int >= 1, got {samples!r}")
     fail = config.fail_fast if fail_fast is None else fail_fast
+    _inference_mode(wrapped_modules(model_or_callable), set_eval)
     with TuneProgress(config.show_progress if show_progress is None else show_progress):
         return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances)
+
+
+def _inference_mode(modules: Sequence[Module], set_eval: bool) -> None:
+    """Refuse (or switch to eval) wrapped modules whose outputs depend on training mode."""
+    from ..module_code import reads_training
+
+    training = [m for m in modules if any(s.training for s in m.module.modules()) and reads_training(m.module)]
+    if not training:
+        return
+    names = ", ".join(m.name for m in training)
+    if not set_eval:
+        raise InputError(
+            f"{names}: in training mode, and its code reads self.training (Dropout, BatchNorm, ...): recording, "
+            "validation and profiling would see training-mode outputs and update running statistics. Tuning is "
+            "for inference: call model.eval() before ait.tune, or pass set_eval=True"
+        )
+    for module in training:
+        module.eval()
+    logger.warning("ait.tune switched %s to eval mode (set_eval=True): tuned modules serve inference", names)
 
 
 def _tune(
@@ -154,11 +178,16 @@ def _tune(
         environment=environment(tune_device),
     )
     manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
-    defaults = default_backends(tune_device)
-    for rec in session.modules.values():
-        module_report = tune_recorded(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
-        report.modules.append(module_report)
-        logger.info("%s", module_report.summary)
+    try:
+        defaults = default_backends(tune_device)
+        for rec in session.modules.values():
+            module_report = tune_recorded(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
+            report.modules.append(module_report)
+            logger.info("%s", module_report.summary)
+    except BaseException as exc:
+        report.duration_s = time.perf_counter() - started
+        manager.hook.aitune_tune_failed(report=report, error=exc)
+        raise
     report.duration_s = time.perf_counter() - started
     manager.hook.aitune_tune_finished(report=report)
     if report_path is not None:
