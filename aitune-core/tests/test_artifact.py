@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import aitune.torch as ait
 from aitune.cli import app
-from aitune.errors import ArtifactError
+from aitune.errors import ArtifactError, ArtifactIntegrityError
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
@@ -133,6 +133,30 @@ def test_a_flipped_byte_is_refused(artifact, tmp_path):
     bad.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="does not match its SHA-256|cannot be read"):
         ait.load(fresh(), bad)
+
+
+def test_an_altered_payload_is_refused_even_with_fallback_eager(artifact, tmp_path):
+    """fallback="eager" covers payloads that cannot run here, never bytes that were changed."""
+    _, path = artifact
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("modules/0/graphs/0/toy.txt")
+    data[info.header_offset + 30 + len(info.filename) + len(info.extra)] ^= 0x01
+    bad = tmp_path / "bad.ait"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactIntegrityError, match="toy.txt"):
+        ait.load(fresh(), bad, fallback="eager")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_saved_artifact_has_the_mode_the_umask_gives(toy_backends, tmp_path, umask):
+    model = tuned()
+    previous = os.umask(umask)
+    try:
+        path = ait.save(model, tmp_path / "model.ait")
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_truncated_file_is_refused(artifact, tmp_path):
