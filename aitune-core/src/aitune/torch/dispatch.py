@@ -8,7 +8,7 @@ strict mode, raises); so does a call whose tuned backend raises, and one the :cl
 
 Thread safety: a dispatcher only adds entries to its lookup table and its set of warnings given
 (single dict and set operations, atomic in CPython), so one tuned module may be called from many
-threads at once; each backend's ``infer`` must be, too (see docs/threads.md).
+threads at once; each backend's ``infer`` must be, too (see docs/serving.md).
 """
 
 from __future__ import annotations
