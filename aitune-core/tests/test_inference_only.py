@@ -7,6 +7,7 @@ the weights, so it shows what a stale engine would return.
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import pytest
@@ -166,6 +167,18 @@ class LiveBackend(Backend):
 
     def follows_weights(self) -> bool:
         return True
+
+
+def test_check_weights_catches_a_hand_edit_and_the_wrapped_model_still_pickles(toy_backends) -> None:
+    model = tuned(strict=True)
+    with torch.no_grad():
+        model.module[3].bias.add_(1.0)  # no load_state_dict, no .to(), no eval(): unseen until asked
+    model.check_weights()
+    with torch.no_grad(), pytest.raises(StaleWeightsError):
+        model(torch.randn(5, 8))
+    copy = pickle.loads(pickle.dumps(model.module))  # the weights hook does not stop torch.save(model)
+    copy.load_state_dict(model.module.state_dict())
+    assert torch.equal(copy[3].bias, model.module[3].bias)
 
 
 def test_a_winner_on_the_live_weights_follows_them_and_blocks_offloading(toy_backends) -> None:

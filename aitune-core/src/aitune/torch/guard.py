@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -83,3 +84,22 @@ class Guard:
         ):
             return NEEDS_GRAD, InferenceOnlyError
         return None
+
+
+class RecheckWeights:
+    """A ``load_state_dict`` post-hook: ``owner.check_weights()`` while the owner lives.
+
+    A class rather than a closure so the module it hangs on still pickles (``torch.save(model)``);
+    weakrefs do not pickle, so a pickled copy's hook does nothing.
+    """
+
+    def __init__(self, owner: object) -> None:
+        self._owner: weakref.ref[Any] | None = weakref.ref(owner)
+
+    def __call__(self, module: torch.nn.Module, incompatible_keys: object) -> None:
+        owner = self._owner() if self._owner is not None else None
+        if owner is not None:
+            owner.check_weights()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_owner": None}

@@ -10,7 +10,6 @@ weights again: winners that baked the old weights in stop being used (see ``guar
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,7 @@ import torch
 from ..graph import DynamicShapes
 from . import recording
 from .dispatch import Dispatcher
-from .guard import Guard
+from .guard import Guard, RecheckWeights
 from .recording import Canonicalizer
 
 if TYPE_CHECKING:
@@ -68,8 +67,7 @@ class Module(torch.nn.Module):
         self._register_state_dict_hook(_drop_prefix)
         self._register_load_state_dict_pre_hook(_add_prefix)
         # on the inner module: it runs for load_state_dict on it, on this wrapper and on any parent
-        wrapper = weakref.ref(self)
-        module.register_load_state_dict_post_hook(lambda _module, _keys: _check_weights(wrapper))
+        module.register_load_state_dict_post_hook(RecheckWeights(self))
 
     # -- drop-in behaviour -------------------------------------------------------------------
 
@@ -96,15 +94,25 @@ class Module(torch.nn.Module):
             session.record(self, args, kwargs, out)
         return out
 
+    def check_weights(self) -> None:
+        """Look at the weights again; winners that baked older ones stop being used.
+
+        Runs by itself after ``load_state_dict``, ``.to()`` and ``eval()``; call it after editing
+        a weight in place by hand.
+        """
+        dispatcher = self._dispatcher
+        if dispatcher is not None and dispatcher.guard is not None:
+            dispatcher.guard.check_weights()
+
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         out = super()._apply(fn, recurse)  # .to(), .half(), .cuda(), ... on this module or a parent
-        _check_weights(weakref.ref(self))
+        self.check_weights()
         return out
 
     def train(self, mode: bool = True) -> Module:
         out = super().train(mode)
         if not mode:  # back to inference, perhaps after training updated the weights in place
-            _check_weights(weakref.ref(self))
+            self.check_weights()
         return out
 
     def extra_repr(self) -> str:
@@ -161,13 +169,6 @@ class Module(torch.nn.Module):
         dispatcher = self._dispatcher
         if dispatcher is not None and dispatcher.guard is not None:
             dispatcher.guard.accept_weights()  # gone on purpose: the engines hold their own copy
-
-
-def _check_weights(ref: weakref.ref[Module]) -> None:
-    wrapper = ref()
-    dispatcher = wrapper._dispatcher if wrapper is not None else None
-    if dispatcher is not None and dispatcher.guard is not None:
-        dispatcher.guard.check_weights()
 
 
 def _drop_prefix(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:

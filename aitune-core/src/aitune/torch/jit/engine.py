@@ -37,7 +37,7 @@ from ...graph import GraphSpec, Sample, infer_graph
 from ...report import ModuleReport
 from .. import recording
 from ..dispatch import Dispatcher
-from ..guard import Guard
+from ..guard import Guard, RecheckWeights
 from ..module import Module
 from ..recording import Canonicalizer, RecordingSession
 from ..strategies import FirstWinsStrategy, TuneStrategy
@@ -114,8 +114,7 @@ class TunedForward:
         self.backends = backends
         self.guard = Guard(module, baked)
         self.dispatcher = Dispatcher(name, self._eager, canonicalize, routes, guard=self.guard)
-        guard = weakref.ref(self.guard)
-        self.hook = module.register_load_state_dict_post_hook(lambda _m, _k: _recheck(guard))
+        self.hook = module.register_load_state_dict_post_hook(RecheckWeights(self.guard))
 
     def _eager(self, *args: Any, **kwargs: Any) -> Any:
         if self.previous is not None:
@@ -126,12 +125,6 @@ class TunedForward:
         if self._module() is None or recording.bypassing():
             return self._eager(*args, **kwargs)
         return self.dispatcher(args, kwargs)
-
-
-def _recheck(guard: weakref.ref[Guard]) -> None:
-    live = guard()
-    if live is not None:
-        live.check_weights()
 
 
 # -- switching on and off -----------------------------------------------------------------------
