@@ -69,9 +69,9 @@ def code_digest(module: torch.nn.Module) -> str:
                 _update(digest, code)
     for sub in module.modules():  # a forward set on the instance replaces the class's
         own = sub.__dict__.get("forward")
-        code = getattr(getattr(own, "__func__", own), "__code__", None)
-        if isinstance(code, types.CodeType):
-            _update(digest, code)
+        instance_code = getattr(getattr(own, "__func__", own), "__code__", None)
+        if isinstance(instance_code, types.CodeType):
+            _update(digest, instance_code)
     return digest.hexdigest()
 
 
