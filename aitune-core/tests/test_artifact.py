@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import aitune.torch as ait
 from aitune.cli import app
-from aitune.errors import ArtifactError, InputError
+from aitune.errors import ArtifactError, ArtifactIntegrityError, InputError
 from aitune.testing import assert_matches_eager
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
@@ -72,11 +72,12 @@ def test_round_trip_restores_weights_and_the_tuned_backend(artifact):
     assert loaded.state == "tuned"
     assert torch.equal(loaded.fc.weight, model.fc.weight)
     x = torch.randn(3, 8)
-    assert_matches_eager(loaded(x), model(x))
-    [(graph, backend)] = loaded.tuned_graphs
-    assert backend.calls > 0 and (graph.batch.min, graph.batch.max) == (2, 4)
-    with pytest.warns(RuntimeWarning, match="outside what was tuned"):
-        torch.testing.assert_close(loaded(torch.randn(16, 8)).shape, torch.Size([16, 8]))
+    with torch.no_grad():
+        assert_matches_eager(loaded(x), model(x))
+        [(graph, backend)] = loaded.tuned_graphs
+        assert backend.calls > 0 and (graph.batch.min, graph.batch.max) == (2, 4)
+        with pytest.warns(RuntimeWarning, match="outside what was tuned"):
+            torch.testing.assert_close(loaded(torch.randn(16, 8)).shape, torch.Size([16, 8]))
 
 
 def test_pipeline_of_several_modules_round_trips(toy_backends, tmp_path):
@@ -133,6 +134,30 @@ def test_a_flipped_byte_is_refused(artifact, tmp_path):
     bad.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="does not match its SHA-256|cannot be read"):
         ait.load(fresh(), bad)
+
+
+def test_an_altered_payload_is_refused_even_with_fallback_eager(artifact, tmp_path):
+    """fallback="eager" covers payloads that cannot run here, never bytes that were changed."""
+    _, path = artifact
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("modules/0/graphs/0/toy.txt")
+    data[info.header_offset + 30 + len(info.filename) + len(info.extra)] ^= 0x01
+    bad = tmp_path / "bad.ait"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactIntegrityError, match="toy.txt"):
+        ait.load(fresh(), bad, fallback="eager")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_saved_artifact_has_the_mode_the_umask_gives(toy_backends, tmp_path, umask):
+    model = tuned()
+    previous = os.umask(umask)
+    try:
+        path = ait.save(model, tmp_path / "model.ait")
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_truncated_file_is_refused(artifact, tmp_path):

@@ -58,8 +58,8 @@ def test_inputs_that_require_grad_tune_and_then_run_eager_with_gradients(toy_bac
     x = torch.randn(3, 8, requires_grad=True)
     with pytest.warns(
         RuntimeWarning,
-        match=r"running this call eager: an input was created with requires_grad=True.*"
-        r"call it under torch.no_grad\(\) or torch.inference_mode\(\)",
+        match=r"running this call eager: grad mode is on and an input or a parameter requires grad.*"
+        r"call it under torch.inference_mode\(\) or torch.no_grad\(\)",
     ):
         y = model(x)
     y.sum().backward()

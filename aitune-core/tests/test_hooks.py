@@ -26,7 +26,7 @@ HOOKS = sorted(name for name, fn in vars(hookspecs).items() if name.startswith("
 
 
 def test_there_are_hooks():
-    assert len(HOOKS) == 10
+    assert len(HOOKS) == 11
 
 
 @pytest.mark.parametrize("hook", HOOKS)
@@ -254,6 +254,25 @@ def test_hook_aitune_candidate_result(toy_backends, register_plugin):
     register_plugin(Listener())
     ait.tune(_fast_model(), [torch.randn(2, 8)])
     assert results == [("m", "toy", "selected")]
+
+
+def test_hook_aitune_tune_failed(toy_backends, register_plugin):
+    calls = []
+
+    class Listener:
+        @hookimpl
+        def aitune_tune_failed(self, report, error):
+            calls.append((list(report.modules), type(error).__name__))
+
+        @hookimpl
+        def aitune_tune_finished(self, report):
+            calls.append("finished")
+
+    register_plugin(Listener())
+    broken = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig(fail_build=True))))
+    with pytest.raises(Exception, match="toy compiler crashed on purpose"):
+        ait.tune(broken, [torch.randn(2, 8)])
+    assert calls == [([], "RuntimeError")], "called once, with what finished before the error; not finished"
 
 
 def test_hook_aitune_tune_finished(toy_backends, register_plugin):

@@ -180,6 +180,49 @@ def test_remembered_decision_is_reused_and_invalidated_by_new_weights(jit_on: No
     assert outcomes() == [("Block", "tuned", False)] and builds.count == 2
 
 
+def test_a_changed_forward_gets_a_new_key_and_is_tuned_again(
+    jit_on: None, builds: Builds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)
+    model = Block().eval()
+    run_and_compare(model, [2, 3, 2])
+    jit.disable()
+    monkeypatch.setattr(Block, "forward", lambda self, x: torch.tanh(self.fc(x)) * 2.0)
+    jit.enable()
+    run_and_compare(model, [2, 3, 2])
+    assert outcomes() == [("Block", "tuned", False)] and builds.count == 2
+
+
+def test_a_remembered_winner_that_disagrees_with_eager_is_dropped_and_tuned_again(
+    jit_on: None, builds: Builds, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Code the key cannot see (a helper outside the class) can still make a remembered payload stale."""
+    from aitune.testing.backends import ToyBackend
+
+    torch.manual_seed(0)
+    model = Block().eval()
+    run_and_compare(model, [2, 3, 2])
+    jit.disable()
+    load = ToyBackend.load
+
+    def stale_load(self: ToyBackend, *args: Any, **kwargs: Any) -> None:
+        load(self, *args, **kwargs)
+        self.transform = lambda output, args: output * 2  # type: ignore[method-assign]
+
+    monkeypatch.setattr(ToyBackend, "load", stale_load)
+    monkeypatch.setenv("AITUNE_BUILD_CACHE", "0")  # the stale payload is the JIT's remembered one only
+    jit.enable()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        run_and_compare(model, [2, 3, 2])
+    assert outcomes() == [("Block", "tuned", False)] and builds.count == 2
+    assert "no longer matches the module" in caplog.text
+    monkeypatch.setattr(ToyBackend, "load", load)
+    jit.disable()
+    jit.enable()
+    run_and_compare(model, [2, 3, 2])  # the entry written by the new tuning is the one reused
+    assert outcomes() == [("Block", "tuned", True)] and builds.count == 2
+
+
 def test_graph_break_decision_is_remembered(jit_on: None, builds: Builds) -> None:
     model = Branchy().eval()
     run_and_compare(model, [2, 3, 2, 3])
@@ -240,7 +283,9 @@ def test_second_run_reuses_the_first_runs_decision_without_building(tmp_path: Pa
     second, second_log = _run([str(SCRIPTS / "with_import.py")], env)
     assert [(d["name"], d["outcome"], d["from_cache"]) for d in second["decisions"]] == [("Encoder", "tuned", True)]
     assert second["builds"] == 0 and second["matches"]
-    assert second["routed"] == 3  # the three calls after min_samples=2 ran the remembered toy winner
+    # the remembered winner is first validated (2 recorded calls, then the batch range's min and max),
+    # then the three calls after min_samples=2 run it
+    assert second["routed"] == 4 + 3
     lines = [line for line in second_log.splitlines() if "aitune jit:" in line]
     assert lines == ["aitune: aitune jit: reusing tuned Encoder (toy) from cache"]
 

@@ -94,6 +94,20 @@ def test_the_journal_sits_beside_the_report_and_ends_with_finished(toy_backends,
     assert events == ["started", "candidate", "module", "finished"]
 
 
+def test_the_journal_is_closed_when_tune_raises(toy_backends, tmp_path, monkeypatch):
+    closed = []
+    monkeypatch.setattr("aitune.builtin.journal.Journal.close", lambda self: closed.append(self.path) or self.file.close())
+    model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig(fail_build=True))))
+    with pytest.raises(Exception, match="toy compiler crashed on purpose"):
+        ait.tune(model, [torch.randn(2, 8)], report_path=tmp_path / "report.json")
+    path = journal_path(tmp_path / "report.json")
+    assert closed == [path]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["event"] for line in lines] == ["started", "failed"]
+    assert "toy compiler crashed on purpose" in lines[-1]["error"]
+    assert partial_report(path).modules == []
+
+
 def test_no_report_path_no_journal(toy_backends, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = ait.Module(

@@ -47,22 +47,23 @@ def test_tuned_module_routes_calls_and_falls_back_outside_the_range(toy_backends
     [(_, backend)] = model.tuned_graphs
     before = backend.calls
     x = torch.randn(3, 8)
-    assert_matches_eager(model(x), model.module(x))
-    assert backend.calls == before + 1
-    with pytest.warns(RuntimeWarning, match=r"outside what was tuned \(x: axis 0 \(batch\) is 9, tuned for 2..4\)"):
-        model(torch.randn(9, 8))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # warned once per reason
-        model(torch.randn(9, 8))
-    assert backend.calls == before + 1, "out-of-range calls run eager"
-    with pytest.warns(RuntimeWarning, match="input structure .* never seen"):
-        model(torch.randn(3, 8, dtype=torch.float64).float().unsqueeze(0))
+    with torch.no_grad():  # inference: tuned backends compute no gradients
+        assert_matches_eager(model(x), model.module(x))
+        assert backend.calls == before + 1
+        with pytest.warns(RuntimeWarning, match=r"outside what was tuned \(x: axis 0 \(batch\) is 9, tuned for 2..4\)"):
+            model(torch.randn(9, 8))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # warned once per reason
+            model(torch.randn(9, 8))
+        assert backend.calls == before + 1, "out-of-range calls run eager"
+        with pytest.warns(RuntimeWarning, match="input structure .* never seen"):
+            model(torch.randn(3, 8, dtype=torch.float64).float().unsqueeze(0))
 
 
 def test_strict_mode_raises_instead_of_falling_back(toy_backends):
     model = ait.Module(SlowModule(), "m", strategy=fast(), strict=True)
     ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
-    with pytest.raises(UnsupportedCallError, match="batch\\) is 16"):
+    with torch.no_grad(), pytest.raises(UnsupportedCallError, match="batch\\) is 16"):
         model(torch.randn(16, 8))
 
 
@@ -83,8 +84,9 @@ def test_positional_and_keyword_calls_are_one_graph(toy_backends):
     [(graph, backend)] = model.tuned_graphs
     assert [t.path for t in graph.inputs] == ["x", "mask"]
     before = backend.calls
-    model(torch.randn(2, 8), mask=mask)
-    model(torch.randn(2, 8), mask)
+    with torch.no_grad():
+        model(torch.randn(2, 8), mask=mask)
+        model(torch.randn(2, 8), mask)
     assert backend.calls == before + 2
 
 

@@ -63,6 +63,10 @@ class TorchInductorJitBackend(Backend):
             self._compile(module, context.graph, context.device, warmup_cases(context.graph, context.samples))
         self.build_info.update(cache_dir=str(folder), compiled_on_load=False)
 
+    def follows_weights(self) -> bool:
+        """The compiled graph takes the module's parameters as inputs, unless Inductor freezes them."""
+        return not (self.config.options or {}).get("freezing", False)
+
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         if self._compiled is None:
             raise BuildError("TorchInductorJitBackend used before build() or load()")

@@ -13,11 +13,16 @@ engine once (TensorRT finishes shape-dependent setup then), captures a graph, an
 calls of that shape copy inputs in, replay, and copy outputs out of the graph's buffers (a
 graph's outputs are overwritten by its next replay, so handing them out would alias results).
 At most ``max_graphs`` graphs are kept, least recently used dropped first.
+
+Thread safety: the contexts, their bound shapes and addresses and the graphs are shared, so a
+lock makes each call's binding and enqueue one step, and a call on another stream first waits for
+the previous call's work (an event), since two enqueues of one context must not overlap on the GPU.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,10 +131,21 @@ class EngineRunner:
         self.use_cuda_graphs, self.max_graphs = use_cuda_graphs, max_graphs
         self._graphs: collections.OrderedDict[tuple[int, tuple[Shape, ...]], _Graph] = collections.OrderedDict()
         self.captures = 0
+        self._lock = threading.Lock()
+        with torch.cuda.device(self.device):
+            self._done = torch.cuda.Event()  # recorded after each call's work
 
     # -- per call ---------------------------------------------------------------------------
 
     def run(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        with self._lock:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(self._done)  # the previous call, perhaps on another thread's stream
+            outputs = self._run(tensors)
+            self._done.record(stream)
+        return outputs
+
+    def _run(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         shapes = tuple(tuple(t.shape) for t in tensors)
         index = self._selected.get(shapes)
         if index is None:

@@ -101,6 +101,12 @@ class Backend(abc.ABC):
         """
         return None
 
+    def follows_weights(self) -> bool:
+        """True when ``infer`` reads the module's own weight tensors at each call, so it follows
+        ``load_state_dict`` and in-place updates; False (the default) when build or load copies the
+        weights into an engine. A tuned module whose baked weights changed runs eager."""
+        return False
+
     def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
         """Why this backend cannot handle ``graph`` on ``device``, checked before any build."""
         return None

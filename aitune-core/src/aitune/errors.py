@@ -59,8 +59,23 @@ class UnsupportedCallError(AituneError):
     """A tuned module in strict mode was called with inputs it was not tuned for."""
 
 
+class InferenceOnlyError(UnsupportedCallError):
+    """A tuned module in strict mode was called for training: in training mode, or with autograd needed."""
+
+
+class StaleWeightsError(UnsupportedCallError):
+    """A tuned module in strict mode was called after its weights changed, and its backend baked the old ones."""
+
+
 class ArtifactError(AituneError):
     """An artifact cannot be written or read (corrupt, tampered, incompatible...)."""
+
+
+class ArtifactIntegrityError(ArtifactError):
+    """An artifact's bytes are not the ones written: a digest differs, or a member name is hostile.
+
+    Never loaded past, not even with ``fallback="eager"``.
+    """
 
 
 class SerializationError(ArtifactError):

@@ -139,3 +139,10 @@ def aitune_candidate_result(module_name: str, graph: GraphSpec, candidate: Candi
 @hookspec
 def aitune_tune_finished(report: TuneReport) -> None:
     """``ait.tune`` finished; ``report`` holds every module, graph and candidate. Return value ignored."""
+
+
+@hookspec
+def aitune_tune_failed(report: TuneReport, error: BaseException) -> None:
+    """``ait.tune`` raised ``error`` after ``aitune_tune_started`` (``fail_fast``, a strategy that raises,
+    Ctrl-C); ``report`` holds the modules finished before it. ``aitune_tune_finished`` is not called.
+    Return value ignored."""

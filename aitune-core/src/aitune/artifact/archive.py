@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, ArtifactIntegrityError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -40,9 +40,22 @@ def file_sha256(path: Path) -> str:
 def check_member_name(name: str) -> None:
     path = PurePosixPath(name)
     if name.startswith("/") or "\\" in name or path.is_absolute() or ".." in path.parts or not path.parts:
-        raise ArtifactError(f"artifact member {name!r} escapes the archive; the file is corrupt or hostile")
+        raise ArtifactIntegrityError(f"artifact member {name!r} escapes the archive; the file is corrupt or hostile")
     if not all(_SAFE.match(part) for part in path.parts):
-        raise ArtifactError(f"artifact member {name!r} has an unexpected name; the file is corrupt or hostile")
+        raise ArtifactIntegrityError(f"artifact member {name!r} has an unexpected name; the file is corrupt or hostile")
+
+
+def _umask() -> int:
+    """The process umask; read from /proc where possible, since os.umask can only read it by setting it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class Writer:
@@ -72,6 +85,7 @@ class Writer:
         self.zip.close()
         with open(self.tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp made it 0600; a saved file gets the usual mode
         os.replace(self.tmp, self.target)
 
     def abort(self) -> None:
@@ -92,7 +106,7 @@ class Reader:
         if expected_sha256 is not None:
             actual = file_sha256(path)
             if actual.lower() != expected_sha256.lower():
-                raise ArtifactError(
+                raise ArtifactIntegrityError(
                     f"{path} has SHA-256 {actual}, not the expected {expected_sha256}: it was changed or is "
                     "another file; get the artifact again from its source"
                 )
@@ -153,7 +167,9 @@ class Reader:
         try:
             return self.zip.read(name)
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
-            raise ArtifactError(f"{self.path}: member {name!r} cannot be read (corrupt or truncated): {exc}") from exc
+            raise ArtifactIntegrityError(
+                f"{self.path}: member {name!r} cannot be read (corrupt or truncated): {exc}"
+            ) from exc
 
     def read(self, name: str, limit: int | None = None) -> bytes:
         """A member's bytes, after checking its digest."""
@@ -165,7 +181,9 @@ class Reader:
             )
         data = self._raw(name)
         if hashlib.sha256(data).hexdigest() != self.digests[name]:
-            raise ArtifactError(f"{self.path}: member {name!r} does not match its SHA-256; the file was altered")
+            raise ArtifactIntegrityError(
+                f"{self.path}: member {name!r} does not match its SHA-256; the file was altered"
+            )
         return data
 
     def extract(self, prefix: str, target: Path) -> list[str]:
@@ -184,9 +202,11 @@ class Reader:
                         digest.update(block)
                         out.write(block)
             except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
-                raise ArtifactError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
+                raise ArtifactIntegrityError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
             if digest.hexdigest() != self.digests[name]:
-                raise ArtifactError(f"{self.path}: member {name!r} does not match its SHA-256; the file was altered")
+                raise ArtifactIntegrityError(
+                    f"{self.path}: member {name!r} does not match its SHA-256; the file was altered"
+                )
             written.append(rel)
         return written
 

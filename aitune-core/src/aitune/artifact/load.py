@@ -19,7 +19,7 @@ import torch
 
 from ..backend import Backend, LoadContext
 from ..converter import structure
-from ..errors import AituneError, ArtifactError, InputError
+from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..plugins import get_manager
 from ..registry import missing_requirements
 from ..torch.module import Module, wrapped_modules
@@ -321,7 +321,7 @@ def _load_module(
                 )
             winners.append((graph_entry.graph, loaded))
         except ArtifactError as exc:
-            if fallback != "eager" or "does not match its SHA-256" in str(exc):
+            if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
                 raise
             warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=3)
         except Exception as exc:

@@ -80,6 +80,9 @@ def save(obj: Any, path: str | Path) -> Path:
     untuned = [m.name for m in modules if m.state == "recording"]
     if untuned:
         raise ArtifactError(f"modules {untuned} were never tuned; run ait.tune first (or leave them unwrapped)")
+    for module in modules:
+        if module.stale_reason is not None:
+            raise ArtifactError(f"{module.name} cannot be saved: {module.stale_reason}")
     manager = get_manager()
     path.parent.mkdir(parents=True, exist_ok=True)
     devices = [spec.device for m in modules for g, _ in m.tuned_graphs for spec in g.inputs]

@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,12 @@ from .. import __version__, hookimpl
 from ..backend import Backend, BuildContext, LoadContext
 from ..converter import unstructure
 from ..errors import SerializationError
+from ..module_code import code_digest
 from ..registry import BackendRegistry
 
 logger = logging.getLogger("aitune")
-_digests: dict[int, tuple[Any, str]] = {}
+_digests: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, str]] = weakref.WeakKeyDictionary()
+"""Per live module (never by ``id()``, which a new module can reuse): its weights' stamp and digest."""
 
 
 def enabled() -> bool:
@@ -46,19 +49,20 @@ def builds_dir() -> Path:
 
 
 def module_digest(module: torch.nn.Module) -> str:
-    """SHA-256 of the module's structure and every weight; memoized while the weights are unchanged."""
+    """SHA-256 of the module's code, structure and every weight; memoized while the weights are unchanged."""
     state = module.state_dict(keep_vars=True)
-    stamp = tuple((k, v.data_ptr(), v._version, tuple(v.shape)) for k, v in state.items())
-    cached = _digests.get(id(module))
+    code = code_digest(module)
+    stamp = (code, tuple((k, v.data_ptr(), v._version, tuple(v.shape)) for k, v in state.items()))
+    cached = _digests.get(module)
     if cached is not None and cached[0] == stamp:
         return cached[1]
-    digest = hashlib.sha256(f"{type(module).__module__}.{type(module).__qualname__}\n{module}".encode())
+    digest = hashlib.sha256(f"{type(module).__module__}.{type(module).__qualname__}\n{code}\n{module}".encode())
     for name, tensor in state.items():
         t = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
         if t.numel():  # raw bytes through ctypes: torch's CPU wheel does not bring numpy
             digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
-    _digests[id(module)] = (stamp, digest.hexdigest())
+    _digests[module] = (stamp, digest.hexdigest())
     return digest.hexdigest()
 
 

@@ -31,6 +31,9 @@ class TorchEagerBackend(Backend):
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
         self._module = module
 
+    def follows_weights(self) -> bool:
+        return True
+
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         assert self._module is not None, "TorchEagerBackend used before build()"
         return self._module(*args, **kwargs)

@@ -7,8 +7,9 @@ rebuilds what was finished; the builds themselves are already in the build cache
 same ``ait.tune`` again reuses them (their candidates show ``from_cache``).
 
 Lines: ``{"event": "started", ...}``, ``{"event": "candidate", "module", "graph_key", "candidate"}``,
-``{"event": "module", "module"}``, ``{"event": "finished", "duration_s"}``. A new run with the
-same report path starts the file afresh.
+``{"event": "module", "module"}``, ``{"event": "finished", "duration_s"}``, or, when ``ait.tune``
+raised, ``{"event": "failed", "error"}``; either way the file is closed. A new run with the same
+report path starts the file afresh.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Journal:
         self.report = report
         self.modules_written = 0
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.file: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed at tune_finished
+        self.file: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed at tune_finished or tune_failed
         self.write(
             {
                 "event": "started",
@@ -114,16 +115,28 @@ def aitune_build(backend: Any, module: Any, context: Any) -> Generator[None, Any
     return (yield)
 
 
-@hookimpl
-def aitune_tune_finished(report: TuneReport) -> None:
+def _end(report: TuneReport, last: dict[str, Any]) -> None:
     with _lock:
         journal = next((j for j in reversed(_active) if j.report is report), None)
         if journal is None:
             return
         _active.remove(journal)
-    journal.catch_up()
-    journal.write({"event": "finished", "duration_s": report.duration_s})
-    journal.close()
+    try:
+        journal.catch_up()
+        journal.write(last)
+    finally:
+        journal.close()
+
+
+@hookimpl
+def aitune_tune_finished(report: TuneReport) -> None:
+    _end(report, {"event": "finished", "duration_s": report.duration_s})
+
+
+@hookimpl
+def aitune_tune_failed(report: TuneReport, error: BaseException) -> None:
+    """Close the journal; a cut-off module's candidates stay in it and read back as ``interrupted``."""
+    _end(report, {"event": "failed", "error": f"{type(error).__name__}: {error}"})
 
 
 def partial_report(path: str | Path) -> TuneReport:

@@ -1,10 +1,12 @@
 """Public test helpers for backend authors.
 
-Installing aitune-core registers :mod:`aitune.testing.fixtures` as a pytest plugin, which gives
-``aitune_manager`` (a fresh plugin manager), ``register_plugin`` (inline plugins),
-``aitune_cache_dir`` (a temporary cache) and skips ``@pytest.mark.gpu`` tests visibly on machines
-without CUDA. Subclass :class:`BackendConformance` in a backend's tests to check the contract, and compare
-outputs with :func:`assert_matches_eager`, which holds on any CPU.
+This package's :mod:`aitune.testing.fixtures` is an opt-in pytest plugin (``pytest -p
+aitune.testing.fixtures``, or ``pytest_plugins = ["aitune.testing.fixtures"]`` in a top-level
+conftest.py). It gives ``aitune_manager`` (a fresh plugin manager), ``register_plugin`` (inline
+plugins), ``aitune_cache_dir`` (a temporary cache) and ``toy_backends``, and skips
+``@pytest.mark.gpu`` tests visibly on machines without CUDA. Installing aitune-core loads none of
+it into other projects' test runs. Subclass :class:`BackendConformance` in a backend's tests to
+check the contract, and compare outputs with :func:`assert_matches_eager`, which holds on any CPU.
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""pytest fixtures for aitune and its plugins (loaded through the ``pytest11`` entry point)."""
+"""pytest fixtures for aitune and its plugins: a pytest plugin that a test suite opts into.
+
+Load it with ``pytest -p aitune.testing.fixtures``, with ``addopts = "-p
+aitune.testing.fixtures"`` in the pytest config, or with ``pytest_plugins =
+["aitune.testing.fixtures"]`` in the top-level conftest.py. Installing aitune-core does not load it: a
+library must not change the test suites of the projects installed next to it.
+"""
 
 from __future__ import annotations
 

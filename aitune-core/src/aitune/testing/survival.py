@@ -77,7 +77,8 @@ def _with_fallback(backend: Any, inner: torch.nn.Module | None = None, **tune: A
     )
     report = ait.tune(model, _data(), **tune)
     bad = next(c for c in report.modules[0].graphs[0].candidates if c.backend == backend.name)
-    alive = model(torch.randn(3, 8)).shape == (3, 8)
+    with torch.no_grad():
+        alive = model(torch.randn(3, 8)).shape == (3, 8)
     text = f"candidate failed at {bad.stage}: {bad.reason}" if bad.status == "failed" else f"candidate {bad.status}"
     return alive and report.modules[0].status == "tuned", text
 
@@ -101,7 +102,7 @@ def _infer_fails() -> Outcome:
     )
     ait.tune(model, _data())
     x = torch.randn(3, 8)
-    with warnings.catch_warnings(record=True) as caught:
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         same = torch.equal(model(x), model.module(x))
     return same and bool(caught), f"RuntimeWarning: {caught[0].message}" if caught else "no warning"

@@ -3,7 +3,12 @@
 No signature binding for calls already in canonical form, no copies: the structure key is built
 in one pass that also collects the tensors, then each candidate graph's precomputed shape checks
 run on them. Anything outside what was tuned runs eager for that call, with one warning (or, in
-strict mode, raises); so does a call whose tuned backend raises, and one that needs gradients.
+strict mode, raises); so does a call whose tuned backend raises, and one the :class:`Guard` stops
+(training mode, autograd, weights changed since tuning).
+
+Thread safety: a dispatcher only adds entries to its lookup table and its set of warnings given
+(single dict and set operations, atomic in CPython), so one tuned module may be called from many
+threads at once; each backend's ``infer`` must be, too (see docs/serving.md).
 """
 
 from __future__ import annotations
@@ -16,16 +21,13 @@ from typing import Any
 import torch
 
 from .. import tree
-from ..errors import UnsupportedCallError
+from ..errors import InferenceOnlyError, UnsupportedCallError
 from ..graph import GraphSpec
+from .guard import NEEDS_GRAD, Guard
 
 logger = logging.getLogger("aitune")
 
 Runner = Callable[..., Any]
-_NEEDS_GRAD = (
-    "an input was created with requires_grad=True and grad mode is on, and tuned backends compute no gradients; "
-    "call it under torch.no_grad() or torch.inference_mode() for inference"
-)
 
 
 class ShapeCheck:
@@ -76,8 +78,10 @@ class Dispatcher:
         canonicalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]],
         routes: Sequence[tuple[GraphSpec, Runner]],
         strict: bool = False,
+        guard: Guard | None = None,
     ) -> None:
         self.name = name
+        self.guard = guard
         self.eager = eager
         self.canonicalize = canonicalize
         self.strict = strict
@@ -88,6 +92,13 @@ class Dispatcher:
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         leaves: list[torch.Tensor] = []
         key = (tree.call_key(args, leaves), tree.call_key(kwargs, leaves))
+        guard = self.guard
+        if guard is not None:
+            blocked = guard.blocked(leaves)
+            if blocked is not None:
+                return self._blocked(blocked, args, kwargs)
+        elif torch.is_grad_enabled() and any(t.requires_grad for t in leaves):
+            return self._blocked((NEEDS_GRAD, InferenceOnlyError), args, kwargs)
         entry = self._table.get(key)
         if entry is None:
             entry = self._resolve(key, args, kwargs)
@@ -100,8 +111,6 @@ class Dispatcher:
             if check.fits(leaves):
                 if runner is self.eager:  # a range or graph where eager won: nothing to fall back from
                     return runner(*args, **kwargs)
-                if torch.is_grad_enabled() and any(t.requires_grad and t.is_leaf for t in leaves):
-                    return self._eager_because(_NEEDS_GRAD, args, kwargs)
                 try:
                     return runner(*args, **kwargs)
                 except Exception as exc:
@@ -115,6 +124,12 @@ class Dispatcher:
                         kwargs,
                     )
         return self._fallback(candidates, leaves, args, kwargs)
+
+    def _blocked(self, blocked: tuple[str, type[Exception]], args: Any, kwargs: Any) -> Any:
+        reason, error = blocked
+        if self.strict:
+            raise error(f"{self.name}: this call cannot run tuned: {reason}")
+        return self._eager_because(reason, args, kwargs)
 
     def _eager_because(self, reason: str, args: Any, kwargs: Any) -> Any:
         """Run this call eager, warning once per reason."""

@@ -4,6 +4,8 @@ States: ``recording`` (before tuning: calls run eager and, inside ``ait.tune``, 
 ``tuned`` (calls go through the dispatcher to each graph's winner) and ``passthrough`` (tuning
 kept eager or failed). Attributes, ``state_dict`` keys, ``.to()``, ``eval()`` and forward hooks
 behave as on the wrapped module, so wrapping does not change how the rest of a program sees it.
+``load_state_dict``, ``.to()`` and ``eval()`` also tell the tuned module's guard to look at the
+weights again: winners that baked the old weights in stop being used (see ``guard``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from ..graph import DynamicShapes
 from . import recording
 from .dispatch import Dispatcher
+from .guard import Guard, RecheckWeights
 from .recording import Canonicalizer
 
 if TYPE_CHECKING:
@@ -64,6 +67,8 @@ class Module(torch.nn.Module):
         object.__setattr__(self, "report", None)
         self._register_state_dict_hook(_drop_prefix)
         self._register_load_state_dict_pre_hook(_add_prefix)
+        # on the inner module: it runs for load_state_dict on it, on this wrapper and on any parent
+        module.register_load_state_dict_post_hook(RecheckWeights(self))
 
     # -- drop-in behaviour -------------------------------------------------------------------
 
@@ -90,6 +95,27 @@ class Module(torch.nn.Module):
             session.record(self, args, kwargs, out)
         return out
 
+    def check_weights(self) -> None:
+        """Look at the weights again; winners that baked older ones stop being used.
+
+        Runs by itself after ``load_state_dict``, ``.to()`` and ``eval()``; call it after editing
+        a weight in place by hand.
+        """
+        dispatcher = self._dispatcher
+        if dispatcher is not None and dispatcher.guard is not None:
+            dispatcher.guard.check_weights()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        out = super()._apply(fn, recurse)  # .to(), .half(), .cuda(), ... on this module or a parent
+        self.check_weights()
+        return out
+
+    def train(self, mode: bool = True) -> Module:
+        out = super().train(mode)
+        if not mode:  # back to inference, perhaps after training updated the weights in place
+            self.check_weights()
+        return out
+
     def extra_repr(self) -> str:
         return f"name={self.name!r}, state={self._state!r}"
 
@@ -107,7 +133,8 @@ class Module(torch.nn.Module):
         object.__setattr__(self, "tuned_graphs", list(winners))
         object.__setattr__(self, "report", report)
         if any(not isinstance(b, TorchEagerBackend) for _, b in winners):
-            dispatcher = Dispatcher(self.name, self.module, self._canonicalize, routes, self.strict)
+            guard = Guard(self.module, [b.name for _, b in winners if not b.follows_weights()])
+            dispatcher = Dispatcher(self.name, self.module, self._canonicalize, routes, self.strict, guard)
             object.__setattr__(self, "_dispatcher", dispatcher)
             object.__setattr__(self, "_state", "tuned")
         else:
@@ -119,11 +146,30 @@ class Module(torch.nn.Module):
         object.__setattr__(self, "_state", "recording")
         object.__setattr__(self, "tuned_graphs", [])
 
+    @property
+    def stale_reason(self) -> str | None:
+        """Why the tuned winners no longer match the module's weights, or None when they do."""
+        dispatcher = self._dispatcher
+        return dispatcher.guard.stale if dispatcher is not None and dispatcher.guard is not None else None
+
     def offload_weights(self) -> None:
-        """Free the eager weights' memory once tuned; calls outside the tuned range then fail."""
+        """Free the eager weights' memory once tuned; calls outside the tuned range then fail.
+
+        Refused when a winner runs on the module's own weights (eager for some graph or batch
+        range, ``torch_inductor_jit``): moving them to ``meta`` would break those calls.
+        """
         if self._state != "tuned":
             raise RuntimeError(f"{self.name}: only a tuned module can offload its eager weights")
+        live = sorted({b.name for _, b in self.tuned_graphs if b.follows_weights()})
+        if live:
+            raise RuntimeError(
+                f"{self.name}: cannot offload the eager weights: {', '.join(live)} runs on them for some "
+                "graphs; keep them, or tune with backends that build an engine (onnxruntime, tensorrt, ...)"
+            )
         self.module.to("meta")
+        dispatcher = self._dispatcher
+        if dispatcher is not None and dispatcher.guard is not None:
+            dispatcher.guard.accept_weights()  # gone on purpose: the engines hold their own copy
 
 
 def _drop_prefix(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:

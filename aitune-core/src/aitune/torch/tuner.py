@@ -93,6 +93,7 @@ def tune(
     ignore_failing_modules: bool | None = None,
     dry_run: bool = False,
     max_num_batches_per_batch_size: int | None = None,
+    set_eval: bool = False,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -106,6 +107,9 @@ def tune(
     tuning report (also written to ``report_path`` when given). ``show_progress`` (default: when
     stderr is a terminal) shows each step live; every step is logged on the ``aitune`` logger
     either way. Arguments left as None take their value from :mod:`aitune.torch.config`.
+
+    Tuning is for inference: a wrapped module in training mode whose code reads ``self.training``
+    (Dropout, BatchNorm, ...) is refused, or with ``set_eval=True`` switched to eval mode (logged).
     """
     from . import config
 
@@ -125,6 +129,7 @@ def tune(
             )
         fail_fast = not ignore_failing_modules
     fail = config.fail_fast if fail_fast is None else fail_fast
+    _inference_mode(wrapped_modules(model_or_callable), set_eval)
     kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
     with TuneProgress(config.show_progress if show_progress is None else show_progress), kept:
         return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances, dry_run)
@@ -140,6 +145,25 @@ def _kept_as_they_are(obj: Any) -> Iterator[None]:
         for module, state, graphs, report in before:
             if state != "recording":
                 module._install(graphs, report)
+
+
+def _inference_mode(modules: Sequence[Module], set_eval: bool) -> None:
+    """Refuse (or switch to eval) wrapped modules whose outputs depend on training mode."""
+    from ..module_code import reads_training
+
+    training = [m for m in modules if any(s.training for s in m.module.modules()) and reads_training(m.module)]
+    if not training:
+        return
+    names = ", ".join(m.name for m in training)
+    if not set_eval:
+        raise InputError(
+            f"{names}: in training mode, and its code reads self.training (Dropout, BatchNorm, ...): recording, "
+            "validation and profiling would see training-mode outputs and update running statistics. Tuning is "
+            "for inference: call model.eval() before ait.tune, or pass set_eval=True"
+        )
+    for module in training:
+        module.eval()
+    logger.warning("ait.tune switched %s to eval mode (set_eval=True): tuned modules serve inference", names)
 
 
 def _tune(
@@ -199,13 +223,18 @@ def _tune(
         env["interop_threads"],
         env["omp_wait_policy"],
     )
-    defaults = default_backends(tune_device)
-    for rec in session.modules.values():
-        module_report = tune_recorded(
-            rec, tune_device, batch_sizes, defaults, tolerances, fail_fast, AITUNE_DEFAULT_BATCH_SIZES, dry_run
-        )
-        report.modules.append(module_report)
-        logger.info("%s", module_report.summary)
+    try:
+        defaults = default_backends(tune_device)
+        for rec in session.modules.values():
+            module_report = tune_recorded(
+                rec, tune_device, batch_sizes, defaults, tolerances, fail_fast, AITUNE_DEFAULT_BATCH_SIZES, dry_run
+            )
+            report.modules.append(module_report)
+            logger.info("%s", module_report.summary)
+    except BaseException as exc:
+        report.duration_s = time.perf_counter() - started
+        manager.hook.aitune_tune_failed(report=report, error=exc)
+        raise
     report.duration_s = time.perf_counter() - started
     manager.hook.aitune_tune_finished(report=report)
     if report_path is not None:

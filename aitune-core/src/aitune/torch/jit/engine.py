@@ -37,6 +37,7 @@ from ...graph import GraphSpec, Sample, infer_graph
 from ...report import ModuleReport
 from .. import recording
 from ..dispatch import Dispatcher
+from ..guard import Guard, RecheckWeights
 from ..module import Module
 from ..recording import Canonicalizer, RecordingSession
 from ..strategies import FirstWinsStrategy, TuneStrategy
@@ -93,8 +94,9 @@ class _Candidate:
 class TunedForward:
     """The ``forward`` of a tuned module: inference calls go to the winners, the rest run eager.
 
-    Calls in training mode, calls that need autograd, and calls outside the tuned graphs (the
-    dispatcher warns once) run the module's own forward.
+    Calls the guard stops (training mode, autograd, weights changed by ``load_state_dict`` when
+    a winner baked them in) and calls outside the tuned graphs run the module's own forward, and
+    the dispatcher warns once per reason.
     """
 
     def __init__(
@@ -104,13 +106,15 @@ class TunedForward:
         canonicalize: Canonicalizer,
         routes: Sequence[tuple[GraphSpec, Any]],
         backends: tuple[str, ...],
+        baked: Sequence[str] = (),
     ) -> None:
         self.previous = module.__dict__.get("forward")
         self._module = weakref.ref(module)
         self._forward = type(module).forward
         self.backends = backends
-        self.needs_grad = any(p.requires_grad for p in module.parameters())
-        self.dispatcher = Dispatcher(name, self._eager, canonicalize, routes)
+        self.guard = Guard(module, baked)
+        self.dispatcher = Dispatcher(name, self._eager, canonicalize, routes, guard=self.guard)
+        self.hook = module.register_load_state_dict_post_hook(RecheckWeights(self.guard))
 
     def _eager(self, *args: Any, **kwargs: Any) -> Any:
         if self.previous is not None:
@@ -118,13 +122,7 @@ class TunedForward:
         return self._forward(self._module(), *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module = self._module()
-        if (
-            module is None
-            or module.training
-            or recording.bypassing()
-            or (torch.is_grad_enabled() and (self.needs_grad or _inputs_need_grad(args, kwargs)))
-        ):
+        if self._module() is None or recording.bypassing():
             return self._eager(*args, **kwargs)
         return self.dispatcher(args, kwargs)
 
@@ -163,6 +161,7 @@ def disable() -> None:
         for module in list(_tuned):
             installed = module.__dict__.get("forward")
             if isinstance(installed, TunedForward):
+                installed.hook.remove()
                 if installed.previous is None:
                     del module.__dict__["forward"]
                 else:
@@ -234,10 +233,11 @@ def _skip_reason(module: torch.nn.Module, name: str) -> str | None:
 def _twin(module: torch.nn.Module) -> torch.nn.Module:
     """A shallow copy that shares parameters, buffers and submodules, without hooks or a patched forward."""
     twin = copy.copy(module)
+    hooks = ("_forward_", "_backward_", "_state_dict_", "_load_state_dict_")
     for name, value in list(vars(module).items()):
-        if name.startswith(("_forward_", "_backward_")) and isinstance(value, dict):
+        if name.startswith(hooks) and isinstance(value, dict):
             twin.__dict__[name] = type(value)()
-        elif name.startswith(("_forward_", "_backward_")) and isinstance(value, set):
+        elif name.startswith(hooks) and isinstance(value, set):
             twin.__dict__[name] = set()
     if isinstance(twin.__dict__.get("forward"), TunedForward):
         del twin.__dict__["forward"]
@@ -318,7 +318,15 @@ def _decide(module: torch.nn.Module, cand: _Candidate) -> Decision:
         key = store.decision_key(cand.twin, specs, device, repr(strategy), candidates)
         remembered = store.load(key, cand.name, cand.twin, specs, device)
         if remembered is not None:
-            return _reuse(module, cand, remembered)
+            wrong = _stale_winner(cand, graphs, remembered)
+            if wrong is None:
+                return _reuse(module, cand, remembered)
+            logger.warning(
+                "aitune jit: the remembered winner for %s no longer matches the module (%s); tuning it again",
+                cand.name,
+                wrong,
+            )
+            store.forget(key)
     if config.detect_graph_breaks:
         for g in graphs:
             reason = graph_break_reason(cand.twin, g.samples[0])
@@ -346,6 +354,24 @@ def _decide(module: torch.nn.Module, cand: _Candidate) -> Decision:
     logger.info("aitune jit: %s stays eager: %s", cand.name, why)
     _states[module] = "eager"
     return _decision(module, cand, "eager", reason=why)
+
+
+def _stale_winner(cand: _Candidate, graphs: Sequence[Any], remembered: store.Remembered) -> str | None:
+    """Why a remembered winner is wrong for the module as it is now (checked on the recorded calls), or None."""
+    from ...plugins import get_manager
+
+    hook = get_manager().hook
+    recorded = [s for g in graphs for s in g.samples]
+    for graph, backend in remembered.winners:
+        if backend is None:
+            continue
+        samples = [s for s in recorded if graph.mismatch(s.tensors()) is None] or [graph.example("opt")]
+        result = hook.aitune_validate(
+            backend=backend, reference=cand.twin, samples=samples, graph=graph, tolerances=None
+        )
+        if not result.passed:
+            return f"{backend.name}: {result.reason}"
+    return None
 
 
 def _reuse(module: torch.nn.Module, cand: _Candidate, remembered: store.Remembered) -> Decision:
@@ -385,7 +411,8 @@ def _install(
 ) -> tuple[str, ...]:
     routes = [(g, b.infer) for g, b in winners if b.name != store.EAGER]
     names = tuple(b.name for g, b in winners if b.name != store.EAGER)
-    module.forward = TunedForward(module, cand.name, cand.wrapper._canonicalize, routes, names)
+    baked = [b.name for g, b in winners if not b.follows_weights()]
+    module.forward = TunedForward(module, cand.name, cand.wrapper._canonicalize, routes, names, baked)
     _tuned.add(module)
     _states[module] = "tuned"
     return names

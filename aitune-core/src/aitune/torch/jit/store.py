@@ -1,12 +1,14 @@
 """What the JIT remembers across runs: one decision per module, in ``<cache dir>/jit``.
 
-A decision is keyed by everything that could change it: the module's structure and weights
-(``buildcache.module_digest``), the graph specs recorded for it, the candidate backends with
+A decision is keyed by everything that could change it: the module's code, structure and weights
+(``buildcache.module_digest``: the bytecode of every class in the tree, never memoized by ``id()``), the graph specs recorded for it, the candidate backends with
 their configs and plugin versions, and the environment (aitune, torch, device, GPU or CPU model).
 It holds the outcome (``tuned``, ``eager`` or ``descended``), and for a tuned module each graph's
 winner: backend name, config JSON, graph JSON and the payload written by ``aitune_serialize``.
-A changed weight, input range, backend list or upgrade gives another key, so a stale decision is
-never used; entries that fail to load are deleted and the module is tuned again.
+A changed forward, weight, input range, backend list or upgrade gives another key. Code the key
+cannot see (a module-level helper that forward calls) is why a remembered winner is validated on
+the current calls before it is installed: a mismatch deletes the entry and the module is tuned
+again, as is an entry that fails to load.
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ def decision_key(
 
 def _entry(key: str) -> Path:
     return jit_dir() / key[:2] / key
+
+
+def forget(key: str) -> None:
+    """Delete one remembered decision (it proved wrong for the module as it is now)."""
+    shutil.rmtree(_entry(key), ignore_errors=True)
 
 
 def save(key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple[GraphSpec, Backend]] = ()) -> bool:

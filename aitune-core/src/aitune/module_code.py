@@ -1,0 +1,94 @@
+"""What aitune reads from a module's code: a digest of it, and whether it reads ``self.training``.
+
+Cache keys must change when ``forward`` changes, not only when the weights do, so the digest
+covers every class in the module tree: its qualified name and the bytecode of each method it
+defines (with constants, names and nested code). Bytecode, unlike source, exists for classes
+made in a notebook or by ``exec``, and ignores comments and line moves. Classes from torch itself
+are named but not hashed: the torch version is in every key already.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+_SKIPPED = (torch.nn.Module, object)
+
+
+def _classes(module: torch.nn.Module) -> Iterator[type]:
+    """Every class in the module tree and their bases, each once, in a stable order."""
+    seen: set[type] = set()
+    for sub in module.modules():
+        for cls in type(sub).__mro__:
+            if cls not in seen and cls not in _SKIPPED:
+                seen.add(cls)
+                yield cls
+
+
+def _own_code(cls: type) -> bool:
+    """False for torch's own classes: their code is fixed by the torch version."""
+    return not (cls.__module__ == "torch" or cls.__module__.startswith("torch."))
+
+
+def _functions(cls: type) -> Iterator[tuple[str, types.CodeType]]:
+    for name, value in sorted(vars(cls).items()):
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        elif isinstance(value, property):
+            value = value.fget
+        code = getattr(value, "__code__", None)
+        if isinstance(code, types.CodeType):
+            yield name, code
+
+
+def _update(digest: Any, code: types.CodeType) -> None:
+    digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _update(digest, const)
+        elif isinstance(const, frozenset):  # its order follows string hashing, which differs per process
+            digest.update(repr(sorted(map(repr, const))).encode())
+        else:
+            digest.update(repr(const).encode())
+
+
+def code_digest(module: torch.nn.Module) -> str:
+    """SHA-256 of the code ``module`` runs: each class's name and its methods' bytecode, plus the Python version."""
+    digest = hashlib.sha256(f"python {sys.version_info[0]}.{sys.version_info[1]}\n".encode())
+    for cls in _classes(module):
+        digest.update(f"{cls.__module__}.{cls.__qualname__}\n".encode())
+        if _own_code(cls):
+            for name, code in _functions(cls):
+                digest.update(f"{name}:".encode())
+                _update(digest, code)
+    for sub in module.modules():  # a forward set on the instance replaces the class's
+        own = sub.__dict__.get("forward")
+        instance_code = getattr(getattr(own, "__func__", own), "__code__", None)
+        if isinstance(instance_code, types.CodeType):
+            _update(digest, instance_code)
+    return digest.hexdigest()
+
+
+def _reads(code: types.CodeType, name: str) -> bool:
+    if name in code.co_names:
+        return True
+    return any(isinstance(c, types.CodeType) and _reads(c, name) for c in code.co_consts)
+
+
+def reads_training(module: torch.nn.Module) -> bool:
+    """Whether any forward in the tree can behave differently in training mode (Dropout, BatchNorm, ...).
+
+    True when a method of a class in the tree (torch's own included, ``train`` and ``eval`` excepted)
+    mentions ``training``: in training mode such a module's outputs differ from eval mode's.
+    """
+    for cls in _classes(module):
+        for name, code in _functions(cls):
+            if name not in ("train", "eval") and _reads(code, "training"):
+                return True
+    return False
