@@ -17,6 +17,7 @@ import aitune.torch as ait
 from aitune.backend import Backend
 from aitune.errors import ArtifactError, InferenceOnlyError, InputError, StaleWeightsError
 from aitune.module_code import code_digest, reads_training
+from aitune.testing import assert_matches_eager
 from aitune.testing.backends import ToyBackend
 
 
@@ -76,8 +77,8 @@ def test_training_mode_gives_eagers_training_outputs(toy_backends) -> None:
     model.train()
     with torch.no_grad(), pytest.warns(RuntimeWarning, match="training mode"):
         y = model(x)
-    torch.testing.assert_close(y, eager(x))
-    torch.testing.assert_close(model.module[1].running_mean, eager[1].running_mean)  # statistics updated too
+    assert_matches_eager(y, eager(x))
+    assert_matches_eager(model.module[1].running_mean, eager[1].running_mean)  # statistics updated too
 
 
 def test_strict_mode_raises_for_training_and_autograd(toy_backends) -> None:
@@ -124,7 +125,7 @@ def test_after_load_state_dict_outputs_follow_the_new_weights_with_a_warning(toy
     x = torch.randn(5, 8)
     with torch.no_grad(), pytest.warns(RuntimeWarning, match="weights changed since it was tuned.*toy baked"):
         y = model(x)
-    torch.testing.assert_close(y, eager(x))
+    assert_matches_eager(y, eager(x))
     assert "run ait.tune again" in model.stale_reason
     with pytest.raises(ArtifactError, match="weights changed since it was tuned"):
         ait.save(model, "never-written.ait")
@@ -133,7 +134,7 @@ def test_after_load_state_dict_outputs_follow_the_new_weights_with_a_warning(toy
     before = routed(model)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
-        torch.testing.assert_close(model(x), eager(x))
+        assert_matches_eager(model(x), eager(x))
     assert routed(model) == before + 1
 
 
@@ -193,7 +194,7 @@ def test_a_winner_on_the_live_weights_follows_them_and_blocks_offloading(toy_bac
         assert model.stale_reason is None
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            torch.testing.assert_close(model(x), model.module(x))
+            assert_matches_eager(model(x), model.module(x))
     with pytest.raises(RuntimeError, match="live runs on them"):
         model.offload_weights()
 
@@ -205,7 +206,7 @@ def test_offloading_baked_weights_is_not_a_weight_change(toy_backends) -> None:
         expected = model(x)
         model.offload_weights()
         model.eval()
-        torch.testing.assert_close(model(x), expected)
+        assert_matches_eager(model(x), expected)
     assert model.stale_reason is None
 
 

@@ -96,7 +96,9 @@ def test_the_journal_sits_beside_the_report_and_ends_with_finished(toy_backends,
 
 def test_the_journal_is_closed_when_tune_raises(toy_backends, tmp_path, monkeypatch):
     closed = []
-    monkeypatch.setattr("aitune.builtin.journal.Journal.close", lambda self: closed.append(self.path) or self.file.close())
+    monkeypatch.setattr(
+        "aitune.builtin.journal.Journal.close", lambda self: closed.append(self.path) or self.file.close()
+    )
     model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig(fail_build=True))))
     with pytest.raises(Exception, match="toy compiler crashed on purpose"):
         ait.tune(model, [torch.randn(2, 8)], report_path=tmp_path / "report.json")
