@@ -25,8 +25,8 @@ def build_model() -> torch.nn.Module:
 
 
 def no_fallback(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Call ``module``; a call outside what was tuned (an eager fallback) fails the test."""
-    with warnings.catch_warnings():
+    """Call ``module`` for inference; any eager fallback (outside what was tuned) fails the test."""
+    with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("error", RuntimeWarning)
         return module(x)
 
@@ -61,7 +61,7 @@ def test_batch_sizes_none_tunes_batch_one_samples_for_batches_one_and_two(backen
     [(graph, _)] = model.tuned_graphs
     assert (graph.batch.min, graph.batch.max) == (1, 2)
     no_fallback(model, torch.randn(2, 8))
-    with pytest.warns(RuntimeWarning, match="outside what was tuned"):
+    with pytest.warns(RuntimeWarning, match="outside what was tuned"), torch.inference_mode():
         model(torch.randn(3, 8))
 
 
@@ -90,10 +90,10 @@ def test_aitune_dynamic_shapes_per_parameter_tuples(backend, tmp_path):
     assert {n: (r.min, r.max) for n, r in graph.dims.items()} == {"batch": (1, 8), "seq": (1, 64)}
     ait.save(model, tmp_path / "m.ait")
     loaded = ait.load(build_model(), tmp_path / "m.ait")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("error", RuntimeWarning)
         assert loaded(torch.randn(8, 64, 8), mask=torch.ones(8, 64, 1)).shape == (8, 64, 8)
-    with pytest.warns(RuntimeWarning, match="outside what was tuned"):
+    with pytest.warns(RuntimeWarning, match="outside what was tuned"), torch.inference_mode():
         loaded(torch.randn(2, 7, 8), mask=torch.ones(2, 1, 1))  # the shared dimension must agree
 
 

@@ -34,10 +34,9 @@ def _pytest(folder: Path, *args: str) -> str:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine no test is skipped either way")
-@pytest.mark.parametrize("opt_in", ["aitune.testing", "aitune.testing.fixtures"])
-def test_gpu_tests_of_another_project_are_skipped_only_when_it_opts_in(tmp_path: Path, opt_in: str) -> None:
+def test_gpu_tests_of_another_project_are_skipped_only_when_it_opts_in(tmp_path: Path) -> None:
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: their own meaning\n")
     (tmp_path / "test_theirs.py").write_text(SUITE)
     assert "1 passed" in _pytest(tmp_path)  # installed, not asked for: their gpu marker is theirs
-    assert "1 skipped" in _pytest(tmp_path, "-p", opt_in)
+    assert "1 skipped" in _pytest(tmp_path, "-p", "aitune.testing.fixtures")
     assert not [ep for ep in importlib.metadata.entry_points(group="pytest11") if ep.value.startswith("aitune")]

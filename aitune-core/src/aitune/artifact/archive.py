@@ -219,9 +219,11 @@ class Reader:
                     for block in iter(lambda: src.read(_CHUNK), b""):
                         digest.update(block)
             except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
-                raise ArtifactError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
+                raise ArtifactIntegrityError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
             if digest.hexdigest() != self.digests[name]:
-                raise ArtifactError(f"{self.path}: member {name!r} does not match its SHA-256; the file was altered")
+                raise ArtifactIntegrityError(
+                    f"{self.path}: member {name!r} does not match its SHA-256; the file was altered"
+                )
         self.verified = True
 
     def read_prefix(self, name: str, size: int) -> bytes:
