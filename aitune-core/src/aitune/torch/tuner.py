@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from .. import __version__
+from .. import executor as executors
 from ..backend import Backend, Tolerance
 from ..errors import AituneError, InputError
 from ..graph import infer_graph
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, TuneReport
-from . import recording
+from . import fanout, recording
 from .candidates import GraphTuning, narrow
 from .module import Module, wrapped_modules
 from .progress import TuneProgress, step
@@ -86,14 +87,16 @@ def tune(
     report_path: str | Path | None = None,
     tolerances: Mapping[str, Tolerance] | None = None,
     show_progress: bool | None = None,
+    executor: str | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
     ``batch_sizes`` widens the batch range the builds cover and the sizes profiled; ``device``
     defaults to the device of the model's weights. Returns the tuning report (also written to
     ``report_path`` when given). ``show_progress`` (default: when stderr is a terminal) shows
-    each step live; every step is logged on the ``aitune`` logger either way. Arguments left as
-    None take their value from :mod:`aitune.torch.config`.
+    each step live; every step is logged on the ``aitune`` logger either way. ``executor`` names
+    where isolated builds run (``"local"``, ``"ray"``; default ``AITUNE_EXECUTOR``, else local).
+    Arguments left as None take their value from :mod:`aitune.torch.config`.
     """
     from . import config
 
@@ -101,7 +104,7 @@ def tune(
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise InputError(f"max_samples must be an int >= 1, got {samples!r}")
     fail = config.fail_fast if fail_fast is None else fail_fast
-    with TuneProgress(config.show_progress if show_progress is None else show_progress):
+    with TuneProgress(config.show_progress if show_progress is None else show_progress), executors.session(executor):
         return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances)
 
 
@@ -155,6 +158,7 @@ def _tune(
     )
     manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
     defaults = default_backends(tune_device)
+    fanout.submit_ahead(list(session.modules.values()), tune_device, batch_sizes, defaults)
     for rec in session.modules.values():
         module_report = tune_recorded(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
         report.modules.append(module_report)
@@ -215,6 +219,13 @@ def _strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
     return config.default_strategy() if config.default_strategy is not None else MaxThroughputStrategy()
 
 
+def graph_of(module: Module, graph_rec: Any, batch_sizes: Sequence[int] | None) -> Any:
+    """The graph spec of one recorded input structure of ``module``."""
+    return infer_graph(
+        graph_rec.samples, module._canonicalize.arg_names, module.dynamic_shapes, batch_sizes, graph_rec.outputs
+    )
+
+
 def tune_recorded(
     rec: recording.ModuleRecording,
     device: torch.device,
@@ -232,13 +243,7 @@ def tune_recorded(
         for index, graph_rec in enumerate(rec.graphs.values()):
             if graph_rec.error:
                 raise InputError(f"{module.name}: a recorded call cannot be tuned: {graph_rec.error}")
-            graph = infer_graph(
-                graph_rec.samples,
-                module._canonicalize.arg_names,
-                module.dynamic_shapes,
-                batch_sizes,
-                graph_rec.outputs,
-            )
+            graph = graph_of(module, graph_rec, batch_sizes)
             strategy = _strategy_for(module, index, graph.key)
             graph_report = GraphReport(graph_key=graph.key, graph=_graph_json(graph))
             report.graphs.append(graph_report)
