@@ -8,7 +8,7 @@ import torch
 import aitune.torch as ait
 from aitune import executor, hookimpl
 from aitune.errors import ConfigError
-from aitune.testing import executors
+from aitune.testing import assert_matches_eager, executors
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.testing.faults import IsolatedToyBackend, RaisingBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
@@ -83,7 +83,7 @@ def test_a_concurrent_executor_gets_every_build_first_and_decides_as_local(threa
     failed = next(c for c in report.modules[0].graphs[0].candidates if c.backend == "fault_raise")
     assert failed.status == "failed" and "rejected the graph on purpose" in failed.reason
     x = torch.randn(3, 8)
-    torch.testing.assert_close(model(x), model.head.module(model.encoder.module(x)), atol=1e-5, rtol=1e-5)
+    assert_matches_eager(model(x), model.head.module(model.encoder.module(x)))
 
 
 def test_the_executor_comes_from_the_environment_and_unknown_names_say_what_exists(threads, monkeypatch):

@@ -87,8 +87,12 @@ class Executor(abc.ABC):
     def submit(self, request: BuildRequest) -> BuildHandle:
         """Start ``request``'s build (or queue it); never blocks on the build itself."""
 
-    def describe(self) -> dict[str, Any]:
-        """JSON-able facts for ``aitune backends``: where builds run and the resources there."""
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        """JSON-able facts for ``aitune backends``: where builds run and the resources there.
+
+        A class method: listing must not start anything (no cluster, no worker).
+        """
         return {}
 
     def close(self) -> None:
@@ -114,7 +118,8 @@ class LocalExecutor(Executor):
 
         return _Deferred(lambda: isolation.run_worker(request.backend, request.notes, request.context, request.folder))
 
-    def describe(self) -> dict[str, Any]:
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
         import torch
 
         return {"where": "worker processes on this machine", "CPU": os.cpu_count(), "GPU": torch.cuda.device_count()}
@@ -176,16 +181,19 @@ class ExecutorRegistry:
 
         return missing_requirements(self.spec(name).requirements)
 
-    def create(self, name: str) -> Executor:
+    def executor_class(self, name: str) -> type[Executor]:
         from .registry import _import_path
 
+        cls = _import_path(self.spec(name).executor_class)
+        if not (isinstance(cls, type) and issubclass(cls, Executor)):
+            raise PluginError(f"{self.spec(name).executor_class} is not an aitune Executor class")
+        return cls
+
+    def create(self, name: str) -> Executor:
         reason = self.reason(name)
         if reason:
             raise ConfigError(f"the {name} executor cannot run here: {reason}")
-        executor = _import_path(self.spec(name).executor_class)()
-        if not isinstance(executor, Executor):
-            raise PluginError(f"{self.spec(name).executor_class} is not an aitune Executor")
-        return executor  # type: ignore[no-any-return]
+        return self.executor_class(name)()
 
 
 @hookimpl

@@ -47,7 +47,8 @@ class ThreadedExecutor(Executor):
             self.pool.submit(isolation.run_worker, request.backend, request.notes, request.context, request.folder)
         )
 
-    def describe(self) -> dict[str, Any]:
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
         return {"where": "worker processes on this machine, 2 at a time"}
 
     def close(self) -> None:

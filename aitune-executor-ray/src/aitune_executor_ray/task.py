@@ -1,0 +1,68 @@
+"""What runs on a Ray worker: one exported build, in aitune's own worker process under its limits.
+
+The task gets the job's JSON and the exported files as bytes (through Ray's object store), writes
+them into a scratch folder on its node, and runs :func:`aitune.isolation.run_job` there: the same
+``python -m aitune.worker`` process, time limit, memory cap and crash diagnosis as a local build.
+It answers with JSON-able data and the payload files as bytes. A failed build is an answer
+(``ok: False``), not an exception, so only a dead Ray worker makes Ray retry the task.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+
+def pack(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder``, by its relative POSIX path."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return {}
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def unpack(files: dict[str, bytes], folder: Path) -> None:
+    """Write ``files`` under ``folder``, refusing any name that would land outside it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        path = PurePosixPath(name)
+        if path.is_absolute() or not path.parts or any(part in ("", ".", "..") for part in path.parts):
+            raise ValueError(f"refusing the file name {name!r}: it is not a plain relative path")
+        target = folder.joinpath(*path.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+
+def build(job: dict[str, Any], exported: dict[str, bytes]) -> dict[str, Any]:
+    """Run one build job on this node; returns ``{"ok", "metadata", "payload", "node"}`` or the failure."""
+    import torch
+
+    from aitune import isolation
+    from aitune.cache import cache_dir
+
+    node = socket.gethostname()
+    folder = Path(tempfile.mkdtemp(prefix="aitune-ray-build-"))
+    try:
+        unpack(exported, folder / "exported")
+        local = {**job, **isolation.folders(folder), "cache_dir": str(cache_dir())}
+        if not os.environ.get("AITUNE_BUILD_MEMORY_MB"):  # the cap follows this node's memory
+            local["memory_mb"] = isolation.memory_mb(torch.device(job["device"]))
+        try:
+            metadata = isolation.run_job(local, folder)
+        except isolation.WorkerBuildError as exc:
+            return {
+                "ok": False,
+                "message": str(exc),
+                "cause": exc.cause,
+                "exit_code": exc.exit_code,
+                "log_tail": exc.log_tail,
+                "node": node,
+            }
+        return {"ok": True, "metadata": metadata, "payload": pack(folder / "payload"), "node": node}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
