@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from aitune_executor_ray import task, testing
-from aitune_executor_ray.executor import RayExecutor, task_resources
 
 import aitune.torch as ait
 from aitune.testing import assert_matches_eager, faults
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.testing.faults import IsolatedToyBackend, RaisingBackend, SegfaultBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+from aitune_executor_ray import task, testing
+from aitune_executor_ray.executor import RayExecutor, task_resources
 
 ray = pytest.importorskip("ray")
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
