@@ -18,14 +18,14 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from .. import __version__, distributed
 from .. import executor as executors
 from ..backend import Backend, Tolerance
 from ..errors import AituneError, InputError
 from ..graph import infer_graph
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, TuneReport
-from . import fanout, recording
+from . import fanout, ranks, recording
 from .candidates import GraphTuning, narrow
 from .module import Module, wrapped_modules
 from .progress import TuneProgress, step
@@ -120,6 +120,48 @@ def _tune(
 ) -> TuneReport:
     started = time.perf_counter()
     manager = get_manager()
+    group = distributed.coordinator()  # None in a single process
+    with distributed.step(group, "recording") as outbox:
+        session = _record(model_or_callable, dataset, max_samples)
+        modules = [rec.module for rec in session.modules.values()]
+        tune_device = torch.device(device) if device is not None else _device_of(modules)
+        defaults = default_backends(tune_device)
+        if group is not None:
+            outbox["plan"] = ranks.plan(list(session.modules.values()), tune_device, batch_sizes, defaults)
+    if group is not None:
+        ranks.agree(group)
+    report = TuneReport(
+        aitune_version=__version__,
+        device=str(tune_device),
+        started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        environment=environment(tune_device),
+    )
+    if report_path is not None:
+        report_path = distributed.per_rank_path(report_path)
+    manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
+
+    def tune_all() -> None:
+        fanout.submit_ahead(list(session.modules.values()), tune_device, batch_sizes, defaults)
+        for rec in session.modules.values():
+            module_report = tune_recorded(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
+            report.modules.append(module_report)
+            logger.info("%s", module_report.summary)
+
+    if group is None:
+        tune_all()
+    else:
+        ranks.tune_together(
+            group, tune_all, list(session.modules.values()), report, tune_device, batch_sizes, defaults, tolerances
+        )
+    report.duration_s = time.perf_counter() - started
+    manager.hook.aitune_tune_finished(report=report)
+    if report_path is not None:
+        report.save(report_path)
+    return report
+
+
+def _record(model_or_callable: Any, dataset: Iterable[Any], max_samples: int) -> recording.RecordingSession:
+    """Run the dataset through the model, recording every ait.Module it calls."""
     known = wrapped_modules(model_or_callable)
     if isinstance(model_or_callable, torch.nn.Module) and not known:
         raise InputError(
@@ -148,26 +190,7 @@ def _tune(
             "no ait.Module was called while running the dataset through the model: wrap the modules "
             "that the pipeline calls, or check that the dataset reaches them"
         )
-    modules = [rec.module for rec in session.modules.values()]
-    tune_device = torch.device(device) if device is not None else _device_of(modules)
-    report = TuneReport(
-        aitune_version=__version__,
-        device=str(tune_device),
-        started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        environment=environment(tune_device),
-    )
-    manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
-    defaults = default_backends(tune_device)
-    fanout.submit_ahead(list(session.modules.values()), tune_device, batch_sizes, defaults)
-    for rec in session.modules.values():
-        module_report = tune_recorded(rec, tune_device, batch_sizes, defaults, tolerances, fail_fast)
-        report.modules.append(module_report)
-        logger.info("%s", module_report.summary)
-    report.duration_s = time.perf_counter() - started
-    manager.hook.aitune_tune_finished(report=report)
-    if report_path is not None:
-        report.save(report_path)
-    return report
+    return session
 
 
 def check_devices(module: Module) -> None:
