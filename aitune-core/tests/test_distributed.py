@@ -40,6 +40,7 @@ def outcomes(tmp_path_factory):
 def test_ranks_install_the_same_winners_and_keep_their_own_cache_and_report(outcomes):
     out, cache, (zero, one) = outcomes
     assert zero["decisions"] == one["decisions"] and zero["installed"] == one["installed"]
+    assert zero["routes"][1] and zero["routes"] == one["routes"], "the head's per-batch-range routes are rank 0's too"
     assert all(zero["installed"]), "rank 0 chose a backend for every module"
     assert one["distributed"] == {"rank": 1, "world_size": 2, "decided_by": 0}
     assert one["winner_validated_here"], "rank 1 checked rank 0's winners against its own eager module"

@@ -27,7 +27,8 @@ class Pipeline(torch.nn.Module):
         super().__init__()
         candidates = [ToyBackend(ToyConfig(speed=0.0)), ToyBackend(ToyConfig(speed=0.02))]
         self.encoder = ait.Module(SlowModule(), "encoder", strategy=ait.MaxThroughputStrategy(candidates, QUICK))
-        self.head = ait.Module(SlowModule(), "head", strategy=ait.MaxThroughputStrategy(candidates, QUICK))
+        routed = ait.MaxThroughputStrategy(candidates, QUICK, per_batch_size=True)  # decisions by batch range
+        self.head = ait.Module(SlowModule(), "head", strategy=routed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(x))
@@ -60,6 +61,7 @@ def main() -> None:
     model = Pipeline()
     report = ait.tune(model, data, report_path=out / "tune.json")
     outcome["decisions"] = [g.decision for m in report.modules for g in m.graphs]
+    outcome["routes"] = [[r.backend for r in g.routes] for m in report.modules for g in m.graphs]
     outcome["installed"] = installed(model)
     outcome["distributed"] = report.environment.get("distributed")
     outcome["winner_validated_here"] = all(

@@ -169,8 +169,8 @@ def install(
                         backend = tuning.eager.backend
                         if route.backend != "torch_eager":
                             if route.backend not in built:
-                                selected = _selected(graph_report, route.backend, where)
-                                built[route.backend] = _build_winner(tuning, templates, selected, rank, where)
+                                routed = _selected(graph_report, route.backend, where)
+                                built[route.backend] = _build_winner(tuning, templates, routed, rank, where)
                             backend = built[route.backend]
                         winners.append((narrow(graph, route.batch_min, route.batch_max), backend))
                     continue
