@@ -50,8 +50,17 @@ def child(config: str) -> dict[str, Any]:
     start = time.perf_counter()
     report = ait.tune(model, data, executor="local" if workers is None else "ray")
     tune_s = time.perf_counter() - start
-    builds = {
-        f"{m.name}/{c.backend}": round(c.build_time_s or 0.0, 1) for m in report.modules for c in m.graphs[0].candidates
+    builds = {  # the build itself, where it ran (a build done ahead is only waited for here)
+        f"{m.name}/{c.backend}": round(c.build_info.get("worker_s", c.build_time_s or 0.0), 1)
+        for m in report.modules
+        for c in m.graphs[0].candidates
+    }
+    throughput = {
+        f"{m.name}/{c.backend}": round(p.throughput)
+        for m in report.modules
+        for c in m.graphs[0].candidates
+        for p in c.profiles
+        if p.batch_size == m.graphs[0].selected_batch_size
     }
     return {
         "config": config,
@@ -59,6 +68,7 @@ def child(config: str) -> dict[str, Any]:
         "ray_init_s": round(ray_init_s, 1) if ray_init_s is not None else None,
         "decisions": {m.name: m.graphs[0].decision for m in report.modules},
         "build_s": builds,
+        "samples_per_s": throughput,
     }
 
 
@@ -87,13 +97,16 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(results[-1]), flush=True)
-    print("\n| executor | tune wall time (s) | Ray start (s) | decisions | build time per candidate (s) |")
-    print("|---|---|---|---|---|")
+    print(
+        "\n| executor | tune wall time (s) | Ray start (s) | decisions | build time per candidate (s) | samples/s at the decided batch |"
+    )
+    print("|---|---|---|---|---|---|")
     for r in results:
         decisions = ", ".join(f"{k}: {v}" for k, v in r["decisions"].items())
         builds = ", ".join(f"{k} {v}" for k, v in r["build_s"].items())
         ray_s = "" if r["ray_init_s"] is None else r["ray_init_s"]
-        print(f"| {r['config']} | {r['tune_s']} | {ray_s} | {decisions} | {builds} |")
+        speed = ", ".join(f"{k} {v}" for k, v in r["samples_per_s"].items())
+        print(f"| {r['config']} | {r['tune_s']} | {ray_s} | {decisions} | {builds} | {speed} |")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
     return 0

@@ -80,6 +80,8 @@ def test_a_concurrent_executor_gets_every_build_first_and_decides_as_local(threa
         "toy_isolated build of head",
         "fault_raise build of head",
     ], "the isolated builds of both modules went out before any was taken; the in-process toy did not"
+    ahead = next(c for c in report.modules[0].graphs[0].candidates if c.backend == "toy_isolated")
+    assert ahead.build_info["built_ahead"] and ahead.build_info["worker_s"] > 0, "the report keeps the build's own time"
     failed = next(c for c in report.modules[0].graphs[0].candidates if c.backend == "fault_raise")
     assert failed.status == "failed" and "rejected the graph on purpose" in failed.reason
     x = torch.randn(3, 8)

@@ -68,7 +68,8 @@ def test_ray_decides_as_the_local_executor_and_builds_on_ray(backends, aitune_ca
     assert _decisions(report) == _decisions(local)
     assert [m.graphs[0].decision for m in report.modules] == ["torch_inductor_aot", "toy_isolated"]
     by_name = {(m.name, c.backend): c for m in report.modules for c in m.graphs[0].candidates}
-    assert by_name["encoder", "torch_inductor_aot"].build_info["executor"] == "ray"
+    aot = by_name["encoder", "torch_inductor_aot"].build_info
+    assert aot["executor"] == "ray" and aot["built_ahead"] and aot["worker_s"] > 0
     assert by_name["head", "toy_isolated"].build_info["executor"] == "ray"
     assert "executor" not in by_name["head", "toy"].build_info, "an in-process backend builds locally"
     assert "rejected the graph on purpose" in by_name["head", "fault_raise"].reason

@@ -60,6 +60,9 @@ class BuildRequest:
 class BuildHandle(abc.ABC):
     """A submitted build."""
 
+    worker_s: float | None = None
+    """How long the build itself ran where it ran, once known (the wait here may be shorter)."""
+
     @abc.abstractmethod
     def result(self) -> dict[str, Any]:
         """Wait for the build; return the payload's metadata, with the payload in ``folder/payload``.

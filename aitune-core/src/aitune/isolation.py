@@ -128,7 +128,7 @@ def build_isolated(backend: Backend, module: torch.nn.Module, context: BuildCont
         request = BuildRequest(backend, notes, context, folder)
         handle = session.executor.submit(request)
     metadata = handle.result()
-    worker_s = time.perf_counter() - start
+    worker_s = handle.worker_s if handle.worker_s is not None else time.perf_counter() - start
     from .plugins import get_manager
 
     load_context = LoadContext(context.graph, context.device, metadata, context.cache_dir, context.module_name)
@@ -144,6 +144,8 @@ def build_isolated(backend: Backend, module: torch.nn.Module, context: BuildCont
     loaded.build_info["worker_s"] = round(worker_s, 3)
     if session.executor.name != "local":
         loaded.build_info["executor"] = session.executor.name
+    if ahead is not None:
+        loaded.build_info["built_ahead"] = True  # build_time_s is then the wait for it, not the build
     return loaded
 
 

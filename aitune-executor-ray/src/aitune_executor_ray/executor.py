@@ -100,6 +100,7 @@ class RayBuild(BuildHandle):
                 answer["log_tail"],
             )
         task.unpack(answer["payload"], self.folder / "payload")
+        self.worker_s = float(answer["seconds"])
         metadata: dict[str, Any] = answer["metadata"]
         return metadata
 

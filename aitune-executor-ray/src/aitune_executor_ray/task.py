@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -52,6 +53,7 @@ def build(job: dict[str, Any], exported: dict[str, bytes]) -> dict[str, Any]:
         local = {**job, **isolation.folders(folder), "cache_dir": str(cache_dir())}
         if not os.environ.get("AITUNE_BUILD_MEMORY_MB"):  # the cap follows this node's memory
             local["memory_mb"] = isolation.memory_mb(torch.device(job["device"]))
+        start = time.perf_counter()
         try:
             metadata = isolation.run_job(local, folder)
         except isolation.WorkerBuildError as exc:
@@ -63,6 +65,7 @@ def build(job: dict[str, Any], exported: dict[str, bytes]) -> dict[str, Any]:
                 "log_tail": exc.log_tail,
                 "node": node,
             }
-        return {"ok": True, "metadata": metadata, "payload": pack(folder / "payload"), "node": node}
+        seconds = time.perf_counter() - start
+        return {"ok": True, "metadata": metadata, "payload": pack(folder / "payload"), "node": node, "seconds": seconds}
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -9,6 +9,7 @@ and tune with ``executor="threads"``.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from typing import Any
 
 from .. import hookimpl
@@ -16,8 +17,7 @@ from ..executor import BuildHandle, BuildRequest, Executor, ExecutorRegistry, Ex
 
 
 class _Future(BuildHandle):
-    def __init__(self, future: concurrent.futures.Future[dict[str, Any]]) -> None:
-        self.future = future
+    future: concurrent.futures.Future[dict[str, Any]]
 
     def result(self) -> dict[str, Any]:
         return self.future.result()
@@ -43,9 +43,17 @@ class ThreadedExecutor(Executor):
         from .. import isolation
 
         self.submitted.append(request.what)
-        return _Future(
-            self.pool.submit(isolation.run_worker, request.backend, request.notes, request.context, request.folder)
-        )
+        handle = _Future()
+
+        def run() -> dict[str, Any]:
+            start = time.perf_counter()
+            try:
+                return isolation.run_worker(request.backend, request.notes, request.context, request.folder)
+            finally:
+                handle.worker_s = time.perf_counter() - start
+
+        handle.future = self.pool.submit(run)
+        return handle
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
