@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from aitune import distributed
+from aitune.errors import ConfigError
 
 SCRIPT = Path(__file__).parent / "distributed_scripts" / "two_ranks.py"
 
@@ -81,3 +82,14 @@ def test_without_a_process_group_ranks_only_keep_their_own_folders(monkeypatch, 
         assert distributed.coordinator() is None
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert distributed.rank_label() is None and distributed.per_rank_path("t.json") == Path("t.json")
+
+
+def test_coordination_can_be_turned_off_for_applications_that_tune_on_one_rank(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("AITUNE_DISTRIBUTED", "off")
+    assert distributed.coordinator() is None  # no warning either: the application chose it
+    assert distributed.rank_label() == "rank-0-of-2", "the folders stay per rank"
+    monkeypatch.setenv("AITUNE_DISTRIBUTED", "maybe")
+    with pytest.raises(ConfigError, match="AITUNE_DISTRIBUTED='maybe' is not one of auto, off"):
+        distributed.coordinator()

@@ -6,7 +6,9 @@ gloo group that aitune makes on top of it, so that whatever the application's ba
 included) messages are CPU tensors of JSON text, never pickles, and waits obey
 ``AITUNE_DISTRIBUTED_TIMEOUT_S`` (default 2 hours: rank 0 may tune for long) rather than the
 application's own timeout. With only ``RANK``/``WORLD_SIZE`` set and no process group, ranks
-keep their own cache folders and reports but cannot agree, and aitune says so once.
+keep their own cache folders and reports but cannot agree, and aitune says so once. An
+application that tunes on some ranks only (``if rank == 0: ait.tune(...)``) sets
+``AITUNE_DISTRIBUTED=off``: every rank must call ``ait.tune`` together otherwise.
 
 Every step ends with an exchange of each rank's status, so a failure on any rank fails the tune
 on every rank with that rank's error, and no rank waits for one that gave up.
@@ -84,9 +86,18 @@ def timeout_s() -> float:
     return value
 
 
+def enabled() -> bool:
+    value = os.environ.get("AITUNE_DISTRIBUTED", "auto").strip().lower() or "auto"
+    if value not in ("auto", "off"):
+        raise ConfigError(f"AITUNE_DISTRIBUTED={value!r} is not one of auto, off")
+    return value == "auto"
+
+
 def coordinator() -> Coordinator | None:
     """The coordinator of this job's ranks, or None when there is nothing to coordinate."""
     global _warned
+    if not enabled():
+        return None
     if not _initialized():
         ranks = rank_and_size()
         if ranks is not None and not _warned:
