@@ -9,12 +9,13 @@ import pytest
 import torch
 
 import aitune.torch as ait
+from aitune.errors import ConfigError
 from aitune.testing import assert_matches_eager, faults
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.testing.faults import IsolatedToyBackend, RaisingBackend, SegfaultBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 from aitune_executor_ray import task, testing
-from aitune_executor_ray.executor import RayExecutor, task_resources
+from aitune_executor_ray.executor import RayExecutor, shared_dir, task_resources
 
 ray = pytest.importorskip("ray")
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
@@ -96,6 +97,26 @@ def test_a_build_that_crashes_costs_its_candidate_not_the_tune(backends):
     crashed, toy = report.modules[0].graphs[0].candidates
     assert crashed.status == "failed" and "SIGSEGV" in crashed.reason and "on Ray node" in crashed.reason
     assert toy.status == "selected"
+
+
+def test_with_a_shared_folder_files_travel_by_path_not_through_the_object_store(backends, tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv("AITUNE_RAY_SHARED_DIR", str(shared))
+    monkeypatch.setenv("AITUNE_BUILD_CACHE", "0")
+
+    def no_bytes(folder):
+        raise AssertionError("the files were packed for the object store")
+
+    monkeypatch.setattr(task, "pack", no_bytes)
+    model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(IsolatedToyBackend(), profiling_config=QUICK))
+    report = ait.tune(model, [torch.randn(2, 8)], executor="ray")
+    candidate = report.modules[0].graphs[0].candidates[0]
+    assert candidate.status == "selected" and candidate.build_info["executor"] == "ray", candidate.reason
+    assert not list(shared.iterdir()), "the shared build folder is removed once its payload is loaded"
+    monkeypatch.setenv("AITUNE_RAY_SHARED_DIR", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="is not a folder"):
+        shared_dir()
 
 
 def test_aitune_backends_shows_the_ray_cluster(ray_cluster):

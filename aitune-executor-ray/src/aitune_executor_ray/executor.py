@@ -3,8 +3,9 @@
 The user's process exports (JSON plus files, never a pickled module), submits every build right
 after recording, and keeps validation and profiling to itself. Each task asks for what its build
 needs: ``{"GPU": 1}`` (and this machine's GPU model, so an engine is built for the GPU it will run
-on) for a CUDA build, ``AITUNE_RAY_BUILD_CPUS`` CPUs (default 1) for a CPU build. The payload
-comes back through Ray's object store. A Ray worker that dies mid-build (node lost, killed, out of
+on) for a CUDA build, ``AITUNE_RAY_BUILD_CPUS`` CPUs (default 1) for a CPU build. The exported
+files and the payload travel through Ray's object store, or by path when ``AITUNE_RAY_SHARED_DIR``
+names a folder every node mounts (large ONNX files and engines). A Ray worker that dies mid-build (node lost, killed, out of
 memory) is retried once by Ray; a second death costs that candidate, never the tune.
 
 ``ray.init()`` is called only when Ray is not initialized yet, with Ray's own conventions:
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +76,24 @@ class _Answer(BuildHandle):
         raise self.error
 
 
+def shared_dir() -> Path | None:
+    """``AITUNE_RAY_SHARED_DIR``: a folder every node mounts, so files travel by path, not through Ray."""
+    raw = os.environ.get("AITUNE_RAY_SHARED_DIR", "").strip()
+    if not raw:
+        return None
+    path = Path(raw)
+    if not path.is_dir():
+        from aitune.errors import ConfigError
+
+        raise ConfigError(f"AITUNE_RAY_SHARED_DIR={raw!r} is not a folder; create it on a filesystem every node mounts")
+    return path
+
+
 class RayBuild(BuildHandle):
     """One build running as a Ray task."""
 
-    def __init__(self, ref: Any, folder: Path, what: str) -> None:
-        self.ref, self.folder, self.what = ref, folder, what
+    def __init__(self, ref: Any, folder: Path, what: str, shared: Path | None = None) -> None:
+        self.ref, self.folder, self.what, self.shared = ref, folder, what, shared
 
     def result(self) -> dict[str, Any]:
         import ray
@@ -99,7 +115,11 @@ class RayBuild(BuildHandle):
                 answer["exit_code"],
                 answer["log_tail"],
             )
-        task.unpack(answer["payload"], self.folder / "payload")
+        if self.shared is not None:
+            shutil.copytree(self.shared / "payload", self.folder / "payload", dirs_exist_ok=True)
+            shutil.rmtree(self.shared, ignore_errors=True)
+        else:
+            task.unpack(answer["payload"], self.folder / "payload")
         self.worker_s = float(answer["seconds"])
         metadata: dict[str, Any] = answer["metadata"]
         return metadata
@@ -113,6 +133,8 @@ class RayBuild(BuildHandle):
         import ray
 
         ray.cancel(self.ref, force=True)
+        if self.shared is not None:
+            shutil.rmtree(self.shared, ignore_errors=True)
 
 
 class RayExecutor(Executor):
@@ -138,8 +160,14 @@ class RayExecutor(Executor):
         missing = self._unschedulable(options)
         if missing:
             return _Answer(WorkerBuildError(f"{request.what} cannot run on this Ray cluster: {missing}", "exit"))
-        exported = task.pack(request.folder / "exported")
-        ref = self._remote.options(name=f"aitune: {request.what}", **options).remote(job, ray.put(exported))
+        remote = self._remote.options(name=f"aitune: {request.what}", **options)
+        shared = shared_dir()
+        if shared is not None:
+            folder = Path(tempfile.mkdtemp(prefix="aitune-build-", dir=shared))
+            shutil.copytree(request.folder / "exported", folder / "exported")
+            ref = remote.remote(job, None, str(folder))
+            return RayBuild(ref, request.folder, job["what"], folder)
+        ref = remote.remote(job, ray.put(task.pack(request.folder / "exported")))
         return RayBuild(ref, request.folder, job["what"])
 
     @staticmethod

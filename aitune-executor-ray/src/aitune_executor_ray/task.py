@@ -3,7 +3,8 @@
 The task gets the job's JSON and the exported files as bytes (through Ray's object store), writes
 them into a scratch folder on its node, and runs :func:`aitune.isolation.run_job` there: the same
 ``python -m aitune.worker`` process, time limit, memory cap and crash diagnosis as a local build.
-It answers with JSON-able data and the payload files as bytes. A failed build is an answer
+It answers with JSON-able data and the payload files as bytes (or, when ``AITUNE_RAY_SHARED_DIR``
+names a folder every node mounts, leaves both the exported files and the payload there). A failed build is an answer
 (``ok: False``), not an exception, so only a dead Ray worker makes Ray retry the task.
 """
 
@@ -39,17 +40,22 @@ def unpack(files: dict[str, bytes], folder: Path) -> None:
         target.write_bytes(data)
 
 
-def build(job: dict[str, Any], exported: dict[str, bytes]) -> dict[str, Any]:
-    """Run one build job on this node; returns ``{"ok", "metadata", "payload", "node"}`` or the failure."""
+def build(job: dict[str, Any], exported: dict[str, bytes] | None, shared: str | None = None) -> dict[str, Any]:
+    """Run one build job on this node; returns ``{"ok", "metadata", "payload", "node"}`` or the failure.
+
+    With ``shared`` (a folder every node mounts, holding ``exported/``) the files stay on that
+    path both ways and ``payload`` is None.
+    """
     import torch
 
     from aitune import isolation
     from aitune.cache import cache_dir
 
     node = socket.gethostname()
-    folder = Path(tempfile.mkdtemp(prefix="aitune-ray-build-"))
+    folder = Path(shared) if shared else Path(tempfile.mkdtemp(prefix="aitune-ray-build-"))
     try:
-        unpack(exported, folder / "exported")
+        if exported is not None:
+            unpack(exported, folder / "exported")
         local = {**job, **isolation.folders(folder), "cache_dir": str(cache_dir())}
         if not os.environ.get("AITUNE_BUILD_MEMORY_MB"):  # the cap follows this node's memory
             local["memory_mb"] = isolation.memory_mb(torch.device(job["device"]))
@@ -66,6 +72,8 @@ def build(job: dict[str, Any], exported: dict[str, bytes]) -> dict[str, Any]:
                 "node": node,
             }
         seconds = time.perf_counter() - start
-        return {"ok": True, "metadata": metadata, "payload": pack(folder / "payload"), "node": node, "seconds": seconds}
+        payload = None if shared else pack(folder / "payload")
+        return {"ok": True, "metadata": metadata, "payload": payload, "node": node, "seconds": seconds}
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if not shared:
+            shutil.rmtree(folder, ignore_errors=True)
