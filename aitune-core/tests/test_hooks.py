@@ -18,6 +18,7 @@ from aitune.graph import infer_graph
 from aitune.report import ProfileResult, ValidationReport
 from aitune.testing import TinyMLP, assert_matches_eager, tiny_samples
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.faults import IsolatedToyBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
@@ -76,6 +77,13 @@ def test_firstresult_hooks_say_so(hook):
         assert "Stops at the first non-None result" in doc
 
 
+@pytest.fixture
+def fault_backends(toy_backends, register_plugin):
+    from aitune.testing import faults
+
+    return register_plugin(faults, name="aitune.testing.faults", distribution="aitune-core")
+
+
 def _fast_model():
     return ait.Module(
         SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(ToyConfig()), profiling_config=QUICK)
@@ -103,6 +111,23 @@ def test_hook_aitune_register_backends(aitune_manager, register_plugin):
 
     register_plugin(Late(), distribution="late-dist")  # registered after discovery: historic still calls it
     assert aitune_manager.registry.distribution("late") == "late-dist"
+
+
+def test_hook_aitune_register_executors(aitune_manager, fault_backends, register_plugin):
+    from aitune.executor import ExecutorSpec
+
+    class Late:
+        @hookimpl
+        def aitune_register_executors(self, registry):
+            registry.add(ExecutorSpec(name="late", executor_class="aitune.testing.executors:ThreadedExecutor"))
+
+    register_plugin(Late(), distribution="late-dist")  # registered after discovery: historic still calls it
+    assert aitune_manager.executors.distribution("late") == "late-dist"
+    model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(IsolatedToyBackend(), profiling_config=QUICK))
+    report = ait.tune(model, [torch.randn(2, 8)], executor="late")
+    candidate = report.modules[0].graphs[0].candidates[0]
+    assert candidate.status == "selected", candidate.reason
+    assert candidate.build_info["executor"] == "threads", "the executor the user named ran the build"
 
 
 def test_hook_aitune_build(toy_backends, register_plugin, tmp_path):

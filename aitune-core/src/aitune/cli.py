@@ -123,6 +123,62 @@ def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON for 
         "aitune backends",
         {"available": "green", "unavailable": "yellow", "failed to load": "red"},
     )
+    if sys.stdout.isatty():  # piped, the output stays one table of backends (`aitune executors` lists these)
+        _print_executors(_executor_rows())
+
+
+def _executor_rows() -> list[dict[str, Any]]:
+    """Every installed executor, whether it can run here, and what it sees (a cluster's resources)."""
+    from .executor import chosen
+    from .plugins import get_manager
+
+    executors = get_manager().executors
+    rows: list[dict[str, Any]] = []
+    for name in executors.names():
+        reason = executors.reason(name)
+        row: dict[str, Any] = {
+            "executor": name,
+            "distribution": executors.distribution(name),
+            "selected": name == chosen(),
+            "status": "available" if reason is None else "unavailable",
+            "reason": reason,
+            "resources": {},
+        }
+        if reason is None:
+            try:
+                row["resources"] = executors.executor_class(name).describe()
+            except Exception as exc:  # describing must not take the listing down
+                row["reason"] = f"cannot describe it: {type(exc).__name__}: {exc}"
+        rows.append(row)
+    return rows
+
+
+def _print_executors(rows: list[dict[str, Any]]) -> None:
+    cells = []
+    for row in rows:
+        name = f"{row['executor']} (selected)" if row["selected"] else row["executor"]
+        facts = ", ".join(f"{k}: {_resource(v)}" for k, v in row["resources"].items()) or (row["reason"] or "")
+        cells.append([name, row["distribution"], row["status"], facts])
+    print_table(
+        ("executor", "distribution", "status", "resources"),
+        cells,
+        "aitune executors (where isolated builds run; AITUNE_EXECUTOR picks one)",
+        {"available": "green", "unavailable": "yellow"},
+    )
+
+
+def _resource(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@app.command()
+def executors(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """List where isolated builds can run (local, ray...) and the resources each one sees."""
+    rows = _executor_rows()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+    else:
+        _print_executors(rows)
 
 
 @app.command()

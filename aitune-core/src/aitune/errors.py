@@ -80,3 +80,11 @@ class ArtifactIntegrityError(ArtifactError):
 
 class SerializationError(ArtifactError):
     """A backend cannot save or load its payload."""
+
+
+class DistributedTuneError(TuningError):
+    """Ranks of a ``torch.distributed`` job could not tune together; ``rank`` is the one that failed."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank

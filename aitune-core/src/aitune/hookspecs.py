@@ -7,7 +7,8 @@ hooks with the :data:`aitune.hookimpl` marker. Core ships its own defaults as th
 
 There are three kinds of hooks:
 
-* **registration**: ``aitune_register_backends``, historic, so late plugins are still heard;
+* **registration**: ``aitune_register_backends`` and ``aitune_register_executors``, historic, so
+  late plugins are still heard;
 * **operations**: ``aitune_build``, ``aitune_validate``, ``aitune_profile``, ``aitune_serialize``,
   ``aitune_deserialize``; each is *firstresult*: the first non-None result wins and the rest are
   not called;
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from .backend import Backend, BuildContext, LoadContext
+    from .executor import ExecutorRegistry
     from .graph import GraphSpec, Sample
     from .registry import BackendRegistry
     from .report import CandidateReport, TuneReport, ValidationReport
@@ -47,6 +49,17 @@ def aitune_register_backends(registry: BackendRegistry) -> None:
     already registered raises :class:`~aitune.errors.DuplicateBackendError` naming both; a spec
     whose Backend class cannot be imported or disagrees with it (name, config class, devices), or
     whose name does not match its entry point, raises :class:`~aitune.errors.PluginError`.
+    """
+
+
+@hookspec(historic=True)
+def aitune_register_executors(registry: ExecutorRegistry) -> None:
+    """Declare where isolated builds can run, with ``registry.add(ExecutorSpec(...))``.
+
+    An executor (:class:`~aitune.executor.Executor`) takes exported build jobs (JSON and files,
+    never a pickled module) and runs them: core's ``local`` one in worker processes here,
+    ``aitune-executor-ray``'s as Ray tasks. Users pick one with ``ait.tune(..., executor=NAME)`` or
+    ``AITUNE_EXECUTOR``. Historic: a plugin registered after discovery is still called.
     """
 
 

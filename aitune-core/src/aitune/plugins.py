@@ -19,6 +19,7 @@ import pluggy
 
 from . import converter, hookspecs
 from .errors import PluginError, PluginLoadError
+from .executor import ExecutorRegistry
 from .registry import BackendRegistry
 
 ENTRY_POINT_GROUP = "aitune"
@@ -53,10 +54,13 @@ class AituneManager:
         self.pm = pluggy.PluginManager("aitune")
         self.pm.add_hookspecs(hookspecs)
         self.registry = BackendRegistry()
+        self.executors = ExecutorRegistry()
         self.plugins: dict[str, PluginInfo] = {}
         self._loaded_entry_points = False
         self._lock = threading.RLock()
         self.pm.hook.aitune_register_backends.call_historic(kwargs={"registry": self.registry})
+        self.pm.hook.aitune_register_executors.call_historic(kwargs={"registry": self.executors})
+        from . import executor
         from .builtin import buildcache, eager, isolation, journal, operations
 
         # plugins that call other hooks are handed this manager's relay, never a global one
@@ -66,6 +70,7 @@ class AituneManager:
         self.register(
             isolation.Isolation(self.pm.hook), name="aitune.builtin.isolation", distribution=CORE_DISTRIBUTION
         )
+        self.register(executor, name="aitune.builtin.executor", distribution=CORE_DISTRIBUTION)
         self.register(journal, name="aitune.builtin.journal", distribution=CORE_DISTRIBUTION)
         self.register(eager, name="aitune.builtin.eager", distribution=CORE_DISTRIBUTION)
 
@@ -84,20 +89,20 @@ class AituneManager:
             name = name or getattr(plugin, "__name__", None) or repr(plugin)
             if self.pm.has_plugin(name) or self.pm.is_registered(plugin):
                 return
-            self.registry._registering = distribution
+            self.registry._registering = self.executors._registering = distribution
             self.registry._entry_point = name if entry_point else None
-            before = dict(self.registry._entries)
+            before, executors_before = dict(self.registry._entries), dict(self.executors._entries)
             try:
                 self.pm.register(plugin, name=name)
             except Exception as exc:
                 if self.pm.is_registered(plugin):
                     self.pm.unregister(plugin)
-                self.registry._entries = before
+                self.registry._entries, self.executors._entries = before, executors_before
                 if isinstance(exc, PluginError):
                     raise
                 raise PluginError(f"plugin {name!r} from {distribution} failed to register: {exc}") from exc
             finally:
-                self.registry._registering = "unknown"
+                self.registry._registering = self.executors._registering = "unknown"
                 self.registry._entry_point = None
             self.plugins[name] = PluginInfo(name, distribution, _dist_version(distribution))
 

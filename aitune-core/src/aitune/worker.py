@@ -29,6 +29,23 @@ def _cap_memory(megabytes: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Ask Linux to end this worker when the process that started it dies (a killed Ray worker,
+    a user's process stopped with SIGKILL), so no orphaned build keeps a GPU busy."""
+    if not parent_pid or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import os
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(EXIT_FAILED)
+
+
 def _backend_class(job: dict[str, Any]) -> Any:
     from .backend import Backend
 
@@ -67,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = json.loads(Path(argv[0]).read_text())
         result_path = Path(job["result"])
+        _die_with_parent(job.get("parent_pid"))
         _cap_memory(job.get("memory_mb"))
     except Exception as exc:
         print(f"aitune worker: unusable job ({type(exc).__name__}: {exc})", file=sys.stderr)

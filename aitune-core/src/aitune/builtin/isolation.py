@@ -112,21 +112,34 @@ class Isolation:
 
     @hookimpl(specname="aitune_build")
     def build_isolated(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
-        """Build in a worker when isolation applies and the backend can export; else leave it to the default."""
+        """Build in a worker when isolation applies and the backend can export; else leave it to the default.
+
+        The tune's executor runs the worker (:mod:`aitune.executor`); a build it was handed ahead is
+        taken here instead of exporting again.
+        """
         if not isolated(backend):
             return None
-        folder = Path(tempfile.mkdtemp(prefix="isolated-", dir=context.workdir))
-        exported, payload = folder / "exported", folder / "payload"
-        exported.mkdir()
-        notes = backend.export(module, context, exported)
-        if notes is None:
-            return None
+        from ..executor import BuildRequest, active
+
+        session = active()
+        ahead = session.take(backend, module, context)
         start = time.perf_counter()
-        metadata = run_worker(backend, notes, context, folder)
-        worker_s = time.perf_counter() - start
+        if ahead is not None:
+            request, handle = ahead
+        else:
+            folder = Path(tempfile.mkdtemp(prefix="isolated-", dir=context.workdir))
+            (folder / "exported").mkdir()
+            notes = backend.export(module, context, folder / "exported")
+            if notes is None:
+                return None
+            start = time.perf_counter()
+            request = BuildRequest(backend, notes, context, folder)
+            handle = session.executor.submit(request)
+        metadata = handle.result()
+        worker_s = handle.worker_s if handle.worker_s is not None else time.perf_counter() - start
         load_context = LoadContext(context.graph, context.device, metadata, context.cache_dir, context.module_name)
         loaded: Backend = self.hook.aitune_deserialize(
-            backend=backend, module=module, directory=payload, context=load_context
+            backend=backend, module=module, directory=request.folder / "payload", context=load_context
         )
         # a build warms up on the recorded samples; the worker never saw them, so warm up here
         # (CUDA-graph capture, lazy runtime init), keeping the user's first call free of that cost
@@ -135,31 +148,52 @@ class Isolation:
                 loaded.infer(*sample.args, **sample.kwargs)
         loaded.build_info["isolated"] = True
         loaded.build_info["worker_s"] = round(worker_s, 3)
+        if session.executor.name != "local":
+            loaded.build_info["executor"] = session.executor.name
+        if ahead is not None:
+            loaded.build_info["built_ahead"] = True  # build_time_s is then the wait for it, not the build
         return loaded
 
 
-def run_worker(backend: Backend, notes: dict[str, Any], context: BuildContext, folder: Path) -> dict[str, Any]:
-    """Run ``build_exported`` for ``backend`` in a worker; returns the payload's metadata or raises."""
-    limit, cap = timeout_s(), memory_mb(context.device)
-    result, log = folder / "result.json", folder / "worker.log"
-    job = {
+def worker_job(backend: Backend, notes: dict[str, Any], context: BuildContext, folder: Path) -> dict[str, Any]:
+    """The JSON a worker builds from: names, config, graph and folders, never a pickled object."""
+    return {
         "backend": backend.name,
         "backend_class": _class_path(type(backend)),
         "config": unstructure(backend.config),
         "graph": unstructure(context.graph),
         "device": str(context.device),
-        "exported": str(folder / "exported"),
         "notes": notes,
-        "payload": str(folder / "payload"),
-        "workdir": str(folder),
         "cache_dir": str(context.cache_dir),
         "module_name": context.module_name,
-        "result": str(result),
-        "memory_mb": cap,
+        "memory_mb": memory_mb(context.device),
+        "timeout_s": timeout_s(),
+        "what": f"{backend.name} build of {context.module_name or 'the module'} in a worker process",
+        **folders(folder),
     }
+
+
+def folders(folder: Path) -> dict[str, str]:
+    """The job's paths inside ``folder``: another machine rewrites them for its own copy."""
+    return {
+        "exported": str(folder / "exported"),
+        "payload": str(folder / "payload"),
+        "workdir": str(folder),
+        "result": str(folder / "result.json"),
+    }
+
+
+def run_worker(backend: Backend, notes: dict[str, Any], context: BuildContext, folder: Path) -> dict[str, Any]:
+    """Run ``build_exported`` for ``backend`` in a worker; returns the payload's metadata or raises."""
+    return run_job(worker_job(backend, notes, context, folder), folder)
+
+
+def run_job(job: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Run one job (see :func:`worker_job`) in ``python -m aitune.worker`` under its time limit."""
+    limit, cap, what = float(job["timeout_s"]), job.get("memory_mb"), job["what"]
+    result, log = Path(job["result"]), folder / "worker.log"
     job_path = folder / "job.json"
-    job_path.write_text(json.dumps(job, default=str))
-    what = f"{backend.name} build of {context.module_name or 'the module'} in a worker process"
+    job_path.write_text(json.dumps({**job, "parent_pid": os.getpid()}, default=str))
     with open(log, "wb") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "aitune.worker", str(job_path)],

@@ -19,22 +19,23 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from .. import __version__, distributed
+from .. import executor as executors
 from ..backend import Backend, Tolerance
 from ..errors import AituneError, InputError
 from ..graph import infer_graph
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, TuneReport
-from . import recording
+from . import fanout, ranks, recording
 from .candidates import GraphTuning, narrow
 from .module import Module, wrapped_modules
 from .progress import TuneProgress, step
 from .strategies import MaxThroughputStrategy, TuneStrategy
 
 logger = logging.getLogger("aitune")
-
 AITUNE_DEFAULT_BATCH_SIZES = (1, 2)
 """What ``batch_sizes=None`` means for data of batch-1 items, as in AITune."""
+
 
 
 def _call(fn: Callable[..., Any], sample: Any) -> Any:
@@ -94,6 +95,7 @@ def tune(
     dry_run: bool = False,
     max_num_batches_per_batch_size: int | None = None,
     set_eval: bool = False,
+    executor: str | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -106,7 +108,9 @@ def tune(
     ``dry_run=True`` records and reports the graphs without building anything. Returns the
     tuning report (also written to ``report_path`` when given). ``show_progress`` (default: when
     stderr is a terminal) shows each step live; every step is logged on the ``aitune`` logger
-    either way. Arguments left as None take their value from :mod:`aitune.torch.config`.
+    either way. ``executor`` names where isolated builds run (``"local"``, ``"ray"``; default
+    ``AITUNE_EXECUTOR``, else local). Arguments left as None take their value from
+    :mod:`aitune.torch.config`.
 
     Tuning is for inference: a wrapped module in training mode whose code reads ``self.training``
     (Dropout, BatchNorm, ...) is refused, or with ``set_eval=True`` switched to eval mode (logged).
@@ -131,7 +135,8 @@ def tune(
     fail = config.fail_fast if fail_fast is None else fail_fast
     _inference_mode(wrapped_modules(model_or_callable), set_eval)
     kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
-    with TuneProgress(config.show_progress if show_progress is None else show_progress), kept:
+    progress = TuneProgress(config.show_progress if show_progress is None else show_progress)
+    with progress, kept, executors.session(executor):
         return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances, dry_run)
 
 
@@ -179,6 +184,63 @@ def _tune(
 ) -> TuneReport:
     started = time.perf_counter()
     manager = get_manager()
+    group = distributed.coordinator()  # None in a single process
+    with distributed.step(group, "recording") as outbox:
+        session = _record(model_or_callable, dataset, max_samples)
+        modules = [rec.module for rec in session.modules.values()]
+        tune_device = torch.device(device) if device is not None else _device_of(modules)
+        defaults = default_backends(tune_device)
+        if group is not None:
+            outbox["plan"] = ranks.plan(list(session.modules.values()), tune_device, batch_sizes, defaults)
+    if group is not None:
+        ranks.agree(group)
+    report = TuneReport(
+        aitune_version=__version__,
+        device=str(tune_device),
+        started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        environment=environment(tune_device),
+    )
+    if report_path is not None:
+        report_path = distributed.per_rank_path(report_path)
+    manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
+    env = report.environment
+    logger.info(
+        "timing with %s intra-op and %s inter-op threads, OMP_WAIT_POLICY %s",
+        env["threads"],
+        env["interop_threads"],
+        env["omp_wait_policy"],
+    )
+
+    def tune_all() -> None:
+        if not dry_run:
+            fanout.submit_ahead(list(session.modules.values()), tune_device, batch_sizes, defaults)
+        for rec in session.modules.values():
+            module_report = tune_recorded(
+                rec, tune_device, batch_sizes, defaults, tolerances, fail_fast, AITUNE_DEFAULT_BATCH_SIZES, dry_run
+            )
+            report.modules.append(module_report)
+            logger.info("%s", module_report.summary)
+
+    try:
+        if group is None:
+            tune_all()
+        else:
+            ranks.tune_together(
+                group, tune_all, list(session.modules.values()), report, tune_device, batch_sizes, defaults, tolerances
+            )
+    except BaseException as exc:
+        report.duration_s = time.perf_counter() - started
+        manager.hook.aitune_tune_failed(report=report, error=exc)
+        raise
+    report.duration_s = time.perf_counter() - started
+    manager.hook.aitune_tune_finished(report=report)
+    if report_path is not None:
+        report.save(report_path)
+    return report
+
+
+def _record(model_or_callable: Any, dataset: Iterable[Any], max_samples: int) -> recording.RecordingSession:
+    """Run the dataset through the model, recording every ait.Module it calls."""
     known = wrapped_modules(model_or_callable)
     if isinstance(model_or_callable, torch.nn.Module) and not known:
         raise InputError(
@@ -207,39 +269,7 @@ def _tune(
             "no ait.Module was called while running the dataset through the model: wrap the modules "
             "that the pipeline calls, or check that the dataset reaches them"
         )
-    modules = [rec.module for rec in session.modules.values()]
-    tune_device = torch.device(device) if device is not None else _device_of(modules)
-    report = TuneReport(
-        aitune_version=__version__,
-        device=str(tune_device),
-        started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        environment=environment(tune_device),
-    )
-    manager.hook.aitune_tune_started(report=report, report_path=Path(report_path) if report_path is not None else None)
-    env = report.environment
-    logger.info(
-        "timing with %s intra-op and %s inter-op threads, OMP_WAIT_POLICY %s",
-        env["threads"],
-        env["interop_threads"],
-        env["omp_wait_policy"],
-    )
-    try:
-        defaults = default_backends(tune_device)
-        for rec in session.modules.values():
-            module_report = tune_recorded(
-                rec, tune_device, batch_sizes, defaults, tolerances, fail_fast, AITUNE_DEFAULT_BATCH_SIZES, dry_run
-            )
-            report.modules.append(module_report)
-            logger.info("%s", module_report.summary)
-    except BaseException as exc:
-        report.duration_s = time.perf_counter() - started
-        manager.hook.aitune_tune_failed(report=report, error=exc)
-        raise
-    report.duration_s = time.perf_counter() - started
-    manager.hook.aitune_tune_finished(report=report)
-    if report_path is not None:
-        report.save(report_path)
-    return report
+    return session
 
 
 def check_devices(module: Module) -> None:
@@ -291,6 +321,20 @@ def _strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
     return config.default_strategy() if config.default_strategy is not None else MaxThroughputStrategy()
 
 
+def sizes_for(
+    graph_rec: Any, batch_sizes: Sequence[int] | None, batch_one_sizes: Sequence[int] | None = AITUNE_DEFAULT_BATCH_SIZES
+) -> Sequence[int] | None:
+    """The batch sizes one graph is tuned for: ``batch_sizes``, or for batch-1 data ``batch_one_sizes``."""
+    return batch_sizes or (batch_one_sizes if _batch_one(graph_rec.samples) else None)
+
+
+def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any:
+    """The graph spec of one recorded input structure of ``module``, for the batch sizes of :func:`sizes_for`."""
+    return infer_graph(
+        graph_rec.samples, module._canonicalize.arg_names, module.dynamic_shapes, sizes, graph_rec.outputs
+    )
+
+
 def tune_recorded(
     rec: recording.ModuleRecording,
     device: torch.device,
@@ -314,14 +358,8 @@ def tune_recorded(
         for index, graph_rec in enumerate(rec.graphs.values()):
             if graph_rec.error:
                 raise InputError(f"{module.name}: a recorded call cannot be tuned: {graph_rec.error}")
-            sizes = batch_sizes or (batch_one_sizes if _batch_one(graph_rec.samples) else None)
-            graph = infer_graph(
-                graph_rec.samples,
-                module._canonicalize.arg_names,
-                module.dynamic_shapes,
-                sizes,
-                graph_rec.outputs,
-            )
+            sizes = sizes_for(graph_rec, batch_sizes, batch_one_sizes)
+            graph = graph_of(module, graph_rec, sizes)
             strategy = _strategy_for(module, index, graph.key)
             graph_report = GraphReport(graph_key=graph.key, graph=_graph_json(graph))
             report.graphs.append(graph_report)

@@ -1,0 +1,66 @@
+"""Every build of a pipeline handed to a concurrent executor right after recording.
+
+A strategy builds its candidates one after the other. When the tune's executor runs builds side
+by side (a Ray cluster), waiting for each in turn would waste it, so the builds that run in a
+worker are exported and submitted here, all at once; the strategy's own ``build`` then takes the
+finished result (see :meth:`aitune.executor.BuildSession.take`). FirstWins builds lazily by its
+rules, so only its first candidate goes ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from .. import executor
+from ..backend import Backend, BuildContext
+from ..errors import AituneError
+from . import recording
+
+logger = logging.getLogger("aitune")
+
+
+def submit_ahead(
+    recordings: Sequence[recording.ModuleRecording],
+    device: torch.device,
+    batch_sizes: Sequence[int] | None,
+    defaults: Sequence[Backend],
+) -> int:
+    """Submit every candidate build of every recorded graph; returns how many went ahead."""
+    session = executor.active()
+    if not session.executor.concurrent:
+        return 0
+    from ..cache import cache_dir
+    from ..plugins import get_manager
+    from .strategies import FirstWinsStrategy
+    from .tuner import _strategy_for, graph_of, sizes_for
+
+    registry = get_manager().registry
+    submitted = 0
+    for rec in recordings:
+        module = rec.module
+        for index, graph_rec in enumerate(rec.graphs.values()):
+            if graph_rec.error:
+                continue
+            try:
+                graph = graph_of(module, graph_rec, sizes_for(graph_rec, batch_sizes))
+            except AituneError:
+                continue  # the strategy's turn reports it
+            strategy = _strategy_for(module, index, graph.key)
+            templates = strategy.candidates(defaults)
+            if isinstance(strategy, FirstWinsStrategy):
+                templates = templates[:1]
+            for template in templates:
+                backend = template.clone()
+                if backend.name in registry and registry.status(backend.name).reason(device.type):
+                    continue
+                if backend.unsupported_reason(graph, device):
+                    continue
+                context = BuildContext(graph, graph_rec.samples, device, session.folder(), cache_dir(), module.name)
+                with torch.no_grad(), recording.bypass():
+                    submitted += session.submit_ahead(backend, module.module, context)
+    if submitted:
+        logger.info("%d builds submitted to the %s executor", submitted, session.executor.name)
+    return submitted

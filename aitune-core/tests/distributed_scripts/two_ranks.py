@@ -1,0 +1,106 @@
+"""Run by torchrun with two gloo ranks (see test_distributed.py); writes each scenario's outcome
+per rank as JSON into the folder given as the first argument."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import aitune.torch as ait
+from aitune import converter, hookimpl
+from aitune.plugins import get_manager
+from aitune.testing import assert_matches_eager
+from aitune.testing import backends as toys
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+
+QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+
+
+class Pipeline(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        candidates = [ToyBackend(ToyConfig(speed=0.0)), ToyBackend(ToyConfig(speed=0.02))]
+        self.encoder = ait.Module(SlowModule(), "encoder", strategy=ait.MaxThroughputStrategy(candidates, QUICK))
+        routed = ait.MaxThroughputStrategy(candidates, QUICK, per_batch_size=True)  # decisions by batch range
+        self.head = ait.Module(SlowModule(), "head", strategy=routed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def installed(model: Pipeline) -> list[list[str]]:
+    return [
+        [f"{b.name}:{getattr(b.config, 'speed', '')}" for _, b in m.tuned_graphs] for m in (model.encoder, model.head)
+    ]
+
+
+class InjectedFailure:
+    @hookimpl(tryfirst=True)
+    def aitune_build(self, backend, module, context):
+        raise RuntimeError(f"injected build failure on rank {dist.get_rank()}")
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    manager = get_manager()
+    manager.register(toys, name="aitune.testing.backends", distribution="aitune-core")
+    converter.reset()
+    torch.manual_seed(rank)  # each rank its own data, of the same shapes
+    data = [torch.randn(2, 8), torch.randn(4, 8)]
+    outcome: dict = {"rank": rank}
+
+    # 1. the ranks agree; the artifact rank 0 saves loads on both
+    model = Pipeline()
+    report = ait.tune(model, data, report_path=out / "tune.json")
+    outcome["decisions"] = [g.decision for m in report.modules for g in m.graphs]
+    outcome["routes"] = [[r.backend for r in g.routes] for m in report.modules for g in m.graphs]
+    outcome["installed"] = installed(model)
+    outcome["distributed"] = report.environment.get("distributed")
+    outcome["winner_validated_here"] = all(
+        c.validation is not None and c.validation.passed
+        for m in report.modules
+        for g in m.graphs
+        for c in g.candidates
+        if c.status == "selected"
+    )
+    if rank == 0:
+        ait.save(model, out / "model.ait")
+    dist.barrier()
+    loaded = ait.load(Pipeline(), out / "model.ait")
+    x = torch.randn(3, 8)
+    assert_matches_eager(loaded(x), model.head.module(model.encoder.module(x)))
+    outcome["loaded"] = installed(loaded)
+
+    # 2. ranks that recorded different shapes refuse to share a decision, on both ranks
+    other = [torch.randn(2, 8), torch.randn(6 if rank else 4, 8)]
+    try:
+        ait.tune(Pipeline(), other)
+        outcome["mismatch"] = None
+    except Exception as exc:
+        outcome["mismatch"] = f"{type(exc).__name__}: {exc}"
+
+    # 3. a build failure injected on rank 1 fails the tune on both ranks, which then run eager
+    if rank == 1:
+        manager.register(InjectedFailure(), name="injected-failure")
+    failing = Pipeline()
+    try:
+        ait.tune(failing, data)
+        outcome["injected"] = None
+    except Exception as exc:
+        outcome["injected"] = f"{type(exc).__name__}: {exc}"
+    outcome["states_after_failure"] = [failing.encoder.state, failing.head.state]
+
+    (out / f"outcome-{rank}.json").write_text(json.dumps(outcome))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Executors: where isolated builds run, chosen per tune; a concurrent one gets every build at once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aitune.torch as ait
+from aitune import executor, hookimpl
+from aitune.errors import ConfigError
+from aitune.testing import assert_matches_eager, executors
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.faults import IsolatedToyBackend, RaisingBackend
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+
+QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+
+
+@pytest.fixture
+def threads(toy_backends, register_plugin):
+    from aitune.testing import faults
+
+    register_plugin(faults, name="aitune.testing.faults", distribution="aitune-core")
+    return register_plugin(executors, name="aitune.testing.executors", distribution="aitune-core")
+
+
+class Pipeline(torch.nn.Module):
+    """Two modules, each with its own candidates: an isolated one, an in-process one, a failing one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = ait.Module(SlowModule(), "encoder", strategy=self._strategy(0.0, 0.5))
+        self.head = ait.Module(SlowModule(), "head", strategy=self._strategy(0.6, 0.0))
+
+    @staticmethod
+    def _strategy(isolated_speed: float, toy_speed: float) -> ait.MaxThroughputStrategy:
+        backends = [IsolatedToyBackend(ToyConfig(speed=isolated_speed)), ToyBackend(ToyConfig(speed=toy_speed))]
+        return ait.MaxThroughputStrategy(backends=[*backends, RaisingBackend()], profiling_config=QUICK)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def _decisions(report):
+    return [
+        (m.name, [(g.decision, [(c.backend, c.status) for c in g.candidates]) for g in m.graphs])
+        for m in report.modules
+    ]
+
+
+class WatchProfiling:
+    """Counts the builds still running whenever profiling starts."""
+
+    def __init__(self) -> None:
+        self.in_flight: list[int] = []
+
+    @hookimpl
+    def aitune_profile(self, runners, batch_size, config, device):
+        session = executor.active()
+        self.in_flight.append(sum(not a.handle.future.done() for a in session._ahead.values()))
+
+
+def test_a_concurrent_executor_gets_every_build_first_and_decides_as_local(threads, register_plugin, monkeypatch):
+    monkeypatch.setenv("AITUNE_BUILD_CACHE", "0")
+    data = [torch.randn(2, 8), torch.randn(4, 8)]
+    local = ait.tune(Pipeline(), data, executor="local")
+    submitted = []
+    real_submit = executors.ThreadedExecutor.submit
+    monkeypatch.setattr(
+        executors.ThreadedExecutor, "submit", lambda self, r: submitted.append(r.what) or real_submit(self, r)
+    )
+    model, watch = Pipeline(), register_plugin(WatchProfiling())
+    report = ait.tune(model, data, executor="threads")
+    assert watch.in_flight and not any(watch.in_flight), "profiling started only once no build was running"
+    assert _decisions(report) == _decisions(local)
+    assert [d for _, graphs in _decisions(report) for d, _ in graphs] == ["toy_isolated", "toy"]
+    assert submitted == [
+        "toy_isolated build of encoder",
+        "fault_raise build of encoder",
+        "toy_isolated build of head",
+        "fault_raise build of head",
+    ], "the isolated builds of both modules went out before any was taken; the in-process toy did not"
+    ahead = next(c for c in report.modules[0].graphs[0].candidates if c.backend == "toy_isolated")
+    assert ahead.build_info["built_ahead"] and ahead.build_info["worker_s"] > 0, "the report keeps the build's own time"
+    failed = next(c for c in report.modules[0].graphs[0].candidates if c.backend == "fault_raise")
+    assert failed.status == "failed" and "rejected the graph on purpose" in failed.reason
+    x = torch.randn(3, 8)
+    assert_matches_eager(model(x), model.head.module(model.encoder.module(x)))
+
+
+def test_the_executor_comes_from_the_environment_and_unknown_names_say_what_exists(threads, monkeypatch):
+    monkeypatch.setenv("AITUNE_EXECUTOR", "threads")
+    model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(IsolatedToyBackend(), profiling_config=QUICK))
+    report = ait.tune(model, [torch.randn(2, 8)])
+    assert report.modules[0].graphs[0].candidates[0].build_info["executor"] == "threads"
+    monkeypatch.setenv("AITUNE_EXECUTOR", "nosuch")
+    with pytest.raises(ConfigError, match=r"no installed plugin provides the executor 'nosuch' \(installed: .*local"):
+        ait.tune(model, [torch.randn(2, 8)])
+
+
+def test_asking_for_a_first_party_executor_that_is_missing_names_its_distribution(aitune_manager):
+    aitune_manager.executors._entries.pop("ray", None)
+    with pytest.raises(ConfigError, match="pip install aitune-executor-ray"):
+        aitune_manager.executors.create("ray")
+
+
+def test_local_executor_is_the_default_and_describes_this_machine(aitune_manager, monkeypatch):
+    monkeypatch.delenv("AITUNE_EXECUTOR", raising=False)
+    assert executor.chosen() == "local"
+    local = aitune_manager.executors.create("local")
+    assert not local.concurrent and local.describe()["CPU"] >= 1
