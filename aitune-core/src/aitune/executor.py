@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import torch
 
     from .backend import Backend, BuildContext
+    from .plugins import AituneManager
     from .registry import BackendRegistry
 
 logger = logging.getLogger("aitune")
@@ -229,9 +230,9 @@ class _Ahead:
 class BuildSession:
     """The builds of one ``ait.tune``: its executor and the builds submitted ahead, by build key."""
 
-    def __init__(self, executor: Executor, registry: BackendRegistry) -> None:
+    def __init__(self, executor: Executor, registry: BackendRegistry | None = None) -> None:
         self.executor = executor
-        self.registry = registry  # build keys name each backend's distribution and config
+        self.registry = registry  # build keys name each backend's distribution; None: nothing is sent ahead
         self._ahead: dict[str, _Ahead] = {}
         self._root: Path | None = None
 
@@ -249,7 +250,7 @@ class BuildSession:
         """
         from .builtin import buildcache, isolation
 
-        if not isolation.isolated(backend):
+        if self.registry is None or not isolation.isolated(backend):
             return False
         try:
             key = buildcache.build_key(backend, module, context, self.registry)
@@ -274,7 +275,7 @@ class BuildSession:
         self, backend: Backend, module: torch.nn.Module, context: BuildContext
     ) -> tuple[BuildRequest, BuildHandle] | None:
         """The build of ``backend`` submitted ahead for this module and graph, if any."""
-        if not self._ahead:
+        if not self._ahead or self.registry is None:
             return None
         from .builtin import buildcache
 
@@ -307,23 +308,16 @@ _active: contextvars.ContextVar[BuildSession | None] = contextvars.ContextVar("a
 def active() -> BuildSession:
     """The running tune's build session; outside ``ait.tune`` (JIT, direct hook calls) a local one."""
     session = _active.get()
-    if session is not None:
-        return session
-    from .plugins import get_manager
-
-    return BuildSession(LocalExecutor(), get_manager().registry)
+    return session if session is not None else BuildSession(LocalExecutor())
 
 
 @contextlib.contextmanager
-def session(name: str | None = None) -> Iterator[BuildSession]:
-    """Run a tune's builds on the executor ``name`` (see :func:`chosen`); nested tunes keep the outer one."""
+def session(manager: AituneManager, name: str | None = None) -> Iterator[BuildSession]:
+    """Run a tune's builds on the executor ``name`` (see :func:`chosen`) of ``manager``; nested tunes keep the outer one."""
     outer = _active.get()
     if outer is not None and name is None:
         yield outer
         return
-    from .plugins import get_manager
-
-    manager = get_manager()
     current = BuildSession(manager.executors.create(chosen(name)), manager.registry)
     token = _active.set(current)
     try:

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from aitune.executor import BuildHandle, BuildRequest, Executor
 from aitune.builtin.isolation import WorkerBuildError, worker_job
+from aitune.executor import BuildHandle, BuildRequest, Executor
 
 from . import task
 

@@ -37,7 +37,6 @@ AITUNE_DEFAULT_BATCH_SIZES = (1, 2)
 """What ``batch_sizes=None`` means for data of batch-1 items, as in AITune."""
 
 
-
 def _call(fn: Callable[..., Any], sample: Any) -> Any:
     """Call ``fn`` with a dataset item: a tensor, a tuple, a dict, or ``(args, kwargs)``."""
     if (
@@ -136,7 +135,7 @@ def tune(
     _inference_mode(wrapped_modules(model_or_callable), set_eval)
     kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
     progress = TuneProgress(config.show_progress if show_progress is None else show_progress)
-    with progress, kept, executors.session(executor):
+    with progress, kept, executors.session(get_manager(), executor):
         return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances, dry_run)
 
 
@@ -322,7 +321,9 @@ def _strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
 
 
 def sizes_for(
-    graph_rec: Any, batch_sizes: Sequence[int] | None, batch_one_sizes: Sequence[int] | None = AITUNE_DEFAULT_BATCH_SIZES
+    graph_rec: Any,
+    batch_sizes: Sequence[int] | None,
+    batch_one_sizes: Sequence[int] | None = AITUNE_DEFAULT_BATCH_SIZES,
 ) -> Sequence[int] | None:
     """The batch sizes one graph is tuned for: ``batch_sizes``, or for batch-1 data ``batch_one_sizes``."""
     return batch_sizes or (batch_one_sizes if _batch_one(graph_rec.samples) else None)
