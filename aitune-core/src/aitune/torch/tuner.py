@@ -8,6 +8,7 @@ original error, LatencyBudget's unmet budget) always propagate.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
 import os
 import platform
@@ -232,6 +233,13 @@ def tune_recorded(
         for index, graph_rec in enumerate(rec.graphs.values()):
             if graph_rec.error:
                 raise InputError(f"{module.name}: a recorded call cannot be tuned: {graph_rec.error}")
+            if graph_rec.eager_reason:  # calls like these run eager; the other graphs still tune
+                reason = f"runs eager: {graph_rec.eager_reason}"
+                digest = hashlib.sha256(graph_rec.eager_reason.encode()).hexdigest()[:12]
+                report.graphs.append(
+                    GraphReport(graph_key=f"eager-{digest}", graph={}, decision="torch_eager", reason=reason)
+                )
+                continue
             graph = infer_graph(
                 graph_rec.samples,
                 module._canonicalize.arg_names,
