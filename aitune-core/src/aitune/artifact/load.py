@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from .. import tree
 from ..backend import Backend, LoadContext
 from ..converter import config_from_json, structure
-from ..errors import AituneError, ArtifactError
+from ..errors import AituneError, ArtifactError, InputError
 from ..plugins import get_manager
 from ..registry import missing_requirements
 from ..torch.module import Module, wrapped_modules
@@ -156,7 +157,7 @@ def _load_module(
     winners: list[tuple[Any, Backend]] = []
     for index, graph_entry in enumerate(entry.graphs):
         try:
-            reason = _incompatible(graph_entry, device)
+            reason = _incompatible(graph_entry, device) or _unimportable(graph_entry)
             if reason:
                 raise ArtifactError(f"{entry.name} graph {index}: {reason}")
             registry = get_manager().registry
@@ -181,6 +182,17 @@ def _load_module(
                 raise ArtifactError(message) from exc
             warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=3)
     target._install(winners, None)
+
+
+def _unimportable(entry: GraphEntry) -> str | None:
+    """Why a type the graph's calls or outputs use cannot be imported here (they are rebuilt by import)."""
+    try:
+        tree.check_types(entry.graph.structure)
+        if entry.graph.output_structure is not None:
+            tree.check_types(entry.graph.output_structure)
+    except InputError as exc:
+        return f"{exc}, so its outputs cannot be rebuilt in their own type"
+    return None
 
 
 def _cache() -> Path:
@@ -214,7 +226,7 @@ def verify(path: str | Path, expected_sha256: str | None = None) -> dict[str, An
     for entry in manifest.modules:
         device = _device_for(entry.name, None, entry)
         for index, graph_entry in enumerate(entry.graphs):
-            reason = _incompatible(graph_entry, device)
+            reason = _incompatible(graph_entry, device) or _unimportable(graph_entry)
             if reason:
                 problems.append(f"{entry.name} graph {index} ({graph_entry.backend}): {reason}")
     return {"path": str(path), "integrity": "ok", "runnable_here": not problems, "problems": problems}
