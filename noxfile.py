@@ -1,6 +1,7 @@
 """Sessions generated from the member folders: no hand-kept list of distributions.
 
-* ``tests``: every member installed together, every test (the command CI runs);
+* ``tests``: every member installed together, with transformers and diffusers, every test (the command CI runs);
+* ``models``: the same install, only ``tests/models`` (real architectures from small configs);
 * ``tests-<member>``: one member alone with core, its own tests (proves it installs by itself);
 * ``lint``, ``typecheck``, ``build``;
 * ``fuzz``: the artifact fuzzers with many examples (``AITUNE_FUZZ_EXAMPLES``), then the survival table;
@@ -25,6 +26,8 @@ MEMBERS = sorted(p.parent.name for p in ROOT.glob("aitune-*/pyproject.toml"))
 CORE = "aitune-core"
 TORCH = "torch==2.13.0"  # the CPU wheel; a bare "torch" pulls a multi-GB CUDA build
 DEV = ["pytest>=8", "hypothesis>=6.100"]
+MODELS = ["transformers>=5.0", "diffusers>=0.35"]
+"""What tests/models builds its architectures with (small configs, nothing downloaded)."""
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -51,8 +54,17 @@ def _test_env(session: nox.Session) -> dict[str, str]:
 def tests(session: nox.Session) -> None:
     """Every distribution installed together; every member's tests and the cross-distribution tests."""
     _install(session, *MEMBERS)
+    session.install(*MODELS)
     paths = [f"{m}/tests" for m in MEMBERS] + ["tests"]
     session.run("pytest", *paths, *session.posargs, env=_test_env(session))
+
+
+@nox.session
+def models(session: nox.Session) -> None:
+    """Only the real-architecture layer (tests/models: transformers and diffusers), every member installed."""
+    _install(session, *MEMBERS)
+    session.install(*MODELS)
+    session.run("pytest", "tests/models", *session.posargs, env=_test_env(session))
 
 
 def _member_session(member: str) -> None:

@@ -122,4 +122,6 @@ def test_vit_wrapped_whole(flow, tmp_path):
 def test_clip_text_model(flow, tmp_path):
     data = flow.token_batches([(1, 8), (3, 16)])
     unseen = flow.token_batches([(2, 12)], seed=1)
-    flow.round_trip(clip_text, wrap_whole("clip_text", flow.strategy("onnxruntime")), by_keyword, data, unseen, tmp_path)
+    flow.round_trip(
+        clip_text, wrap_whole("clip_text", flow.strategy("onnxruntime")), by_keyword, data, unseen, tmp_path
+    )
