@@ -107,9 +107,11 @@ def test_gpt2_with_a_cache_runs_that_graph_eager(flow):
 def test_t5_encoder(flow, tmp_path):
     data = flow.token_batches([(1, 8), (3, 16)])
     unseen = flow.token_batches([(2, 12)], seed=1)
-    flow.round_trip(
+    report = flow.round_trip(
         t5_encoder, wrap_submodule("encoder", flow.strategy("onnxruntime")), by_keyword, data, unseen, tmp_path
     )
+    dims = {spec["path"]: tuple(spec["dims"]) for spec in report.modules[0].graphs[0].graph["inputs"]}
+    assert dims["input_ids"] == dims["attention_mask"] == ("batch", "d0"), "one sequence axis, shared"
 
 
 def test_vit_wrapped_whole(flow, tmp_path):

@@ -147,11 +147,18 @@ def resolve(name: str) -> type:
 
 
 def check_types(structure: dict[str, Any]) -> None:
-    """Import every type ``structure`` names; raise :class:`InputError` for one that cannot be."""
-    kind = structure["kind"]
-    if kind in (*_TYPED, "enum", "pytree"):
-        _checked(kind, structure["type"])
-    for node in structure.get("items", ()):
+    """Import every type ``structure`` names; raise :class:`InputError` for one that cannot be
+    imported, or for a structure that is not one (it comes from a file)."""
+    try:
+        kind = structure["kind"]
+        if kind in (*_TYPED, "enum", "pytree"):
+            _checked(kind, str(structure["type"]))
+        items = structure.get("items", [])
+        if not isinstance(items, list):
+            raise TypeError(f"items is a {type(items).__name__}")
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"the structure is malformed ({type(exc).__name__}: {exc})") from None
+    for node in items:
         check_types(node)
 
 
@@ -189,7 +196,7 @@ def _unflatten(node: dict[str, Any], it: Any) -> Any:
     if kind == "dict":
         return {k: _unflatten(n, it) for k, n in zip(node["keys"], node["items"])}
     if kind == "enum":
-        return _checked(kind, node["type"])[node["name"]]
+        return _checked(kind, node["type"])[node["name"]]  # type: ignore[index]
     if kind in _TYPED:
         cls = _checked(kind, node["type"])
         values = [_unflatten(n, it) for n in node["items"]]
