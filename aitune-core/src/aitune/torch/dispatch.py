@@ -1,6 +1,6 @@
 """The per-call path of a tuned module: a dict lookup from the call's structure to its winner.
 
-No signature binding for calls already in canonical form, no copies: the structure key is built
+No signature binding for calls made the way the graph's recorded calls were, no copies: the structure key is built
 in one pass that also collects the tensors, then each candidate graph's precomputed shape checks
 run on them. Anything outside what was tuned runs eager for that call, with one warning (or, in
 strict mode, raises); so does a call whose tuned backend raises, and one that needs gradients.
@@ -108,7 +108,10 @@ class Dispatcher:
             return self.eager(*args, **kwargs)
         c_args, c_kwargs = args, kwargs
         if layout is not None:
-            c_args, c_kwargs = self.canonicalize.arrange(args, kwargs, layout)
+            try:
+                c_args, c_kwargs = self.canonicalize.arrange(args, kwargs, layout)
+            except TypeError:  # the same key, yet not the same call in the graph's form: eager decides
+                return self._fallback([], leaves, args, kwargs)
             leaves = []
             tree.call_key((c_args, c_kwargs), leaves)
         for check, runner in candidates:
