@@ -1,7 +1,8 @@
 """Sessions generated from the member folders: no hand-kept list of distributions.
 
 * ``tests``: every member installed together, with the example plugin built and installed as its
-  own wheel, every test (the command CI runs);
+  own wheel and with transformers and diffusers, every test (the command CI runs);
+* ``models``: the same install, only ``tests/models`` (real architectures from small configs);
 * ``tests-<member>``: one member alone with core, its own tests (proves it installs by itself);
 * ``lint`` (ruff and the import-linter contracts), ``typecheck``, ``build``;
 * ``fuzz``: the artifact fuzzers with many examples (``AITUNE_FUZZ_EXAMPLES``), then the survival table;
@@ -32,6 +33,8 @@ GPU_MEMBERS = ("aitune-backend-tensorrt", "aitune-backend-torchtrt")
 """Members whose GPU runtimes are real dependencies (TensorRT and ModelOpt; Torch-TensorRT through its
 per-torch extras): CPU sessions install them with ``--no-deps``, then their requirements that carry
 no platform marker and their ``[test]`` extra, so CI never downloads TensorRT or swaps its CPU torch."""
+MODELS = ["transformers>=5.0", "diffusers>=0.35"]
+"""What tests/models builds its architectures with (small configs, nothing downloaded)."""
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -80,8 +83,17 @@ def tests(session: nox.Session) -> None:
     example's and the cross-distribution tests."""
     _install(session, *MEMBERS)
     _install_example(session)
+    session.install(*MODELS)
     paths = [f"{m}/tests" for m in MEMBERS] + [f"{EXAMPLE}/tests", "tests"]
     session.run("pytest", *paths, *session.posargs, env=_test_env(session))
+
+
+@nox.session
+def models(session: nox.Session) -> None:
+    """Only the real-architecture layer (tests/models: transformers and diffusers), every member installed."""
+    _install(session, *MEMBERS)
+    session.install(*MODELS)
+    session.run("pytest", "tests/models", *session.posargs, env=_test_env(session))
 
 
 def _member_session(member: str) -> None:

@@ -154,11 +154,17 @@ def test_unsupported_inputs_leave_the_module_eager_with_the_reason(toy_backends)
         def forward(self, x, extra):
             return x * 2
 
-    model = ait.Module(TakesAnything(), "odd", strategy=fast())
-    report = ait.tune(model, [((torch.randn(2, 2), object()), {})])
-    assert report.modules[0].status == "failed"
-    assert "unsupported value of type object at extra" in report.modules[0].error
-    assert model(torch.ones(1), None).tolist() == [2.0]
+    model = ait.Module(TakesAnything(), "odd", strategy=fast().enable_performance_validation(False))
+    report = ait.tune(model, [((torch.randn(2, 2), object()), {}), ((torch.randn(2, 2), None), {})])
+    assert report.modules[0].status == "tuned", "the graph with a describable call still tunes"
+    eager, tuned = report.modules[0].graphs
+    assert eager.decision == "torch_eager"
+    assert "runs eager: unsupported value of type object at extra" in eager.reason
+    assert tuned.decision == "toy"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the eager graph runs eager by design, without a warning
+        assert model(torch.ones(1), object()).tolist() == [2.0]
+    assert model(torch.ones(2, 2), None).shape == (2, 2)
 
 
 def test_wrap_replaces_submodules_in_place():

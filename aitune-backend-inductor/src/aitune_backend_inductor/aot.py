@@ -12,7 +12,7 @@ import torch
 
 from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, exported_file
 from aitune.errors import BuildError, SerializationError
-from aitune.graph import GraphSpec, Sample, resize
+from aitune.graph import FlatModule, GraphSpec, Sample, resize
 
 from .cache import inductor_cache
 from .config import TorchInductorAotBackendConfig
@@ -169,11 +169,10 @@ def _export(module: torch.nn.Module, context: BuildContext, strict: bool) -> tup
         raise BuildError("AOTInductor needs one recorded sample to trace the module; none was given")
     sizes = trace_sizes(graph)
     sample = _contiguous(graph, resize(graph, context.samples[0], sizes))
-    dynamic_shapes, ranges = export_dynamic_shapes(module, graph, sample)
-    try:
-        program = torch.export.export(
-            module, tuple(sample.args), dict(sample.kwargs), dynamic_shapes=dynamic_shapes, strict=strict
-        )
+    dynamic_shapes, ranges = export_dynamic_shapes(graph)
+    flat = tuple(graph.flatten(sample.args, sample.kwargs))
+    try:  # flat tensors in, flat tensors out: any signature exports, and infer runs it as it is
+        program = torch.export.export(FlatModule(module, graph), flat, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as exc:
         raise BuildError(
             f"torch.export failed with dynamic dims {ranges or 'none'}: {type(exc).__name__}: {_first_lines(exc)}. "

@@ -66,21 +66,20 @@ def trace_sizes(graph: GraphSpec) -> dict[str, int]:
     return sizes
 
 
-def export_dynamic_shapes(module: Any, graph: GraphSpec, sample: Sample) -> tuple[Any, dict[str, list[int]]]:
-    """``torch.export`` dynamic shapes for ``sample``: one ``Dim`` per named dimension, with its range.
+def export_dynamic_shapes(graph: GraphSpec) -> tuple[Any, dict[str, list[int]]]:
+    """``torch.export`` dynamic shapes of ``graph``'s flat inputs (see :class:`aitune.graph.FlatModule`):
+    one ``Dim`` per named dimension, with its range.
 
     A dimension whose range is a single size is exported static. Returns the spec and the ranges
     it asks for, by name.
     """
-    from torch.export import Dim, ShapesCollection
+    from torch.export import Dim
 
     dims = {n: Dim(n, min=r.min, max=r.max) for n, r in graph.dims.items() if r.min < r.max}
     if not dims:
         return None, {}
-    shapes = ShapesCollection()
-    for t, spec in zip(graph.flatten(sample.args, sample.kwargs), graph.inputs):
-        axes = {axis: dims[name] for axis, name in enumerate(spec.dims) if name in dims}
-        if axes:
-            shapes[t] = axes
+    per_input = tuple(
+        {axis: dims[name] for axis, name in enumerate(spec.dims) if name in dims} or None for spec in graph.inputs
+    )
     ranges = {n: [graph.dims[n].min, graph.dims[n].max] for n in dims}
-    return shapes.dynamic_shapes(module, sample.args, sample.kwargs), ranges
+    return (per_input,), ranges

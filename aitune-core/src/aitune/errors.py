@@ -43,6 +43,10 @@ class InputError(AituneError, ValueError):
     """Inputs given to aitune (dataset, samples, dynamic dims) are unusable."""
 
 
+class UnsupportedValueError(InputError):
+    """A call or output holds a value aitune cannot describe to a backend (a cache object, a callable)."""
+
+
 class BuildError(AituneError):
     """A backend failed to build a candidate."""
 

@@ -218,6 +218,25 @@ class GraphSpec:
         return Sample(args, kwargs)
 
 
+class FlatModule(torch.nn.Module):
+    """``module`` as a function of ``graph``'s flat input tensors returning its flat output tensors.
+
+    Exporters (ONNX, ``torch.export``) see one tensor per input in ``graph.inputs`` order, whatever
+    the module's signature (``**kwargs``, keyword-only parameters, constants): the call is rebuilt
+    from the graph's structure, made the way it was recorded. The owner puts the output structure
+    back with ``graph.unflatten_outputs``.
+    """
+
+    def __init__(self, module: torch.nn.Module, graph: GraphSpec) -> None:
+        super().__init__()
+        self.module = module
+        self.graph = graph
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args, kwargs = self.graph.unflatten(tensors)
+        return tuple(tree.flatten(self.module(*args, **kwargs))[0])
+
+
 def _random(spec: TensorSpec, shape: tuple[int, ...]) -> torch.Tensor:
     dtype = spec.torch_dtype
     if dtype.is_floating_point or dtype.is_complex:

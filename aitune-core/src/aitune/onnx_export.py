@@ -32,7 +32,7 @@ import torch
 
 from . import tree
 from .errors import BuildError, ConfigError
-from .graph import GraphSpec, Sample, TensorSpec, resize
+from .graph import FlatModule, GraphSpec, Sample, TensorSpec, resize
 
 EXPORTERS = ("dynamo", "torchscript")
 EXTERNAL_DATA_THRESHOLD = 1 << 30
@@ -130,7 +130,7 @@ def export_onnx(
     start = time.perf_counter()
     sample = resize(graph, sample, _export_sizes(graph))
     flat_inputs = tuple(graph.flatten(sample.args, sample.kwargs))
-    wrapper = _Flat(module, graph)
+    wrapper = FlatModule(module, graph)
     with torch.no_grad():
         out_leaves, out_structure = tree.flatten(module(*sample.args, **sample.kwargs))
     if not out_leaves:
@@ -213,22 +213,6 @@ def onnx_name(path: str, kind: str = "input") -> str:
     if not name or name[0].isdigit():
         name = f"{kind}_{name}" if name else kind
     return name
-
-
-# -- the flat wrapper the exporters see -------------------------------------------------------
-
-
-class _Flat(torch.nn.Module):
-    """The module as a function of flat tensors returning flat tensors."""
-
-    def __init__(self, module: torch.nn.Module, graph: GraphSpec) -> None:
-        super().__init__()
-        self.module = module
-        self.graph = graph
-
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        args, kwargs = self.graph.unflatten(tensors)
-        return tuple(tree.flatten(self.module(*args, **kwargs))[0])
 
 
 def _names(paths: Sequence[str], kind: str, taken: set[str] | None = None) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import tree
 from ..backend import Backend, LoadContext
 from ..converter import structure
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
@@ -305,7 +306,7 @@ def _load_module(
     winners: list[tuple[Any, Backend]] = []
     for index, graph_entry in enumerate(entry.graphs):
         try:
-            reason = _incompatible(graph_entry, device)
+            reason = _incompatible(graph_entry, device) or _unimportable(graph_entry)
             if reason:
                 raise ArtifactError(f"{entry.name} graph {index}: {reason}")
             registry = get_manager().registry
@@ -330,6 +331,17 @@ def _load_module(
                 raise ArtifactError(message) from exc
             warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=3)
     target._install(winners, None)
+
+
+def _unimportable(entry: GraphEntry) -> str | None:
+    """Why a type the graph's calls or outputs use cannot be imported here (they are rebuilt by import)."""
+    try:
+        tree.check_types(entry.graph.structure)
+        if entry.graph.output_structure is not None:
+            tree.check_types(entry.graph.output_structure)
+    except InputError as exc:
+        return f"{exc}, so its outputs cannot be rebuilt in their own type"
+    return None
 
 
 def _cache() -> Path:
@@ -363,7 +375,7 @@ def verify(path: str | Path, expected_sha256: str | None = None) -> dict[str, An
     for entry in manifest.modules:
         device = _device_for(entry, None)
         for index, graph_entry in enumerate(entry.graphs):
-            reason = _incompatible(graph_entry, device)
+            reason = _incompatible(graph_entry, device) or _unimportable(graph_entry)
             if reason:
                 problems.append(f"{entry.name} graph {index} ({graph_entry.backend}): {reason}")
     return {"path": str(path), "integrity": "ok", "runnable_here": not problems, "problems": problems}

@@ -119,7 +119,23 @@ class MutatingBackend(ToyBackend):
         return output
 
 
-TOY_BACKENDS = (ToyBackend, WrongBackend, NaNBackend, MutatingBackend)
+class FlatBackend(ToyBackend):
+    """Fast and correct, and returns its outputs as exporting backends do: rebuilt from flat
+    tensors by the graph's recorded output structure, so tests see that types survive it."""
+
+    name = "toy_flat"
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        super().build(module, context)
+        self.graph = context.graph
+
+    def transform(self, output: Any, args: tuple[Any, ...]) -> Any:
+        from .. import tree
+
+        return self.graph.unflatten_outputs([t.clone() for t in tree.flatten(output)[0]])
+
+
+TOY_BACKENDS = (ToyBackend, WrongBackend, NaNBackend, MutatingBackend, FlatBackend)
 
 
 def register(registry: BackendRegistry, classes: tuple[type[ToyBackend], ...], module: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import hashlib
 import io
 import json
@@ -166,18 +165,26 @@ def _model_error(inner: torch.nn.Module, data: list[Any]) -> Outcome:
     return module.status == "failed" and model.state == "passthrough", f"module stays eager; report: {module.error}"
 
 
-@dataclasses.dataclass
-class _Result:
-    logits: torch.Tensor
-
-
-class _ReturnsDataclass(torch.nn.Module):
+class _TakesACallback(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fc = torch.nn.Linear(8, 8)
 
-    def forward(self, x: torch.Tensor) -> _Result:
-        return _Result(self.fc(x))
+    def forward(self, x: torch.Tensor, callback: Any = None) -> torch.Tensor:
+        return self.fc(x) if callback is None else callback(self.fc(x))
+
+
+def _callable_argument() -> Outcome:
+    import aitune.torch as ait
+
+    from .testing.backends import ToyBackend
+
+    model = ait.Module(_TakesACallback(), "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()))
+    report = ait.tune(model, [((torch.randn(2, 8), torch.tanh), {})])
+    graph = report.modules[0].graphs[0]
+    y = model(torch.randn(2, 8), torch.tanh)
+    ok = graph.decision == "torch_eager" and bool(graph.reason) and float(y.abs().max()) <= 1.0
+    return ok, f"that graph stays eager; report: {graph.reason}"
 
 
 def _grad_inputs() -> Outcome:
@@ -250,7 +257,7 @@ def scenarios() -> list[tuple[str, str, Callable[[], Outcome]]]:
         ("input", "inputs that require grad, called outside no_grad", _grad_inputs),
         ("input", "weights not materialized (meta device)", _meta_weights),
         ("input", "NaN in the inputs", lambda: _model_error(_slow(), _nan_data())),
-        ("input", "a dataclass output", lambda: _model_error(_ReturnsDataclass(), [torch.randn(2, 8)])),
+        ("input", "an argument no backend can take (a callable)", _callable_argument),
     ]
 
 

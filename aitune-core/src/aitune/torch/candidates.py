@@ -509,7 +509,7 @@ def measure_dispatch_ms(graph: GraphSpec, sample: Sample, repeats: int = 5, call
     def eager(*args: Any, **kwargs: Any) -> None:
         return None
 
-    dispatcher = Dispatcher("dispatch-cost", eager, lambda a, k: (a, k), [(graph, backend)])
+    dispatcher = Dispatcher("dispatch-cost", eager, recording.Canonicalizer(eager), [(graph, backend)])
     args, kwargs = sample.args, sample.kwargs
 
     def per_call_ns(fn: Callable[[], Any]) -> float:

@@ -1,6 +1,6 @@
 """The per-call path of a tuned module: a dict lookup from the call's structure to its winner.
 
-No signature binding for calls already in canonical form, no copies: the structure key is built
+No signature binding for calls made the way the graph's recorded calls were, no copies: the structure key is built
 in one pass that also collects the tensors, then each candidate graph's precomputed shape checks
 run on them. Anything outside what was tuned runs eager for that call, with one warning (or, in
 strict mode, raises); so does a call whose tuned backend raises, and one the :class:`Guard` stops
@@ -21,13 +21,17 @@ from typing import Any
 import torch
 
 from .. import tree
-from ..errors import InferenceOnlyError, UnsupportedCallError
+from ..errors import InferenceOnlyError, UnsupportedCallError, UnsupportedValueError
 from ..graph import GraphSpec
 from .guard import NEEDS_GRAD, Guard
+from .recording import Canonicalizer, Layout
 
 logger = logging.getLogger("aitune")
 
 Runner = Callable[..., Any]
+_Entry = tuple["Layout | None", list[tuple["ShapeCheck", Runner]], bool]
+"""Per call key: the layout to rearrange calls to (None: as made), the candidate graphs, and
+whether the call can be described to a backend at all."""
 
 
 class ShapeCheck:
@@ -69,13 +73,21 @@ class ShapeCheck:
 
 
 class Dispatcher:
-    """Routes each call of a tuned module to the runner of the graph it fits, else to eager."""
+    """Routes each call of a tuned module to the runner of the graph it fits, else to eager.
+
+    Runners get the call the way the graph's recorded calls were made (see
+    :meth:`Canonicalizer.arrange`); a call made another way is rearranged to that form, and eager
+    fallbacks get the call exactly as made.
+    """
+
+    MAX_KEYS = 4096
+    """Call keys remembered; objects passed by identity (a cache per request) would grow it forever."""
 
     def __init__(
         self,
         name: str,
         eager: Runner,
-        canonicalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]],
+        canonicalize: Canonicalizer,
         routes: Sequence[tuple[GraphSpec, Runner]],
         strict: bool = False,
         guard: Guard | None = None,
@@ -86,7 +98,7 @@ class Dispatcher:
         self.canonicalize = canonicalize
         self.strict = strict
         self.routes = [(ShapeCheck(graph), runner) for graph, runner in routes]
-        self._table: dict[Any, tuple[bool, list[tuple[ShapeCheck, Runner]]]] = {}
+        self._table: dict[Any, _Entry] = {}
         self._warned: set[str] = set()
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -102,17 +114,23 @@ class Dispatcher:
         entry = self._table.get(key)
         if entry is None:
             entry = self._resolve(key, args, kwargs)
-        needs_canonical, candidates = entry
-        if needs_canonical:
-            args, kwargs = self.canonicalize(args, kwargs)
+        layout, candidates, describable = entry
+        if not describable:  # a value no backend can take (a cache object, a callable): eager by design
+            return self.eager(*args, **kwargs)
+        c_args, c_kwargs = args, kwargs
+        if layout is not None:
+            try:
+                c_args, c_kwargs = self.canonicalize.arrange(args, kwargs, layout)
+            except TypeError:  # the same key, yet not the same call in the graph's form: eager decides
+                return self._fallback([], leaves, args, kwargs)
             leaves = []
-            tree.call_key((args, kwargs), leaves)
+            tree.call_key((c_args, c_kwargs), leaves)
         for check, runner in candidates:
             if check.fits(leaves):
                 if runner is self.eager:  # a range or graph where eager won: nothing to fall back from
                     return runner(*args, **kwargs)
                 try:
-                    return runner(*args, **kwargs)
+                    return runner(*c_args, **c_kwargs)
                 except Exception as exc:
                     if self.strict:
                         raise
@@ -138,16 +156,31 @@ class Dispatcher:
             warnings.warn(f"{self.name}: running this call eager: {reason}", RuntimeWarning, stacklevel=4)
         return self.eager(*args, **kwargs)
 
-    def _resolve(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, list[Any]]:
+    def _resolve(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+        """The graphs a call of this key may fit, and the form (layout) to call them in."""
+        entry: _Entry = (None, [], True)
         try:
-            c_args, c_kwargs = self.canonicalize(args, kwargs)
-            leaves, structure = tree.flatten((c_args, c_kwargs))
-        except Exception:  # not a call the module accepts, or not describable: eager handles it
-            entry: tuple[bool, list[Any]] = (False, [])
+            tree.flatten((args, kwargs))
+        except UnsupportedValueError:
+            entry = (None, [], False)
+        except Exception:  # not describable for another reason: eager handles it, with the usual warning
+            pass
         else:
-            matching = [(c, r) for c, r in self.routes if _same_structure(c.graph, structure, leaves)]
-            needs_canonical = len(c_args) != len(args) or list(c_kwargs) != list(kwargs)
-            entry = (needs_canonical, matching)
+            for check, _ in self.routes:
+                layout = _layout(check.graph)
+                try:
+                    c_args, c_kwargs = self.canonicalize.arrange(args, kwargs, layout)
+                    leaves, structure = tree.flatten((c_args, c_kwargs))
+                except Exception:  # not a call this graph's form can take
+                    continue
+                if _same_structure(check.graph, structure, leaves):
+                    matching = [(c, r) for c, r in self.routes if _layout(c.graph) == layout]
+                    matching = [(c, r) for c, r in matching if _same_structure(c.graph, structure, leaves)]
+                    same = layout == (len(args), tuple(kwargs))
+                    entry = (None if same else layout, matching, True)
+                    break
+        if len(self._table) >= self.MAX_KEYS:
+            self._table.clear()
         self._table[key] = entry
         return entry
 
@@ -164,6 +197,12 @@ class Dispatcher:
                 "or drop strict=True"
             )
         return self._eager_because(f"it is outside what was tuned ({reason})", args, kwargs)
+
+
+def _layout(graph: GraphSpec) -> Layout:
+    """How the calls of ``graph`` were made: its structure's positional count and keywords."""
+    args_node, kwargs_node = graph.structure["items"]
+    return len(args_node["items"]), tuple(kwargs_node["keys"])
 
 
 def _same_structure(graph: GraphSpec, structure: dict[str, Any], leaves: Sequence[torch.Tensor]) -> bool:

@@ -42,7 +42,7 @@ def submit_ahead(
     for rec in recordings:
         module = rec.module
         for index, graph_rec in enumerate(rec.graphs.values()):
-            if graph_rec.error:
+            if graph_rec.error or graph_rec.eager_reason:
                 continue
             try:
                 graph = graph_of(module, graph_rec, sizes_for(graph_rec, batch_sizes))

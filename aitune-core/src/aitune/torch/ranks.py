@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..backend import Backend, Tolerance
-from ..converter import config_to_json, structure, unstructure
+from ..converter import structure, unstructure
 from ..distributed import Coordinator
 from ..errors import AituneError, BuildError, DistributedTuneError, TuningError, ValidationError
 from ..plugins import get_manager
@@ -34,7 +34,7 @@ class RankMismatchError(DistributedTuneError):
 
 def _config(backend: Backend) -> dict[str, Any]:
     try:
-        return config_to_json(backend.config, backend.name)
+        return get_manager().registry.config_to_json(backend.config, backend.name)
     except AituneError:
         return {"backend": backend.name}
 
@@ -52,8 +52,8 @@ def plan(
     for rec in recs:
         graphs: list[dict[str, Any]] = []
         for index, graph_rec in enumerate(rec.graphs.values()):
-            if graph_rec.error:
-                graphs.append({"error": graph_rec.error})
+            if graph_rec.error or graph_rec.eager_reason:
+                graphs.append({"eager": graph_rec.error or graph_rec.eager_reason})
                 continue
             try:
                 graph = graph_of(rec.module, graph_rec, sizes_for(graph_rec, batch_sizes))

@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from .. import tree
-from ..errors import InputError
+from ..errors import InputError, UnsupportedValueError
 from ..graph import Sample
 
 if TYPE_CHECKING:
@@ -55,10 +55,22 @@ def recording(max_samples: int) -> Iterator[RecordingSession]:
         _state.session = previous
 
 
-class Canonicalizer:
-    """Puts a call into canonical form: positional parameters in args, keyword-only in kwargs.
+Layout = tuple[int, tuple[str, ...]]
+"""How a call was made: how many arguments went positionally, and the keywords, in order."""
 
-    Defaults are filled in, so ``f(x)`` and ``f(x, mask=None)`` are the same graph.
+
+def layout_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Layout:
+    return len(args), tuple(kwargs)
+
+
+class Canonicalizer:
+    """Binds calls to the module's signature: one graph key per call, whatever its form.
+
+    The key is taken from the canonical form (positional parameters in args, keyword-only in
+    kwargs, defaults filled in), so ``f(x)``, ``f(x, mask=None)`` and ``f(x=x)`` are one graph.
+    Backends, eager included, are still called the way the module was called (:meth:`arrange`):
+    decorators such as those on transformers' ``forward`` read their keyword arguments and would
+    see one argument twice if it were moved to a position.
     """
 
     def __init__(self, fn: Callable[..., Any]) -> None:
@@ -72,21 +84,70 @@ class Canonicalizer:
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.signature is None:
             return args, kwargs
+        positional, named = self._values(args, kwargs)
+        return tuple(v for _, v in positional), named
+
+    def _values(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[tuple[str | None, Any]], dict[str, Any]]:
+        """Every parameter's value, defaults filled in: the positional ones in order (``None`` names
+        the extras of ``*args``), then keyword-only ones and the entries of ``**kwargs``."""
+        assert self.signature is not None
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        out_args: list[Any] = []
-        out_kwargs: dict[str, Any] = {}
+        positional: list[tuple[str | None, Any]] = []
+        named: dict[str, Any] = {}
         for name, param in self.signature.parameters.items():
             value = bound.arguments[name]
             if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
-                out_args.append(value)
+                positional.append((name, value))
             elif param.kind == param.VAR_POSITIONAL:
-                out_args.extend(value)
+                positional.extend((None, v) for v in value)
             elif param.kind == param.KEYWORD_ONLY:
-                out_kwargs[name] = value
+                named[name] = value
             else:
-                out_kwargs.update(value)
-        return tuple(out_args), out_kwargs
+                named.update(value)
+        return positional, named
+
+    def arrange(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], layout: Layout
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The same call made in ``layout`` (as many positional arguments, these keywords).
+
+        Raises ``TypeError`` when that is impossible without changing the call: a parameter the
+        layout leaves out must be at its default, and ``*args`` extras cannot become keywords.
+        """
+        n_args, names = layout
+        if len(args) == n_args and tuple(kwargs) == names:
+            return args, kwargs
+        if self.signature is None:
+            raise TypeError("the module's signature is unknown, so a call cannot be rearranged")
+        positional, named = self._values(args, kwargs)
+        if n_args > len(positional):
+            raise TypeError(f"the layout passes {n_args} arguments by position, the call has {len(positional)}")
+        rest = positional[n_args:]
+        if any(name is None for name, _ in rest):
+            raise TypeError("extra positional arguments (*args) cannot be passed by keyword")
+        values = {**{name: v for name, v in rest if name is not None}, **named}
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise TypeError(f"the layout passes {missing} by keyword, which the call does not have")
+        params = self.signature.parameters
+        for name, value in values.items():
+            if name in names:
+                continue
+            default = params[name].default if name in params else inspect.Parameter.empty
+            if not _is_default(value, default):
+                raise TypeError(f"{name}={value!r} is not its default, so it cannot be left out")
+        return tuple(v for _, v in positional[:n_args]), {n: values[n] for n in names}
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    if default is inspect.Parameter.empty or type(value) is not type(default):
+        return False
+    return isinstance(value, (bool, int, float, str)) and value == default
 
 
 def structure_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -95,15 +156,9 @@ def structure_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _detach(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, tuple):
-        return tuple(_detach(v) for v in value)
-    if isinstance(value, list):
-        return [_detach(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
-    return value
+    """A copy of ``value`` whose tensors are detached clones, in the same container types."""
+    leaves, structure = tree.flatten(value)
+    return tree.unflatten(structure, [t.detach().clone() for t in leaves])
 
 
 def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
@@ -128,9 +183,10 @@ def _check_finite(args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[st
 def _check_output(output: Any) -> None:
     try:
         tree.flatten(output, "output")
-    except InputError as exc:
-        raise InputError(
-            f"{exc}. Return tensors in tuples, lists or dicts (for a dataclass, e.g. dataclasses.astuple), "
+    except UnsupportedValueError as exc:
+        raise UnsupportedValueError(
+            f"{exc}. Return tensors in tuples, lists, dicts, NamedTuples or dataclasses "
+            "(with transformers, pass use_cache=False so no cache object is returned), "
             "or wrap the submodule that returns tensors instead"
         ) from exc
 
@@ -139,11 +195,15 @@ def _check_output(output: Any) -> None:
 class GraphRecording:
     """The samples and eager outputs recorded for one graph of one module."""
 
+    layout: Layout = (0, ())
+    """How its calls are made (the first call's form): every backend is called this way."""
     samples: list[Sample] = attrs.field(factory=list)
     outputs: list[Any] = attrs.field(factory=list)
     shapes: list[tuple[tuple[int, ...], ...]] = attrs.field(factory=list)
     calls: int = 0
     error: str | None = None
+    eager_reason: str | None = None
+    """Why this graph runs eager without tuning (a value no backend can take), or None."""
 
 
 @attrs.define
@@ -163,20 +223,35 @@ class RecordingSession:
     def record(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         rec = self.modules.setdefault(id(module), ModuleRecording(module))
         rec.calls += 1
+        canonicalize = module._canonicalize
+        names = canonicalize.arg_names
+        layout = layout_of(args, kwargs)
         try:
-            args, kwargs = module._canonicalize(args, kwargs)
-            names = module._canonicalize.arg_names
-            for i, value in enumerate(args):  # refuses inputs aitune cannot describe, naming the path
-                tree.flatten(value, names[i] if i < len(names) else f"args.{i}")
-            for name, value in kwargs.items():
-                tree.flatten(value, name)
+            key: Any = structure_key(*canonicalize(args, kwargs))
+            graph = rec.graphs.get(key)
+            if graph is not None and graph.layout != layout:
+                try:  # one graph, called another way: store it the way the graph's first call was made
+                    args, kwargs = canonicalize.arrange(args, kwargs, graph.layout)
+                except TypeError:
+                    key = (key, layout)
+                    graph = rec.graphs.get(key)
+            try:  # refuses inputs aitune cannot describe, naming the path
+                for i, value in enumerate(args):
+                    tree.flatten(value, names[i] if i < len(names) else f"args.{i}")
+                for name, value in kwargs.items():
+                    tree.flatten(value, name)
+                _check_output(output)
+            except UnsupportedValueError as exc:
+                eager = rec.graphs.setdefault(("eager", str(exc)), GraphRecording(layout))
+                eager.calls += 1
+                eager.eager_reason = str(exc)
+                return
             _check_finite(args, kwargs, names)
-            _check_output(output)
-            key = structure_key(args, kwargs)
-            graph = rec.graphs.setdefault(key, GraphRecording())
+            if graph is None:
+                graph = rec.graphs.setdefault(key, GraphRecording(layout))
             graph.calls += 1
         except Exception as exc:
-            graph = rec.graphs.setdefault(("unsupported", type(exc).__name__, str(exc)), GraphRecording())
+            graph = rec.graphs.setdefault(("unsupported", type(exc).__name__, str(exc)), GraphRecording(layout))
             graph.calls += 1
             graph.error = f"{type(exc).__name__}: {exc}"
             return

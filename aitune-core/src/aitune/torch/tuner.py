@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import logging
 import os
 import platform
@@ -359,6 +360,13 @@ def tune_recorded(
         for index, graph_rec in enumerate(rec.graphs.values()):
             if graph_rec.error:
                 raise InputError(f"{module.name}: a recorded call cannot be tuned: {graph_rec.error}")
+            if graph_rec.eager_reason:  # calls like these run eager; the other graphs still tune
+                reason = f"runs eager: {graph_rec.eager_reason}"
+                digest = hashlib.sha256(graph_rec.eager_reason.encode()).hexdigest()[:12]
+                report.graphs.append(
+                    GraphReport(graph_key=f"eager-{digest}", graph={}, decision="torch_eager", reason=reason)
+                )
+                continue
             sizes = sizes_for(graph_rec, batch_sizes, batch_one_sizes)
             graph = graph_of(module, graph_rec, sizes)
             strategy = _strategy_for(module, index, graph.key)

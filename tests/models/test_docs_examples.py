@@ -1,0 +1,43 @@
+"""The examples of docs/huggingface.md, run as they are written (in a scratch folder)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import aitune.torch as ait
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+
+pytest.importorskip("transformers")
+pytest.importorskip("diffusers")
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "huggingface.md"
+EXAMPLES = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
+
+
+def test_the_page_has_both_examples():
+    assert len(EXAMPLES) == 2
+    assert "BertModel" in EXAMPLES[0] and "UNet2DConditionModel" in EXAMPLES[1]
+
+
+class QuickMaxThroughput(ait.MaxThroughputStrategy):
+    """The examples' strategy with short measurements (the code runs as written, only timed less)."""
+
+    def __init__(self, backends=None, profiling_config=None, **kwargs):
+        quick = ProfilingConfig(
+            measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5)
+        )
+        super().__init__(backends, profiling_config or quick, **kwargs)
+
+
+@pytest.mark.parametrize("index", range(len(EXAMPLES)), ids=["transformers", "diffusers"][: len(EXAMPLES)])
+def test_example_runs(index, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ait, "MaxThroughputStrategy", QuickMaxThroughput)
+    exec(compile(EXAMPLES[index], f"{PAGE.name}[{index}]", "exec"), {"__name__": f"docs_example_{index}"})
+    printed = capsys.readouterr().out
+    expected = ["BaseModelOutputWithPoolingAndCrossAttentions", "torch.Size([2, 3, 8, 8])"][index]
+    assert expected in printed
+    assert list(tmp_path.glob("*.ait")), "the example saved its artifact"
