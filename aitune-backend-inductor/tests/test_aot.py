@@ -13,7 +13,7 @@ import torch
 
 from aitune.backend import LoadContext
 from aitune.converter import unstructure
-from aitune.errors import SerializationError
+from aitune.errors import BuildError, SerializationError
 from aitune.graph import Sample
 from aitune.testing import assert_matches_eager
 from aitune.testing.conformance import run_in_fresh_process
@@ -190,6 +190,27 @@ def _rewrite(package: Path, extra: dict[str, bytes], drop_suffix: str | None = N
                 dst.writestr(item, src.read(item))
         for name, data in extra.items():
             dst.writestr(f"{root}/{name}", data)
+
+
+def test_a_worker_build_that_lost_a_dynamic_axis_costs_only_its_candidate(built, tmp_path, monkeypatch) -> None:
+    """A package that ignores the batch axis (seen after torch.export.save/load) is refused in the worker."""
+    import torch._inductor
+
+    from aitune.backend import BuildContext
+    from aitune_backend_inductor import aot
+
+    _, graph, module = built
+    program, _ = aot._export(module, BuildContext(graph, samples(2), torch.device("cpu"), tmp_path, tmp_path), False)
+    reference = program.module()
+
+    def at_batch_two(*flat):  # what the broken package did: every call answered at the traced batch
+        return reference(*(t[:1].expand(2, *t.shape[1:]) for t in flat))
+
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda path: at_batch_two)
+    with pytest.raises(BuildError, match="lost a dynamic axis; build in-process instead"):
+        aot._agrees_with_program(program, tmp_path / "model.pt2", graph)
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda path: reference)
+    aot._agrees_with_program(program, tmp_path / "model.pt2", graph)  # a package that agrees passes
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,9 +25,13 @@ QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Ray refuses a temp dir inside a virtualenv, where nox points TMPDIR, and its socket paths must
+    # stay short: a folder of its own under /tmp
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
     yield
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture

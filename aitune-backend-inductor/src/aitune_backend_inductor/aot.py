@@ -99,6 +99,7 @@ class TorchInductorAotBackend(Backend):
             check_archive(path)
         except SerializationError as exc:
             raise BuildError(f"the package AOTInductor wrote cannot be loaded: {exc}") from exc
+        _agrees_with_program(program, path, context.graph)
         return _metadata({k: notes[k] for k in META_KEYS if k in notes})
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
@@ -214,6 +215,49 @@ def _kwarg_names(graph: GraphSpec) -> list[str]:
 
 def _minor(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def _agrees_with_program(program: Any, package: Path, graph: GraphSpec) -> None:
+    """In the worker: run the package and the exported program side by side at every range's ends.
+
+    A package compiled from a program that went through ``torch.export.save``/``load`` has been
+    seen to ignore a dynamic axis (torch 2.13, a CLIP text encoder: called at batch 1 it returned
+    batch 2 or read out of bounds). Checked here, such a build costs its candidate, in the worker,
+    never the user's process when the package is loaded and warmed up.
+    """
+    from torch._inductor import aoti_load_package
+    from torch.utils import _pytree as pytree
+
+    compiled, reference = aoti_load_package(str(package)), program.module()
+    for which in ("min", "max") if graph.dims else ("opt",):
+        sample = graph.example(which)
+        flat = [t.contiguous() for t in graph.flatten(sample.args, sample.kwargs)]
+        with torch.no_grad():
+            try:
+                got = pytree.tree_leaves(compiled(*flat))
+            except Exception as exc:
+                raise BuildError(
+                    f"the AOTInductor package fails at the {which} shapes ({type(exc).__name__}: {_first_lines(exc)}); "
+                    "build in-process instead (AITUNE_ISOLATE=none)"
+                ) from exc
+            want = pytree.tree_leaves(reference(*flat))
+        for i, (g, w) in enumerate(zip(got, want)):
+            if not isinstance(w, torch.Tensor):
+                continue
+            if not isinstance(g, torch.Tensor) or g.shape != w.shape:
+                raise BuildError(
+                    f"the AOTInductor package returns output {i} with shape {getattr(g, 'shape', None)} at the "
+                    f"{which} shapes, where the exported program returns {tuple(w.shape)}: the compiled package "
+                    "lost a dynamic axis; build in-process instead (AITUNE_ISOLATE=none)"
+                )
+            if w.is_floating_point() and w.numel():
+                err = float((g.double() - w.double()).abs().max())
+                bound = 1e-4 + 1e-2 * float(w.abs().max())  # a gross disagreement, not kernel rounding
+                if err > bound:
+                    raise BuildError(
+                        f"the AOTInductor package disagrees with the exported program at the {which} shapes "
+                        f"(output {i}: max abs difference {err:.3g}); build in-process instead (AITUNE_ISOLATE=none)"
+                    )
 
 
 def _first_lines(exc: Exception, n: int = 3) -> str:

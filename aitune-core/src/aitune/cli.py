@@ -1,4 +1,8 @@
-"""The ``aitune`` command line."""
+"""The ``aitune`` command line.
+
+Why one long module: one typer app with a function per command; each command is short, and
+the shared table printing keeps piped and terminal output alike across all of them.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ min/opt/max. ``batch`` is the shared batch dimension; other varying axes are gro
 ``d1``... (axes that always take the same value share a name, as sequence length does across
 ``input_ids`` and ``attention_mask``). Exporters turn names into ``torch.export.Dim`` s and
 TensorRT optimisation profiles; the dispatcher checks calls against the ranges.
+
+Why one long module: graph specs, their inference from samples, shape checks and the resizing
+of samples are one model of "what a build covers", and every other module reads them together.
 """
 
 from __future__ import annotations

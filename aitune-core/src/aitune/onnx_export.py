@@ -12,6 +12,9 @@ an explicit choice and, by default, as the fallback when the dynamo exporter fai
 
 ``onnx`` and ``onnxscript`` are imported only inside functions: aitune-core does not depend on
 them, the backends that export do.
+
+Why one long module: the dynamo exporter, the TorchScript fallback, nested IO and external
+data are one procedure with one set of errors; both ONNX backends call only its entry point.
 """
 
 from __future__ import annotations

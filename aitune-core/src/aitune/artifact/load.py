@@ -4,6 +4,9 @@ Every member's digest is checked before a runtime parses it, weights come from s
 and configs and the manifest from JSON: nothing is unpickled. A payload that cannot run here
 (missing plugin, CUDA payload without CUDA, a runtime that refuses it) raises a clear error, or
 with ``fallback="eager"`` leaves that module eager with a warning.
+
+Why one long module: loading is one ordered procedure (digests first, then the object, then
+every payload), and splitting it would scatter the order that makes it safe.
 """
 
 from __future__ import annotations

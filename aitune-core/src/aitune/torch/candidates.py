@@ -3,6 +3,9 @@
 :class:`GraphTuning` wraps the hook calls (build, validate, profile) so strategies read as their
 rules: ``build``, ``validate``, ``profile``, ``decide``. Every step writes into the candidate's
 report entry as it happens, and observers hear about each finished candidate.
+
+Why one long module: the state one strategy works on (build, validate, profile, decide) and the
+paired timing it needs belong together; strategies stay short by calling it.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 A module that fails to tune stays eager and the others go on (``fail_fast=True`` raises
 instead). Strategies whose documented behaviour is to raise (``raises_on_failure``: OneBackend's
 original error, LatencyBudget's unmet budget) always propagate.
+
+Why one long module: ``ait.tune``'s flow (record, agree across ranks, tune each module, report)
+reads top to bottom here; each step it calls lives in its own module.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ the module's ``forward`` to a :class:`TunedForward` (a dispatcher to each graph'
 module object, its class, its place in its parent, its ``state_dict`` and its hooks are
 untouched. A module that stays eager because of graph breaks or because no backend produced a
 correct build hands over to its children, down to ``config.max_depth``.
+
+Why one long module: admission, decisions, caching and installation share module-level state
+of the running program (the hooks and the decisions made); splitting it by job is left as
+follow-up work (issue 22).
 """
 
 from __future__ import annotations
