@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 import aitune.torch as ait
 from aitune import tree
 from aitune.errors import ArtifactError, InputError, UnsupportedValueError
+from aitune.testing import assert_matches_eager
 from aitune.testing.backends import FlatBackend, SlowModule
 from aitune.torch.recording import Canonicalizer
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
@@ -149,12 +150,12 @@ def test_keyword_calls_through_a_decorator_are_replayed_as_made(toy_backends):
     report = ait.tune(model, [{"x": x, "use_cache": None}, {"x": torch.randn(4, 8), "use_cache": None}])
     assert report.modules[0].status == "tuned", report.modules[0].error
     ((_, backend),) = model.tuned_graphs
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("error")  # every form of the call reaches the backend: no eager fallback
         before = backend.calls
         for out in (model(x=x, use_cache=None), model(x, use_cache=None), model(x, None, None), model(x)):
             assert type(out) is Out and out.label == "decoded"
-            assert torch.allclose(out.y, model.module(x).y, atol=1e-6)
+            assert_matches_eager(out.y, model.module(x).y)
         assert backend.calls == before + 4
 
 
@@ -180,7 +181,7 @@ def test_constants_split_graphs_and_types_survive_save_and_load(toy_backends, tm
     x = torch.randn(2, 8)
     for m in (model, fresh):
         assert type(m(x)) is collections.OrderedDict
-        assert torch.allclose(m(x, Mode.EXACT)["y"], 2 * m.module(x)["y"], atol=1e-6)
+        assert_matches_eager(m(x, Mode.EXACT)["y"], 2 * m.module(x)["y"])
         pair = m(x, with_pair=True)
         assert type(pair) is Pair and pair.skipped is None
 

@@ -27,7 +27,7 @@ HOOKS = sorted(name for name, fn in vars(hookspecs).items() if name.startswith("
 
 
 def test_there_are_hooks():
-    assert len(HOOKS) == 11
+    assert len(HOOKS) == 12
 
 
 @pytest.mark.parametrize("hook", HOOKS)
