@@ -14,9 +14,10 @@ import os
 import re
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from ..errors import ArtifactError, ArtifactIntegrityError
 
@@ -189,42 +190,37 @@ class Reader:
     def extract(self, prefix: str, target: Path) -> list[str]:
         """Write every member under ``prefix/`` into ``target``, checking each digest while copying."""
         written = []
-        for name, info in self.infos.items():
+        for name in self.infos:
             if not name.startswith(prefix + "/"):
                 continue
             rel = name[len(prefix) + 1 :]
             dest = target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            digest = hashlib.sha256()
-            try:
-                with self.zip.open(info) as src, open(dest, "wb") as out:
-                    for block in iter(lambda: src.read(_CHUNK), b""):
-                        digest.update(block)
-                        out.write(block)
-            except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
-                raise ArtifactIntegrityError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
-            if digest.hexdigest() != self.digests[name]:
-                raise ArtifactIntegrityError(
-                    f"{self.path}: member {name!r} does not match its SHA-256; the file was altered"
-                )
+            with open(dest, "wb") as out:
+                self._stream_checked(name, out.write)
             written.append(rel)
         return written
 
     def verify_all(self) -> None:
         """Check every member's digest, streaming, so a large payload is never held in memory."""
         for name in self.digests:
-            digest = hashlib.sha256()
-            try:
-                with self.zip.open(self.infos[name]) as src:
-                    for block in iter(lambda: src.read(_CHUNK), b""):
-                        digest.update(block)
-            except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
-                raise ArtifactIntegrityError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
-            if digest.hexdigest() != self.digests[name]:
-                raise ArtifactIntegrityError(
-                    f"{self.path}: member {name!r} does not match its SHA-256; the file was altered"
-                )
+            self._stream_checked(name, lambda block: None)
         self.verified = True
+
+    def _stream_checked(self, name: str, sink: Callable[[bytes], Any]) -> None:
+        """Hand member ``name`` to ``sink`` block by block; its digest must match the sums file."""
+        digest = hashlib.sha256()
+        try:
+            with self.zip.open(self.infos[name]) as src:
+                for block in iter(lambda: src.read(_CHUNK), b""):
+                    digest.update(block)
+                    sink(block)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
+            raise ArtifactIntegrityError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
+        if digest.hexdigest() != self.digests[name]:
+            raise ArtifactIntegrityError(
+                f"{self.path}: member {name!r} does not match its SHA-256; the file was altered"
+            )
 
     def read_prefix(self, name: str, size: int) -> bytes:
         """The first ``size`` bytes of a member, once :meth:`verify_all` has checked every digest."""

@@ -139,29 +139,21 @@ def install(
     tolerances: Mapping[str, Tolerance] | None,
 ) -> None:
     """Build, check and install rank 0's winners for every module of this rank."""
-    from .tuner import _strategy_for, graph_of, sizes_for
+    from .tuner import _strategy_for, graph_of, graph_tuning, sizes_for
 
-    manager = get_manager()
     for rec, chosen in zip(recs, decided.modules):
         module = rec.module
         mine = structure(unstructure(chosen), ModuleReport, "report")
         winners: list[tuple[Any, Backend]] = []
         if mine.status != "failed":
             for index, (graph_rec, graph_report) in enumerate(zip(rec.graphs.values(), mine.graphs)):
+                if graph_rec.error or graph_rec.eager_reason:
+                    continue  # runs eager on every rank, as rank 0 reported
                 sizes = sizes_for(graph_rec, batch_sizes)
                 graph = graph_of(module, graph_rec, sizes)
                 templates = _strategy_for(module, index, graph.key).candidates(defaults)
-                tuning = GraphTuning(
-                    module.name,
-                    module.module,
-                    graph,
-                    graph_rec.samples,
-                    device,
-                    manager.hook,
-                    manager.registry,
-                    sizes,
-                    module.tolerances or tolerances,
-                    GraphReport(graph_key=graph.key, graph={}),
+                tuning = graph_tuning(
+                    module, graph, graph_rec.samples, device, sizes, tolerances, GraphReport(graph.key, {})
                 )
                 where = f"{module.name} graph {index}"
                 if graph_report.routes:

@@ -27,7 +27,7 @@ from .. import __version__, distributed
 from .. import executor as executors
 from ..backend import Backend, Tolerance
 from ..errors import AituneError, InputError
-from ..graph import infer_graph
+from ..graph import GraphSpec, Sample, infer_graph
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, TuneReport
 from . import fanout, ranks, recording
@@ -340,6 +340,31 @@ def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any
     )
 
 
+def graph_tuning(
+    module: Module,
+    graph: GraphSpec,
+    samples: Sequence[Sample],
+    device: torch.device,
+    sizes: Sequence[int] | None,
+    tolerances: Mapping[str, Tolerance] | None,
+    graph_report: GraphReport,
+) -> GraphTuning:
+    """What a strategy works on for one graph of ``module``, with the process's hooks and registry."""
+    manager = get_manager()
+    return GraphTuning(
+        module.name,
+        module.module,
+        graph,
+        list(samples),
+        device,
+        manager.hook,
+        manager.registry,
+        sizes,
+        module.tolerances or tolerances,
+        graph_report,
+    )
+
+
 def tune_recorded(
     rec: recording.ModuleRecording,
     device: torch.device,
@@ -356,7 +381,6 @@ def tune_recorded(
     all have batch 1; ``dry_run`` stops after the graphs are known, installing nothing.
     """
     module = rec.module
-    manager = get_manager()
     report = ModuleReport(name=module.name, strategy=repr(_strategy_for(module, 0, "")))
     winners: list[tuple[Any, Backend]] = []
     try:
@@ -377,18 +401,7 @@ def tune_recorded(
             report.graphs.append(graph_report)
             if dry_run:
                 continue
-            tuning = GraphTuning(
-                module.name,
-                module.module,
-                graph,
-                graph_rec.samples,
-                device,
-                manager.hook,
-                manager.registry,
-                sizes,
-                module.tolerances or tolerances,
-                graph_report,
-            )
+            tuning = graph_tuning(module, graph, graph_rec.samples, device, sizes, tolerances, graph_report)
             try:
                 decision = strategy.tune(tuning, defaults)
             except Exception:
