@@ -7,6 +7,7 @@ import torch
 
 import aitune.torch as ait
 from aitune import executor, hookimpl
+from aitune.builtin.executor import active
 from aitune.errors import ConfigError
 from aitune.testing import assert_matches_eager, executors
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
@@ -56,7 +57,7 @@ class WatchProfiling:
 
     @hookimpl
     def aitune_profile(self, runners, batch_size, config, device):
-        session = executor.active()
+        session = active()
         self.in_flight.append(sum(not a.handle.future.done() for a in session._ahead.values()))
 
 

@@ -63,7 +63,7 @@ def model_and_data(batch_sizes: tuple[int, ...] = (4, 8)) -> tuple[torch.nn.Modu
 def demo_backends() -> list[Any]:
     """Every backend that can run here, with settings suited to the demo (quantization included)."""
     from .plugins import get_manager
-    from .torch.tuner import default_backends
+    from .torch.plan import default_backends
 
     backends = default_backends(torch.device("cpu"))
     registry = get_manager().registry

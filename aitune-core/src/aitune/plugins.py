@@ -60,8 +60,7 @@ class AituneManager:
         self._lock = threading.RLock()
         self.pm.hook.aitune_register_backends.call_historic(kwargs={"registry": self.registry})
         self.pm.hook.aitune_register_executors.call_historic(kwargs={"registry": self.executors})
-        from . import executor
-        from .builtin import buildcache, eager, isolation, journal, operations
+        from .builtin import buildcache, eager, executor, isolation, journal, operations
 
         # plugins that call other hooks are handed this manager's relay, never a global one
         self.register(operations, name="aitune.builtin.operations", distribution=CORE_DISTRIBUTION)

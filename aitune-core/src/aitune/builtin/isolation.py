@@ -114,12 +114,13 @@ class Isolation:
     def build_isolated(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
         """Build in a worker when isolation applies and the backend can export; else leave it to the default.
 
-        The tune's executor runs the worker (:mod:`aitune.executor`); a build it was handed ahead is
+        The tune's executor runs the worker (:mod:`aitune.builtin.executor`); a build it was handed ahead is
         taken here instead of exporting again.
         """
         if not isolated(backend):
             return None
-        from ..executor import BuildRequest, active
+        from ..executor import BuildRequest
+        from .executor import active
 
         session = active()
         ahead = session.take(backend, module, context)

@@ -3,7 +3,7 @@
 A strategy builds its candidates one after the other. When the tune's executor runs builds side
 by side (a Ray cluster), waiting for each in turn would waste it, so the builds that run in a
 worker are exported and submitted here, all at once; the strategy's own ``build`` then takes the
-finished result (see :meth:`aitune.executor.BuildSession.take`). FirstWins builds lazily by its
+finished result (see :meth:`aitune.builtin.executor.BuildSession.take`). FirstWins builds lazily by its
 rules, so only its first candidate goes ahead.
 """
 
@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from .. import executor
 from ..backend import Backend, BuildContext
+from ..builtin import executor
 from ..errors import AituneError
 from . import recording
+
+if TYPE_CHECKING:
+    from .module import Module
 
 logger = logging.getLogger("aitune")
 
 
 def submit_ahead(
-    recordings: Sequence[recording.ModuleRecording],
+    recordings: Sequence[recording.ModuleRecording[Module]],
     device: torch.device,
     batch_sizes: Sequence[int] | None,
     defaults: Sequence[Backend],
@@ -34,8 +38,8 @@ def submit_ahead(
         return 0
     from ..cache import cache_dir
     from ..plugins import get_manager
+    from .plan import graph_of, sizes_for, strategy_for
     from .strategies import FirstWinsStrategy
-    from .tuner import _strategy_for, graph_of, sizes_for
 
     registry = get_manager().registry
     submitted = 0
@@ -48,7 +52,7 @@ def submit_ahead(
                 graph = graph_of(module, graph_rec, sizes_for(graph_rec, batch_sizes))
             except AituneError:
                 continue  # the strategy's turn reports it
-            strategy = _strategy_for(module, index, graph.key)
+            strategy = strategy_for(module, index, graph.key)
             templates = strategy.candidates(defaults)
             if isinstance(strategy, FirstWinsStrategy):
                 templates = templates[:1]

@@ -14,7 +14,7 @@ every rank's modules then run eager, so no two ranks run different code.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from ..errors import AituneError, BuildError, DistributedTuneError, TuningError,
 from ..plugins import get_manager
 from ..report import CandidateReport, GraphReport, ModuleReport, TuneReport
 from . import recording
+
+if TYPE_CHECKING:
+    from .module import Module
 from .candidates import GraphTuning, narrow
 
 
@@ -40,13 +43,13 @@ def _config(backend: Backend) -> dict[str, Any]:
 
 
 def plan(
-    recs: Sequence[recording.ModuleRecording],
+    recs: Sequence[recording.ModuleRecording[Module]],
     device: torch.device,
     batch_sizes: Sequence[int] | None,
     defaults: Sequence[Backend],
 ) -> dict[str, Any]:
     """What this rank would tune, as JSON: modules, graphs (devices by type), strategies, candidates."""
-    from .tuner import _strategy_for, graph_of, sizes_for
+    from .plan import graph_of, sizes_for, strategy_for
 
     modules = []
     for rec in recs:
@@ -60,7 +63,7 @@ def plan(
             except AituneError as exc:
                 graphs.append({"error": str(exc)})
                 continue
-            strategy = _strategy_for(rec.module, index, graph.key)
+            strategy = strategy_for(rec.module, index, graph.key)
             candidates = [_config(b) for b in strategy.candidates(defaults)]
             graphs.append({"graph": unstructure(graph), "strategy": repr(strategy), "candidates": candidates})
         modules.append({"module": rec.module.name, "graphs": graphs})
@@ -104,7 +107,7 @@ def _first_difference(a: Any, b: Any, path: str, rank: int) -> str | None:
 def tune_together(
     group: Coordinator,
     tune_all: Callable[[], None],
-    recs: Sequence[recording.ModuleRecording],
+    recs: Sequence[recording.ModuleRecording[Module]],
     report: TuneReport,
     device: torch.device,
     batch_sizes: Sequence[int] | None,
@@ -130,7 +133,7 @@ def tune_together(
 
 def install(
     rank: int,
-    recs: Sequence[recording.ModuleRecording],
+    recs: Sequence[recording.ModuleRecording[Module]],
     decided: TuneReport,
     report: TuneReport,
     device: torch.device,
@@ -139,7 +142,7 @@ def install(
     tolerances: Mapping[str, Tolerance] | None,
 ) -> None:
     """Build, check and install rank 0's winners for every module of this rank."""
-    from .tuner import _strategy_for, graph_of, graph_tuning, sizes_for
+    from .plan import graph_of, graph_tuning, sizes_for, strategy_for
 
     for rec, chosen in zip(recs, decided.modules):
         module = rec.module
@@ -151,7 +154,7 @@ def install(
                     continue  # runs eager on every rank, as rank 0 reported
                 sizes = sizes_for(graph_rec, batch_sizes)
                 graph = graph_of(module, graph_rec, sizes)
-                templates = _strategy_for(module, index, graph.key).candidates(defaults)
+                templates = strategy_for(module, index, graph.key).candidates(defaults)
                 tuning = graph_tuning(
                     module, graph, graph_rec.samples, device, sizes, tolerances, GraphReport(graph.key, {})
                 )

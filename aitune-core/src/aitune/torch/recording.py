@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import torch
@@ -20,13 +20,10 @@ from .. import tree
 from ..errors import InputError, UnsupportedValueError
 from ..graph import Sample
 
-if TYPE_CHECKING:
-    from .module import Module
-
 _state = threading.local()
 
 
-def active_session() -> RecordingSession | None:
+def active_session() -> RecordingSession[Any] | None:
     return getattr(_state, "session", None)
 
 
@@ -45,9 +42,9 @@ def bypass() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def recording(max_samples: int) -> Iterator[RecordingSession]:
+def recording(max_samples: int) -> Iterator[RecordingSession[Any]]:
     previous = active_session()
-    session = RecordingSession(max_samples)
+    session: RecordingSession[Any] = RecordingSession(max_samples)
     _state.session = session
     try:
         yield session
@@ -206,21 +203,34 @@ class GraphRecording:
     """Why this graph runs eager without tuning (a value no backend can take), or None."""
 
 
+class Recordable(Protocol):
+    """What recording needs of a wrapper (``ait.Module``, the JIT's): how to read its calls.
+
+    A protocol, so this module never imports the wrappers that use it.
+    """
+
+    @property
+    def _canonicalize(self) -> Canonicalizer: ...
+
+
+W = TypeVar("W", bound=Recordable)
+
+
 @attrs.define
-class ModuleRecording:
-    module: Module
+class ModuleRecording(Generic[W]):
+    module: W
     graphs: dict[Any, GraphRecording] = attrs.field(factory=dict)
     calls: int = 0
 
 
-class RecordingSession:
+class RecordingSession(Generic[W]):
     """Everything wrapped modules saw during one ``ait.tune`` run, in first-call order."""
 
     def __init__(self, max_samples: int) -> None:
         self.max_samples = max_samples
-        self.modules: dict[int, ModuleRecording] = {}
+        self.modules: dict[int, ModuleRecording[W]] = {}
 
-    def record(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+    def record(self, module: W, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         rec = self.modules.setdefault(id(module), ModuleRecording(module))
         rec.calls += 1
         canonicalize = module._canonicalize

@@ -24,21 +24,18 @@ from typing import Any
 import torch
 
 from .. import __version__, distributed
-from .. import executor as executors
 from ..backend import Backend, Tolerance
+from ..builtin import executor as builds
 from ..errors import AituneError, InputError
-from ..graph import GraphSpec, Sample, infer_graph
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, TuneReport
 from . import fanout, ranks, recording
-from .candidates import GraphTuning, narrow
+from .candidates import narrow
 from .module import Module, wrapped_modules
+from .plan import AITUNE_DEFAULT_BATCH_SIZES, default_backends, graph_of, graph_tuning, sizes_for, strategy_for
 from .progress import TuneProgress, step
-from .strategies import MaxThroughputStrategy, TuneStrategy
 
 logger = logging.getLogger("aitune")
-AITUNE_DEFAULT_BATCH_SIZES = (1, 2)
-"""What ``batch_sizes=None`` means for data of batch-1 items, as in AITune."""
 
 
 def _call(fn: Callable[..., Any], sample: Any) -> Any:
@@ -64,23 +61,6 @@ def _device_of(modules: Sequence[Module]) -> torch.device:
         for b in m.module.buffers():
             return b.device
     return torch.device("cpu")
-
-
-def default_backends(device: torch.device) -> list[Backend]:
-    """Every installed backend that can run on ``device`` and is a default candidate, eager excluded."""
-    registry = get_manager().registry
-    out: list[Backend] = []
-    for name in registry.names():
-        spec = registry.spec(name)
-        if name == "torch_eager" or not spec.default_candidate:
-            continue
-        if registry.status(name).reason(device.type):
-            continue
-        try:
-            out.append(registry.backend_class(name)())
-        except Exception as exc:  # a plugin that cannot even construct its default is skipped, loudly
-            logger.warning("backend %s skipped: %s: %s", name, type(exc).__name__, exc)
-    return out
 
 
 def tune(
@@ -139,7 +119,8 @@ def tune(
     _inference_mode(wrapped_modules(model_or_callable), set_eval)
     kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
     progress = TuneProgress(config.show_progress if show_progress is None else show_progress)
-    with progress, kept, executors.session(get_manager(), executor):
+    manager = get_manager()
+    with progress, kept, builds.session(manager.executors, manager.registry, executor):
         return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances, dry_run)
 
 
@@ -242,7 +223,7 @@ def _tune(
     return report
 
 
-def _record(model_or_callable: Any, dataset: Iterable[Any], max_samples: int) -> recording.RecordingSession:
+def _record(model_or_callable: Any, dataset: Iterable[Any], max_samples: int) -> recording.RecordingSession[Module]:
     """Run the dataset through the model, recording every ait.Module it calls."""
     known = wrapped_modules(model_or_callable)
     if isinstance(model_or_callable, torch.nn.Module) and not known:
@@ -309,64 +290,8 @@ def _item_error(index: int, item: Any, first: Any, exc: Exception) -> Exception:
     )
 
 
-def _strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
-    if module.strategies is not None:
-        if isinstance(module.strategies, Mapping):
-            chosen = module.strategies.get(index, module.strategies.get(key))
-        else:
-            chosen = module.strategies[index] if index < len(module.strategies) else None
-        if chosen is not None:
-            return chosen
-    if module.strategy is not None:
-        return module.strategy
-    from . import config
-
-    return config.default_strategy() if config.default_strategy is not None else MaxThroughputStrategy()
-
-
-def sizes_for(
-    graph_rec: Any,
-    batch_sizes: Sequence[int] | None,
-    batch_one_sizes: Sequence[int] | None = AITUNE_DEFAULT_BATCH_SIZES,
-) -> Sequence[int] | None:
-    """The batch sizes one graph is tuned for: ``batch_sizes``, or for batch-1 data ``batch_one_sizes``."""
-    return batch_sizes or (batch_one_sizes if _batch_one(graph_rec.samples) else None)
-
-
-def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any:
-    """The graph spec of one recorded input structure of ``module``, for the batch sizes of :func:`sizes_for`."""
-    return infer_graph(
-        graph_rec.samples, module._canonicalize.arg_names, module.dynamic_shapes, sizes, graph_rec.outputs
-    )
-
-
-def graph_tuning(
-    module: Module,
-    graph: GraphSpec,
-    samples: Sequence[Sample],
-    device: torch.device,
-    sizes: Sequence[int] | None,
-    tolerances: Mapping[str, Tolerance] | None,
-    graph_report: GraphReport,
-) -> GraphTuning:
-    """What a strategy works on for one graph of ``module``, with the process's hooks and registry."""
-    manager = get_manager()
-    return GraphTuning(
-        module.name,
-        module.module,
-        graph,
-        list(samples),
-        device,
-        manager.hook,
-        manager.registry,
-        sizes,
-        module.tolerances or tolerances,
-        graph_report,
-    )
-
-
 def tune_recorded(
-    rec: recording.ModuleRecording,
+    rec: recording.ModuleRecording[Module],
     device: torch.device,
     batch_sizes: Sequence[int] | None,
     defaults: Sequence[Backend],
@@ -381,7 +306,7 @@ def tune_recorded(
     all have batch 1; ``dry_run`` stops after the graphs are known, installing nothing.
     """
     module = rec.module
-    report = ModuleReport(name=module.name, strategy=repr(_strategy_for(module, 0, "")))
+    report = ModuleReport(name=module.name, strategy=repr(strategy_for(module, 0, "")))
     winners: list[tuple[Any, Backend]] = []
     try:
         for index, graph_rec in enumerate(rec.graphs.values()):
@@ -396,7 +321,7 @@ def tune_recorded(
                 continue
             sizes = sizes_for(graph_rec, batch_sizes, batch_one_sizes)
             graph = graph_of(module, graph_rec, sizes)
-            strategy = _strategy_for(module, index, graph.key)
+            strategy = strategy_for(module, index, graph.key)
             graph_report = GraphReport(graph_key=graph.key, graph=_graph_json(graph))
             report.graphs.append(graph_report)
             if dry_run:
@@ -431,12 +356,6 @@ def tune_recorded(
     report.status = "tuned" if module.state == "tuned" else "eager"
     report.summary = summarize(report)
     return report
-
-
-def _batch_one(samples: Sequence[Any]) -> bool:
-    """True for AITune-style data: every tensor of every recorded call has a leading size of 1."""
-    tensors = [t for s in samples for t in s.tensors() if t.dim() > 0]
-    return bool(tensors) and all(t.shape[0] == 1 for t in tensors)
 
 
 def summarize(report: ModuleReport) -> str:

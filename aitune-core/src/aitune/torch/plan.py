@@ -1,0 +1,107 @@
+"""What one recorded graph of a wrapped module is tuned with: its sizes, spec, strategy and candidates.
+
+The tuner, the fan-out of builds ahead and the agreement between ranks all plan a graph the same
+way; this module is that one way, below all three.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..backend import Backend, Tolerance
+from ..graph import GraphSpec, Sample, infer_graph
+from ..plugins import get_manager
+from ..report import GraphReport
+from .candidates import GraphTuning
+from .strategies import MaxThroughputStrategy, TuneStrategy
+
+if TYPE_CHECKING:
+    from .module import Module
+
+logger = logging.getLogger("aitune")
+
+AITUNE_DEFAULT_BATCH_SIZES = (1, 2)
+"""What ``batch_sizes=None`` means for data of batch-1 items, as in AITune."""
+
+
+def default_backends(device: torch.device) -> list[Backend]:
+    """Every installed backend that can run on ``device`` and is a default candidate, eager excluded."""
+    registry = get_manager().registry
+    out: list[Backend] = []
+    for name in registry.names():
+        spec = registry.spec(name)
+        if name == "torch_eager" or not spec.default_candidate:
+            continue
+        if registry.status(name).reason(device.type):
+            continue
+        try:
+            out.append(registry.backend_class(name)())
+        except Exception as exc:  # a plugin that cannot even construct its default is skipped, loudly
+            logger.warning("backend %s skipped: %s: %s", name, type(exc).__name__, exc)
+    return out
+
+
+def strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
+    if module.strategies is not None:
+        if isinstance(module.strategies, Mapping):
+            chosen = module.strategies.get(index, module.strategies.get(key))
+        else:
+            chosen = module.strategies[index] if index < len(module.strategies) else None
+        if chosen is not None:
+            return chosen
+    if module.strategy is not None:
+        return module.strategy
+    from . import config
+
+    return config.default_strategy() if config.default_strategy is not None else MaxThroughputStrategy()
+
+
+def sizes_for(
+    graph_rec: Any,
+    batch_sizes: Sequence[int] | None,
+    batch_one_sizes: Sequence[int] | None = AITUNE_DEFAULT_BATCH_SIZES,
+) -> Sequence[int] | None:
+    """The batch sizes one graph is tuned for: ``batch_sizes``, or for batch-1 data ``batch_one_sizes``."""
+    return batch_sizes or (batch_one_sizes if _batch_one(graph_rec.samples) else None)
+
+
+def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any:
+    """The graph spec of one recorded input structure of ``module``, for the batch sizes of :func:`sizes_for`."""
+    return infer_graph(
+        graph_rec.samples, module._canonicalize.arg_names, module.dynamic_shapes, sizes, graph_rec.outputs
+    )
+
+
+def graph_tuning(
+    module: Module,
+    graph: GraphSpec,
+    samples: Sequence[Sample],
+    device: torch.device,
+    sizes: Sequence[int] | None,
+    tolerances: Mapping[str, Tolerance] | None,
+    graph_report: GraphReport,
+) -> GraphTuning:
+    """What a strategy works on for one graph of ``module``, with the process's hooks and registry."""
+    manager = get_manager()
+    return GraphTuning(
+        module.name,
+        module.module,
+        graph,
+        list(samples),
+        device,
+        manager.hook,
+        manager.registry,
+        sizes,
+        module.tolerances or tolerances,
+        graph_report,
+    )
+
+
+def _batch_one(samples: Sequence[Any]) -> bool:
+    """True for AITune-style data: every tensor of every recorded call has a leading size of 1."""
+    tensors = [t for s in samples for t in s.tensors() if t.dim() > 0]
+    return bool(tensors) and all(t.shape[0] == 1 for t in tensors)
