@@ -268,17 +268,59 @@ def test_hook_aitune_build_error(toy_backends, register_plugin):
     assert errors == [("m", "toy", "toy compiler crashed on purpose")]
 
 
+class _WrongToy(ToyBackend):
+    """Builds, but answers off by one: fails validation."""
+
+    name = "toy_wrong"
+
+    def infer(self, *args, **kwargs):
+        return super().infer(*args, **kwargs) + 1
+
+
 def test_hook_aitune_candidate_result(toy_backends, register_plugin):
+    """Each candidate's result is told as soon as it is complete, not when the graph is decided."""
+    events = []
+
+    class Listener:
+        @hookimpl
+        def aitune_build(self, backend, module, context):
+            events.append(("build", backend.name))
+
+        @hookimpl
+        def aitune_candidate_result(self, module_name, graph, candidate):
+            events.append(("result", module_name, candidate.backend, candidate.status, candidate.stage))
+
+        @hookimpl
+        def aitune_tune_finished(self, report):
+            events.append(("finished", report.modules[0].graphs[0].decision))
+
+    register_plugin(Listener())
+    backends = [ToyBackend(ToyConfig(fail_build=True)), ToyBackend(ToyConfig()), _WrongToy(ToyConfig())]
+    strategy = ait.MaxThroughputStrategy(backends=backends, profiling_config=QUICK)
+    ait.tune(ait.Module(SlowModule(), "m", strategy=strategy), [torch.randn(2, 8)])
+    assert events == [
+        ("build", "toy"),
+        ("result", "m", "toy", "failed", "build"),  # before the next build starts
+        ("build", "toy"),
+        ("build", "toy_wrong"),
+        ("result", "m", "toy_wrong", "failed", "validate"),
+        ("result", "m", "toy", "pending", None),  # the correct one: once profiled, before the decision
+        ("finished", "toy"),
+    ]
+
+
+def test_hook_aitune_candidate_result_fires_once_per_candidate(toy_backends, register_plugin):
+    """A candidate that passes the gate is told once, with its figures; the decision follows in the report."""
     results = []
 
     class Listener:
         @hookimpl
         def aitune_candidate_result(self, module_name, graph, candidate):
-            results.append((module_name, candidate.backend, candidate.status))
+            results.append((module_name, candidate.backend, len(candidate.profiles) > 0))
 
     register_plugin(Listener())
     ait.tune(_fast_model(), [torch.randn(2, 8)])
-    assert results == [("m", "toy", "selected")]
+    assert results == [("m", "toy", True)]
 
 
 def test_hook_aitune_tune_failed(toy_backends, register_plugin):

@@ -105,9 +105,13 @@ def test_the_journal_is_closed_when_tune_raises(toy_backends, tmp_path, monkeypa
     path = journal_path(tmp_path / "report.json")
     assert closed == [path]
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [line["event"] for line in lines] == ["started", "failed"]
+    assert [line["event"] for line in lines] == ["started", "candidate", "failed"]
     assert "toy compiler crashed on purpose" in lines[-1]["error"]
-    assert partial_report(path).modules == []
+    # the failed candidate was written when it failed, so what went wrong outlives the run
+    (module,) = partial_report(path).modules
+    assert module.status == "interrupted"
+    (candidate,) = module.graphs[0].candidates
+    assert (candidate.backend, candidate.status, candidate.stage) == ("toy", "failed", "build")
 
 
 def test_no_report_path_no_journal(toy_backends, tmp_path, monkeypatch):

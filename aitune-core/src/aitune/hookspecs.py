@@ -146,7 +146,10 @@ def aitune_build_error(module_name: str, graph: GraphSpec, backend: Backend, err
 
 @hookspec
 def aitune_candidate_result(module_name: str, graph: GraphSpec, candidate: CandidateReport) -> None:
-    """A candidate finished (built, validated and profiled, or failed). Return value ignored."""
+    """A candidate is complete, told once and at once: when it fails at any step (status ``failed``,
+    ``stage`` says where), when it has been profiled, or, for a correct candidate the strategy never
+    profiles, when the graph's decision is made. Until then its status is ``pending``; the decision
+    is in the module report (``aitune_tune_finished``). Return value ignored."""
 
 
 @hookspec

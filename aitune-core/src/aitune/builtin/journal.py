@@ -1,7 +1,7 @@
 """The tuning journal: progress written as it happens, so an interrupted ``ait.tune`` loses nothing.
 
-A built-in observer plugin. When ``ait.tune`` is given a ``report_path``, every finished
-candidate and module is appended as one JSON line to ``<report>.journal.jsonl`` beside it, and
+A built-in observer plugin. When ``ait.tune`` is given a ``report_path``, every candidate (as
+soon as it is complete: failed, or profiled) and every finished module is appended as one JSON line to ``<report>.journal.jsonl`` beside it, and
 flushed at once. If the run is stopped (Ctrl-C, a killed process, a crash), :func:`partial_report`
 rebuilds what was finished; the builds themselves are already in the build cache, so running the
 same ``ait.tune`` again reuses them (their candidates show ``from_cache``).

@@ -2,7 +2,9 @@
 
 :class:`GraphTuning` wraps the hook calls (build, validate, profile) so strategies read as their
 rules: ``build``, ``validate``, ``profile``, ``decide``. Every step writes into the candidate's
-report entry as it happens, and observers hear about each finished candidate.
+report entry as it happens, and observers hear about each candidate as soon as it is complete:
+when it fails (at any step), when it has been profiled, or, for a correct candidate the strategy
+never profiled, when the graph's decision is made.
 
 Why one long module: the state one strategy works on (build, validate, profile, decide) and the
 paired timing it needs belong together; strategies stay short by calling it.
@@ -43,6 +45,8 @@ class Candidate:
     backend: Backend
     report: CandidateReport
     error: BaseException | None = None
+    reported: bool = False
+    """Observers have heard its result (``aitune_candidate_result`` fires once per candidate)."""
 
     @property
     def name(self) -> str:
@@ -227,7 +231,7 @@ class GraphTuning:
             if results is None:
                 break
             if not any(c is not self.eager for c in results):
-                return measured  # every candidate failed to profile: nothing left to compare
+                break  # every candidate failed to profile: nothing left to compare
             eager = results.get(self.eager)
             for candidate, result in results.items():
                 if candidate is self.eager:  # the latest session's: the one FirstWins' winner was paired with
@@ -246,6 +250,9 @@ class GraphTuning:
             histories += [c.report.profiles for c in candidates if c.ok]
             if histories and all(config.profiling_stop_strategy.should_stop(h) for h in histories):
                 break
+        for candidate in candidates:
+            if candidate.ok and candidate.report.profiles:
+                self._complete(candidate)
         return measured
 
     def _session(
@@ -417,13 +424,13 @@ class GraphTuning:
         self.report.decision = candidate.name if candidate is not None else "torch_eager"
         self.report.reason = reason
         self.report.selected_batch_size = batch_size
-        for c in self.report.candidates:
-            self.hook.aitune_candidate_result(module_name=self.module_name, graph=self.graph, candidate=c)
+        for c in self.built:
+            self._complete(c)
 
     # -- helpers ----------------------------------------------------------------------------
 
     def _context(self, workdir: Path) -> BuildContext:
-        from ..cache import cache_dir
+        from ..cachedir import cache_dir
 
         return BuildContext(self.graph, self.samples, self.device, workdir, cache_dir(), self.module_name)
 
@@ -440,7 +447,16 @@ class GraphTuning:
         candidate.report.reason = reason
         candidate.error = error
         logger.info("%s: %s failed at %s: %s", self.module_name, candidate.name, stage, reason)
+        self._complete(candidate)
         return candidate
+
+    def _complete(self, candidate: Candidate) -> None:
+        """Tell observers ``candidate``'s result, once: its status is ``failed``, or still ``pending``
+        (complete, awaiting the graph's decision) unless the decision is made already."""
+        if candidate.reported or candidate is self.eager:
+            return
+        candidate.reported = True
+        self.hook.aitune_candidate_result(module_name=self.module_name, graph=self.graph, candidate=candidate.report)
 
     def _leading_size(self) -> int:
         first = self.graph.inputs[0] if self.graph.inputs else None
