@@ -73,7 +73,7 @@ def test_without_a_process_group_ranks_only_keep_their_own_folders(monkeypatch, 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path))
-    from aitune.cache import cache_dir
+    from aitune.cachedir import cache_dir
 
     assert cache_dir() == tmp_path / "rank-1-of-4"
     assert distributed.per_rank_path("out/tune.json") == Path("out/tune.rank-1-of-4.json")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import aitune.torch as ait
 from aitune.cli import app
-from aitune.reporting import render_html, render_markdown
+from aitune.render import render_html, render_markdown
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig, WrongBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 

@@ -498,7 +498,7 @@ def test_profiling_rotates_through_every_recorded_sample_at_every_recorded_batch
 
 
 def render_markdown_text(report):
-    from aitune.reporting import render_markdown
+    from aitune.render import render_markdown
 
     return render_markdown(report)
 

@@ -1,4 +1,9 @@
-"""Where aitune keeps what outlives one run: compiler caches and (later) built candidates."""
+"""The one folder where aitune keeps what outlives a run.
+
+Its users each keep a subfolder: the build cache of built candidates (``builds/``, see
+:mod:`aitune.builtin.buildcache`), the JIT's remembered decisions (see
+:mod:`aitune.torch.jit.store`) and the backends' compiler caches (``BuildContext.cache_dir``).
+"""
 
 from __future__ import annotations
 

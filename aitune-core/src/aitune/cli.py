@@ -322,7 +322,7 @@ def _write_reports(
     report: Any, report_path: Path | None, html_path: Path | None, markdown: bool, quiet: bool = False
 ) -> None:
     """Write the reports asked for; ``quiet`` keeps stdout to the JSON printed before."""
-    from .reporting import render_html, render_markdown
+    from .render import render_html, render_markdown
 
     if report_path is not None:
         report.save(report_path)

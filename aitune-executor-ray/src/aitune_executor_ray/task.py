@@ -49,7 +49,7 @@ def build(job: dict[str, Any], exported: dict[str, bytes] | None, shared: str | 
     import torch
 
     from aitune.builtin import isolation
-    from aitune.cache import cache_dir
+    from aitune.cachedir import cache_dir
 
     node = socket.gethostname()
     folder = Path(shared) if shared else Path(tempfile.mkdtemp(prefix="aitune-ray-build-"))

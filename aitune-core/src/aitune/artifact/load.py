@@ -348,7 +348,7 @@ def _unimportable(entry: GraphEntry) -> str | None:
 
 
 def _cache() -> Path:
-    from ..cache import cache_dir
+    from ..cachedir import cache_dir
 
     return cache_dir()
 

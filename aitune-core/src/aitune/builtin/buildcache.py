@@ -43,7 +43,7 @@ def enabled() -> bool:
 
 
 def builds_dir() -> Path:
-    from ..cache import cache_dir
+    from ..cachedir import cache_dir
 
     return cache_dir() / "builds"
 

@@ -1,4 +1,4 @@
-"""Turning a tuning report into something people read: markdown for CI logs, one HTML file."""
+"""Rendering a tuning report (the data of :mod:`aitune.report`) for people: markdown for CI logs, one HTML file."""
 
 from .html import render_html
 from .markdown import render_markdown

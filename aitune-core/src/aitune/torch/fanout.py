@@ -36,7 +36,7 @@ def submit_ahead(
     session = executor.active()
     if not session.executor.concurrent:
         return 0
-    from ..cache import cache_dir
+    from ..cachedir import cache_dir
     from ..plugins import get_manager
     from .plan import graph_of, sizes_for, strategy_for
     from .strategies import FirstWinsStrategy

@@ -49,7 +49,7 @@ class Remembered:
 
 
 def jit_dir() -> Path:
-    from ...cache import cache_dir
+    from ...cachedir import cache_dir
 
     return cache_dir() / "jit"
 
@@ -146,7 +146,7 @@ def load(
     path = entry / "decision.json"
     if not path.is_file():
         return None
-    from ...cache import cache_dir
+    from ...cachedir import cache_dir
 
     registry = get_manager().registry
     hook = get_manager().hook
