@@ -65,8 +65,8 @@ def demo_backends() -> list[Any]:
     from .plugins import get_manager
     from .torch.plan import default_backends
 
-    backends = default_backends(torch.device("cpu"))
     registry = get_manager().registry
+    backends = default_backends(registry, torch.device("cpu"))
     if "torchao" in registry and not registry.status("torchao").reason("cpu"):
         backends.append(registry.backend_class("torchao")())
     return backends

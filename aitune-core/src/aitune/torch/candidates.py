@@ -424,8 +424,8 @@ class GraphTuning:
         self.report.decision = candidate.name if candidate is not None else "torch_eager"
         self.report.reason = reason
         self.report.selected_batch_size = batch_size
-        for c in self.built:
-            self._complete(c)
+        for built in self.built:
+            self._complete(built)
 
     # -- helpers ----------------------------------------------------------------------------
 

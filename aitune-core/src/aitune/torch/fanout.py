@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..backend import Backend, BuildContext
+from ..backend import BuildContext
 from ..builtin import executor
 from ..errors import AituneError
 from . import recording
+from .plan import TuneRun, graph_of, strategy_for
+from .strategies import FirstWinsStrategy
 
 if TYPE_CHECKING:
     from .module import Module
@@ -26,22 +28,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aitune")
 
 
-def submit_ahead(
-    recordings: Sequence[recording.ModuleRecording[Module]],
-    device: torch.device,
-    batch_sizes: Sequence[int] | None,
-    defaults: Sequence[Backend],
-) -> int:
+def submit_ahead(recordings: Sequence[recording.ModuleRecording[Module]], run: TuneRun) -> int:
     """Submit every candidate build of every recorded graph; returns how many went ahead."""
     session = executor.active()
     if not session.executor.concurrent:
         return 0
     from ..cachedir import cache_dir
-    from ..plugins import get_manager
-    from .plan import graph_of, sizes_for, strategy_for
-    from .strategies import FirstWinsStrategy
 
-    registry = get_manager().registry
+    registry, device = run.registry, run.device
     submitted = 0
     for rec in recordings:
         module = rec.module
@@ -49,11 +43,11 @@ def submit_ahead(
             if graph_rec.error or graph_rec.eager_reason:
                 continue
             try:
-                graph = graph_of(module, graph_rec, sizes_for(graph_rec, batch_sizes))
+                graph = graph_of(module, graph_rec, run.sizes_for(graph_rec))
             except AituneError:
                 continue  # the strategy's turn reports it
             strategy = strategy_for(module, index, graph.key)
-            templates = strategy.candidates(defaults)
+            templates = strategy.candidates(run.defaults)
             if isinstance(strategy, FirstWinsStrategy):
                 templates = templates[:1]
             for template in templates:

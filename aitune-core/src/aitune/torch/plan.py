@@ -1,20 +1,24 @@
-"""What one recorded graph of a wrapped module is tuned with: its sizes, spec, strategy and candidates.
+"""What a tune works with, and how one recorded graph of a wrapped module is planned.
 
-The tuner, the fan-out of builds ahead and the agreement between ranks all plan a graph the same
-way; this module is that one way, below all three.
+A :class:`TuneRun` carries what one ``ait.tune`` (or one JIT decision) was handed: the plugin
+manager's hook relay and registry, the device, the default candidates and the user's settings.
+It is passed down, never looked up, as pytest passes ``config.hook``. The tuner, the fan-out of
+builds ahead and the agreement between ranks all plan a graph the same way (sizes, spec,
+strategy, :class:`GraphTuning`); this module is that one way, below all three.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 
 from ..backend import Backend, Tolerance
 from ..graph import GraphSpec, Sample, infer_graph
-from ..plugins import get_manager
+from ..registry import BackendRegistry
 from ..report import GraphReport
 from .candidates import GraphTuning
 from .strategies import MaxThroughputStrategy, TuneStrategy
@@ -28,9 +32,34 @@ AITUNE_DEFAULT_BATCH_SIZES = (1, 2)
 """What ``batch_sizes=None`` means for data of batch-1 items, as in AITune."""
 
 
-def default_backends(device: torch.device) -> list[Backend]:
+def _as_tuple(values: Iterable[Any] | None) -> Any:
+    return tuple(values) if values is not None else None
+
+
+@attrs.frozen
+class TuneRun:
+    """What one tune works with: handed down from ``ait.tune`` (or the JIT) to every step."""
+
+    hook: Any
+    """The plugin manager's hook relay: every build, validation and profile goes through it."""
+    registry: BackendRegistry
+    device: torch.device
+    defaults: tuple[Backend, ...] = attrs.field(converter=lambda values: _as_tuple(values))
+    """The default candidates (strategies without their own backend list try these)."""
+    batch_sizes: tuple[int, ...] | None = attrs.field(default=None, converter=lambda values: _as_tuple(values))
+    tolerances: Mapping[str, Tolerance] | None = None
+    batch_one_sizes: tuple[int, ...] | None = AITUNE_DEFAULT_BATCH_SIZES
+    """What ``batch_sizes=None`` means for a graph whose recorded calls all have batch 1."""
+    fail_fast: bool = False
+    dry_run: bool = False
+
+    def sizes_for(self, graph_rec: Any) -> Sequence[int] | None:
+        """The batch sizes one recorded graph is tuned for."""
+        return sizes_for(graph_rec, self.batch_sizes, self.batch_one_sizes)
+
+
+def default_backends(registry: BackendRegistry, device: torch.device) -> list[Backend]:
     """Every installed backend that can run on ``device`` and is a default candidate, eager excluded."""
-    registry = get_manager().registry
     out: list[Backend] = []
     for name in registry.names():
         spec = registry.spec(name)
@@ -77,26 +106,24 @@ def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any
 
 
 def graph_tuning(
+    run: TuneRun,
     module: Module,
     graph: GraphSpec,
     samples: Sequence[Sample],
-    device: torch.device,
     sizes: Sequence[int] | None,
-    tolerances: Mapping[str, Tolerance] | None,
     graph_report: GraphReport,
 ) -> GraphTuning:
-    """What a strategy works on for one graph of ``module``, with the process's hooks and registry."""
-    manager = get_manager()
+    """What a strategy works on for one graph of ``module``, with the run's hooks and registry."""
     return GraphTuning(
         module.name,
         module.module,
         graph,
         list(samples),
-        device,
-        manager.hook,
-        manager.registry,
+        run.device,
+        run.hook,
+        run.registry,
         sizes,
-        module.tolerances or tolerances,
+        module.tolerances or run.tolerances,
         graph_report,
     )
 

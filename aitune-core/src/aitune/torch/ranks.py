@@ -13,18 +13,17 @@ every rank's modules then run eager, so no two ranks run different code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from ..backend import Backend, Tolerance
+from ..backend import Backend
 from ..converter import structure, unstructure
 from ..distributed import Coordinator
 from ..errors import AituneError, BuildError, DistributedTuneError, TuningError, ValidationError
-from ..plugins import get_manager
+from ..registry import BackendRegistry
 from ..report import CandidateReport, GraphReport, ModuleReport, TuneReport
 from . import recording
+from .plan import TuneRun, graph_of, graph_tuning, strategy_for
 
 if TYPE_CHECKING:
     from .module import Module
@@ -35,22 +34,15 @@ class RankMismatchError(DistributedTuneError):
     """Ranks recorded different graphs or would try different candidates."""
 
 
-def _config(backend: Backend) -> dict[str, Any]:
+def _config(registry: BackendRegistry, backend: Backend) -> dict[str, Any]:
     try:
-        return get_manager().registry.config_to_json(backend.config, backend.name)
+        return registry.config_to_json(backend.config, backend.name)
     except AituneError:
         return {"backend": backend.name}
 
 
-def plan(
-    recs: Sequence[recording.ModuleRecording[Module]],
-    device: torch.device,
-    batch_sizes: Sequence[int] | None,
-    defaults: Sequence[Backend],
-) -> dict[str, Any]:
+def plan(recs: Sequence[recording.ModuleRecording[Module]], run: TuneRun) -> dict[str, Any]:
     """What this rank would tune, as JSON: modules, graphs (devices by type), strategies, candidates."""
-    from .plan import graph_of, sizes_for, strategy_for
-
     modules = []
     for rec in recs:
         graphs: list[dict[str, Any]] = []
@@ -59,15 +51,15 @@ def plan(
                 graphs.append({"eager": graph_rec.error or graph_rec.eager_reason})
                 continue
             try:
-                graph = graph_of(rec.module, graph_rec, sizes_for(graph_rec, batch_sizes))
+                graph = graph_of(rec.module, graph_rec, run.sizes_for(graph_rec))
             except AituneError as exc:
                 graphs.append({"error": str(exc)})
                 continue
             strategy = strategy_for(rec.module, index, graph.key)
-            candidates = [_config(b) for b in strategy.candidates(defaults)]
+            candidates = [_config(run.registry, b) for b in strategy.candidates(run.defaults)]
             graphs.append({"graph": unstructure(graph), "strategy": repr(strategy), "candidates": candidates})
         modules.append({"module": rec.module.name, "graphs": graphs})
-    return {"device": device.type, "modules": modules}
+    return {"device": run.device.type, "modules": modules}
 
 
 def agree(group: Coordinator) -> None:
@@ -109,10 +101,7 @@ def tune_together(
     tune_all: Callable[[], None],
     recs: Sequence[recording.ModuleRecording[Module]],
     report: TuneReport,
-    device: torch.device,
-    batch_sizes: Sequence[int] | None,
-    defaults: Sequence[Backend],
-    tolerances: Mapping[str, Tolerance] | None,
+    run: TuneRun,
 ) -> None:
     """Rank 0 tunes and decides; every other rank installs rank 0's winners. Fills ``report``."""
     try:
@@ -123,7 +112,7 @@ def tune_together(
         decided = TuneReport.from_json(group.inbox[0]["report"])
         with group.step("installing rank 0's winners"):
             if group.rank != 0:
-                install(group.rank, recs, decided, report, device, batch_sizes, defaults, tolerances)
+                install(group.rank, recs, decided, report, run)
     except DistributedTuneError:
         for rec in recs:
             rec.module._install([], None)
@@ -136,14 +125,9 @@ def install(
     recs: Sequence[recording.ModuleRecording[Module]],
     decided: TuneReport,
     report: TuneReport,
-    device: torch.device,
-    batch_sizes: Sequence[int] | None,
-    defaults: Sequence[Backend],
-    tolerances: Mapping[str, Tolerance] | None,
+    run: TuneRun,
 ) -> None:
     """Build, check and install rank 0's winners for every module of this rank."""
-    from .plan import graph_of, graph_tuning, sizes_for, strategy_for
-
     for rec, chosen in zip(recs, decided.modules):
         module = rec.module
         mine = structure(unstructure(chosen), ModuleReport, "report")
@@ -152,12 +136,10 @@ def install(
             for index, (graph_rec, graph_report) in enumerate(zip(rec.graphs.values(), mine.graphs)):
                 if graph_rec.error or graph_rec.eager_reason:
                     continue  # runs eager on every rank, as rank 0 reported
-                sizes = sizes_for(graph_rec, batch_sizes)
+                sizes = run.sizes_for(graph_rec)
                 graph = graph_of(module, graph_rec, sizes)
-                templates = strategy_for(module, index, graph.key).candidates(defaults)
-                tuning = graph_tuning(
-                    module, graph, graph_rec.samples, device, sizes, tolerances, GraphReport(graph.key, {})
-                )
+                templates = strategy_for(module, index, graph.key).candidates(run.defaults)
+                tuning = graph_tuning(run, module, graph, graph_rec.samples, sizes, GraphReport(graph.key, {}))
                 where = f"{module.name} graph {index}"
                 if graph_report.routes:
                     built: dict[str, Backend] = {}
@@ -190,7 +172,7 @@ def _build_winner(
     tuning: GraphTuning, templates: Sequence[Backend], selected: CandidateReport, rank: int, where: str
 ) -> Backend:
     """Build rank 0's choice here and check it against this rank's eager module; record both."""
-    template = next((t for t in templates if _config(t) == selected.config), None)
+    template = next((t for t in templates if _config(tuning.registry, t) == selected.config), None)
     template = template or next((t for t in templates if t.name == selected.backend), None)
     if template is None:
         raise TuningError(f"{where}: rank {rank} has no candidate {selected.backend} that rank 0 chose")

@@ -27,12 +27,12 @@ from .. import __version__, distributed
 from ..backend import Backend, Tolerance
 from ..builtin import executor as builds
 from ..errors import AituneError, InputError
-from ..plugins import get_manager
+from ..plugins import AituneManager, get_manager
 from ..report import GraphReport, ModuleReport, TuneReport
 from . import fanout, ranks, recording
 from .candidates import narrow
 from .module import Module, wrapped_modules
-from .plan import AITUNE_DEFAULT_BATCH_SIZES, default_backends, graph_of, graph_tuning, sizes_for, strategy_for
+from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for
 from .progress import TuneProgress, step
 
 logger = logging.getLogger("aitune")
@@ -121,7 +121,9 @@ def tune(
     progress = TuneProgress(config.show_progress if show_progress is None else show_progress)
     manager = get_manager()
     with progress, kept, builds.session(manager.executors, manager.registry, executor):
-        return _tune(model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances, dry_run)
+        return _tune(
+            manager, model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances, dry_run
+        )
 
 
 @contextlib.contextmanager
@@ -156,6 +158,7 @@ def _inference_mode(modules: Sequence[Module], set_eval: bool) -> None:
 
 
 def _tune(
+    manager: AituneManager,
     model_or_callable: Any,
     dataset: Iterable[Any],
     batch_sizes: Sequence[int] | None,
@@ -167,15 +170,23 @@ def _tune(
     dry_run: bool = False,
 ) -> TuneReport:
     started = time.perf_counter()
-    manager = get_manager()
     group = distributed.coordinator()  # None in a single process
     with distributed.step(group, "recording") as outbox:
         session = _record(model_or_callable, dataset, max_samples)
         modules = [rec.module for rec in session.modules.values()]
         tune_device = torch.device(device) if device is not None else _device_of(modules)
-        defaults = default_backends(tune_device)
+        run = TuneRun(
+            manager.hook,
+            manager.registry,
+            tune_device,
+            default_backends(manager.registry, tune_device),
+            batch_sizes,
+            tolerances,
+            fail_fast=fail_fast,
+            dry_run=dry_run,
+        )
         if group is not None:
-            outbox["plan"] = ranks.plan(list(session.modules.values()), tune_device, batch_sizes, defaults)
+            outbox["plan"] = ranks.plan(list(session.modules.values()), run)
     if group is not None:
         ranks.agree(group)
     report = TuneReport(
@@ -197,11 +208,9 @@ def _tune(
 
     def tune_all() -> None:
         if not dry_run:
-            fanout.submit_ahead(list(session.modules.values()), tune_device, batch_sizes, defaults)
+            fanout.submit_ahead(list(session.modules.values()), run)
         for rec in session.modules.values():
-            module_report = tune_recorded(
-                rec, tune_device, batch_sizes, defaults, tolerances, fail_fast, AITUNE_DEFAULT_BATCH_SIZES, dry_run
-            )
+            module_report = tune_recorded(run, rec)
             report.modules.append(module_report)
             logger.info("%s", module_report.summary)
 
@@ -209,9 +218,7 @@ def _tune(
         if group is None:
             tune_all()
         else:
-            ranks.tune_together(
-                group, tune_all, list(session.modules.values()), report, tune_device, batch_sizes, defaults, tolerances
-            )
+            ranks.tune_together(group, tune_all, list(session.modules.values()), report, run)
     except BaseException as exc:
         report.duration_s = time.perf_counter() - started
         manager.hook.aitune_tune_failed(report=report, error=exc)
@@ -290,21 +297,12 @@ def _item_error(index: int, item: Any, first: Any, exc: Exception) -> Exception:
     )
 
 
-def tune_recorded(
-    rec: recording.ModuleRecording[Module],
-    device: torch.device,
-    batch_sizes: Sequence[int] | None,
-    defaults: Sequence[Backend],
-    tolerances: Mapping[str, Tolerance] | None,
-    fail_fast: bool,
-    batch_one_sizes: Sequence[int] | None = None,
-    dry_run: bool = False,
-) -> ModuleReport:
+def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module]) -> ModuleReport:
     """Tune one recorded module graph by graph and install the winners (also the JIT's entry point).
 
-    ``batch_one_sizes`` stands for ``batch_sizes`` when that is None and a graph's recorded calls
-    all have batch 1; ``dry_run`` stops after the graphs are known, installing nothing.
+    With ``run.dry_run`` it stops after the graphs are known, installing nothing.
     """
+    fail_fast = run.fail_fast
     module = rec.module
     report = ModuleReport(name=module.name, strategy=repr(strategy_for(module, 0, "")))
     winners: list[tuple[Any, Backend]] = []
@@ -319,16 +317,16 @@ def tune_recorded(
                     GraphReport(graph_key=f"eager-{digest}", graph={}, decision="torch_eager", reason=reason)
                 )
                 continue
-            sizes = sizes_for(graph_rec, batch_sizes, batch_one_sizes)
+            sizes = run.sizes_for(graph_rec)
             graph = graph_of(module, graph_rec, sizes)
             strategy = strategy_for(module, index, graph.key)
             graph_report = GraphReport(graph_key=graph.key, graph=_graph_json(graph))
             report.graphs.append(graph_report)
-            if dry_run:
+            if run.dry_run:
                 continue
-            tuning = graph_tuning(module, graph, graph_rec.samples, device, sizes, tolerances, graph_report)
+            tuning = graph_tuning(run, module, graph, graph_rec.samples, sizes, graph_report)
             try:
-                decision = strategy.tune(tuning, defaults)
+                decision = strategy.tune(tuning, run.defaults)
             except Exception:
                 if strategy.raises_on_failure:
                     fail_fast = True
@@ -348,7 +346,7 @@ def tune_recorded(
         if not isinstance(exc, AituneError):
             logger.exception("%s: unexpected error while tuning", module.name)
         return report
-    if dry_run:
+    if run.dry_run:
         report.status = "dry run"
         report.summary = f"{module.name}: dry run, {len(report.graphs)} graph(s), nothing built"
         return report

@@ -339,10 +339,14 @@ def _decide(module: torch.nn.Module, cand: _Candidate) -> Decision:
                 _remember(key, cand, "descended", why)
                 logger.info("aitune jit: %s stays eager (%s); trying its children", cand.name, why)
                 return _descend(module, cand, why)
+    from ...plugins import get_manager
+    from ..plan import TuneRun
     from ..tuner import tune_recorded
 
     object.__setattr__(cand.wrapper, "strategy", strategy)
-    report = tune_recorded(rec, device, None, candidates, None, False)
+    manager = get_manager()
+    run = TuneRun(manager.hook, manager.registry, device, candidates, batch_one_sizes=None)
+    report = tune_recorded(run, rec)
     winners = list(cand.wrapper.tuned_graphs)
     if cand.wrapper.state == "tuned":
         names = _install(module, cand, winners)
@@ -451,20 +455,19 @@ def graph_break_reason(module: torch.nn.Module, sample: Sample) -> str | None:
 
 def _strategy(device: torch.device) -> tuple[TuneStrategy, list[Backend]]:
     """The strategy for a module on ``device`` and the candidate backends it will try, in order."""
-    from ..tuner import default_backends
+    from ...plugins import get_manager
+    from ..plan import default_backends
 
+    registry = get_manager().registry
     strategy = config.strategy
     if strategy is None:
         if config.backends is not None:
-            from ...plugins import get_manager
-
-            registry = get_manager().registry
             strategy = FirstWinsStrategy([registry.backend_class(n)() for n in config.backends])
         else:
             # the Inductor JIT compiles almost anything, so it is the fallback behind the exporting backends
-            ordered = sorted(default_backends(device), key=lambda b: b.name == INDUCTOR_JIT)
+            ordered = sorted(default_backends(registry, device), key=lambda b: b.name == INDUCTOR_JIT)
             strategy = FirstWinsStrategy(ordered)
-    defaults = default_backends(device) if strategy.backends is None else []
+    defaults = default_backends(registry, device) if strategy.backends is None else []
     return strategy, strategy.candidates(defaults)
 
 
