@@ -45,7 +45,7 @@ from ..guard import Guard, RecheckWeights
 from ..module import Module
 from ..recording import Canonicalizer, RecordingSession
 from ..strategies import FirstWinsStrategy, TuneStrategy
-from . import config, store
+from . import config, decision_store
 
 logger = logging.getLogger("aitune")
 
@@ -319,8 +319,8 @@ def _decide(module: torch.nn.Module, cand: _Candidate) -> Decision:
     specs = [infer_graph(g.samples, cand.wrapper._canonicalize.arg_names, None, None, g.outputs) for g in graphs]
     key = None
     if config.remember:
-        key = store.decision_key(cand.twin, specs, device, repr(strategy), candidates)
-        remembered = store.load(key, cand.name, cand.twin, specs, device)
+        key = decision_store.decision_key(cand.twin, specs, device, repr(strategy), candidates)
+        remembered = decision_store.load(key, cand.name, cand.twin, specs, device)
         if remembered is not None:
             wrong = _stale_winner(cand, graphs, remembered)
             if wrong is None:
@@ -330,7 +330,7 @@ def _decide(module: torch.nn.Module, cand: _Candidate) -> Decision:
                 cand.name,
                 wrong,
             )
-            store.forget(key)
+            decision_store.forget(key)
     if config.detect_graph_breaks:
         for g in graphs:
             reason = graph_break_reason(cand.twin, g.samples[0])
@@ -360,7 +360,7 @@ def _decide(module: torch.nn.Module, cand: _Candidate) -> Decision:
     return _decision(module, cand, "eager", reason=why)
 
 
-def _stale_winner(cand: _Candidate, graphs: Sequence[Any], remembered: store.Remembered) -> str | None:
+def _stale_winner(cand: _Candidate, graphs: Sequence[Any], remembered: decision_store.Remembered) -> str | None:
     """Why a remembered winner is wrong for the module as it is now (checked on the recorded calls), or None."""
     from ...plugins import get_manager
 
@@ -378,7 +378,7 @@ def _stale_winner(cand: _Candidate, graphs: Sequence[Any], remembered: store.Rem
     return None
 
 
-def _reuse(module: torch.nn.Module, cand: _Candidate, remembered: store.Remembered) -> Decision:
+def _reuse(module: torch.nn.Module, cand: _Candidate, remembered: decision_store.Remembered) -> Decision:
     if remembered.outcome == "tuned":
         names = _install(module, cand, [(g, b) for g, b in remembered.winners if b is not None])
         logger.info("aitune jit: reusing tuned %s (%s) from cache", cand.name, ", ".join(dict.fromkeys(names)))
@@ -395,7 +395,7 @@ def _remember(
     key: str | None, cand: _Candidate, outcome: str, reason: str, winners: Sequence[tuple[GraphSpec, Backend]] = ()
 ) -> None:
     if key is not None:
-        store.save(key, cand.name, outcome, reason, winners)
+        decision_store.save(key, cand.name, outcome, reason, winners)
 
 
 def _descend(module: torch.nn.Module, cand: _Candidate, why: str, from_cache: bool = False) -> Decision:
@@ -413,8 +413,8 @@ def _descend(module: torch.nn.Module, cand: _Candidate, why: str, from_cache: bo
 def _install(
     module: torch.nn.Module, cand: _Candidate, winners: Sequence[tuple[GraphSpec, Backend]]
 ) -> tuple[str, ...]:
-    routes = [(g, b.infer) for g, b in winners if b.name != store.EAGER]
-    names = tuple(b.name for g, b in winners if b.name != store.EAGER)
+    routes = [(g, b.infer) for g, b in winners if b.name != decision_store.EAGER]
+    names = tuple(b.name for g, b in winners if b.name != decision_store.EAGER)
     baked = [b.name for g, b in winners if not b.follows_weights()]
     module.forward = TunedForward(module, cand.name, cand.wrapper._canonicalize, routes, names, baked)
     _tuned.add(module)
