@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,15 @@ def test_tunes_a_top_level_module_after_min_samples_and_keeps_its_hooks(jit_on: 
     assert seen == [2, 2, 3, 3, 2, 2, 3, 3]  # the user's hook still runs on every call, tuned or eager
     jit.disable()
     assert "forward" not in model.__dict__
+
+
+def test_disable_leaves_no_global_hook_behind(jit_on: None) -> None:
+    """After disable(), torch.compile in the same process does not warn about global module hooks."""
+    jit.disable()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        compiled = torch.compile(torch.nn.Linear(4, 4), backend="eager")
+        compiled(torch.randn(2, 4))
 
 
 def test_graph_break_keeps_parent_eager_and_tunes_child(jit_on: None) -> None:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .engine import enable
+from .hooks import enable
 
 enable()

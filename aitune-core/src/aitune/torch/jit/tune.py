@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from . import engine
+from . import hooks
 
 logger = logging.getLogger("aitune")
 
@@ -21,7 +21,7 @@ def deferred() -> None:
     call of ``deferred()``. Without JIT mode on, this does nothing, so a script runs unchanged
     with and without ``AITUNE_JIT``.
     """
-    if not engine.enabled():
+    if not hooks.enabled():
         logger.debug("aitune jit: deferred() called while JIT tuning is off; nothing to do")
         return
-    engine.request_tuning()
+    hooks.request_tuning()

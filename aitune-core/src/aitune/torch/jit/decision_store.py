@@ -32,7 +32,8 @@ from ...builtin.buildcache import module_digest
 from ...converter import unstructure
 from ...errors import ConfigError, SerializationError
 from ...graph import GraphSpec
-from ...plugins import get_manager
+from ...registry import BackendRegistry
+from ..plan import TuneRun
 
 logger = logging.getLogger("aitune")
 FORMAT = 1
@@ -54,8 +55,7 @@ def jit_dir() -> Path:
     return cache_dir() / "jit"
 
 
-def _backend_identity(backend: Backend) -> dict[str, Any]:
-    registry = get_manager().registry
+def _backend_identity(registry: BackendRegistry, backend: Backend) -> dict[str, Any]:
     try:
         config: Any = registry.config_to_json(backend.config, backend.name)
     except (ConfigError, SerializationError):
@@ -78,20 +78,15 @@ def environment(device: torch.device) -> dict[str, Any]:
     return out
 
 
-def decision_key(
-    module: torch.nn.Module,
-    graphs: Sequence[GraphSpec],
-    device: torch.device,
-    strategy: str,
-    candidates: Sequence[Backend],
-) -> str:
+def decision_key(run: TuneRun, module: torch.nn.Module, graphs: Sequence[GraphSpec], strategy: str) -> str:
+    """The key of ``module``'s decision for ``graphs`` under ``strategy`` with the run's candidates."""
     payload = {
         "format": FORMAT,
         "module": module_digest(module),
         "graphs": [unstructure(g) for g in graphs],
         "strategy": strategy,
-        "candidates": [_backend_identity(b) for b in candidates],
-        "environment": environment(device),
+        "candidates": [_backend_identity(run.registry, b) for b in run.defaults],
+        "environment": environment(run.device),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -105,12 +100,13 @@ def forget(key: str) -> None:
     shutil.rmtree(_entry(key), ignore_errors=True)
 
 
-def save(key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple[GraphSpec, Backend]] = ()) -> bool:
+def save(
+    run: TuneRun, key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple[GraphSpec, Backend]] = ()
+) -> bool:
     """Write one decision atomically; returns False (and stores nothing) when a winner cannot be saved."""
     entry = _entry(key)
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
-    hook = get_manager().hook
     try:
         graphs = []
         for index, (graph, backend) in enumerate(winners):
@@ -118,9 +114,9 @@ def save(key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple
             if backend.name != EAGER:
                 folder = staging / str(index)
                 folder.mkdir()
-                metadata = hook.aitune_serialize(backend=backend, directory=folder) or {}
+                metadata = run.hook.aitune_serialize(backend=backend, directory=folder) or {}
                 record.update(
-                    config=get_manager().registry.config_to_json(backend.config, backend.name),
+                    config=run.registry.config_to_json(backend.config, backend.name),
                     metadata=metadata,
                     payload=str(index),
                 )
@@ -138,9 +134,7 @@ def save(key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def load(
-    key: str, name: str, module: torch.nn.Module, graphs: Sequence[GraphSpec], device: torch.device
-) -> Remembered | None:
+def load(run: TuneRun, key: str, name: str, module: torch.nn.Module, graphs: Sequence[GraphSpec]) -> Remembered | None:
     """The remembered decision with its winners loaded (no build), or None when there is none or it is unusable."""
     entry = _entry(key)
     path = entry / "decision.json"
@@ -148,8 +142,7 @@ def load(
         return None
     from ...cachedir import cache_dir
 
-    registry = get_manager().registry
-    hook = get_manager().hook
+    registry, hook, device = run.registry, run.hook, run.device
     try:
         decision = json.loads(path.read_text())
         if decision.get("format") != FORMAT:
