@@ -17,7 +17,7 @@ from aitune.builtin.eager import TorchEagerBackend
 from aitune.graph import infer_graph
 from aitune.report import ProfileResult, ValidationReport
 from aitune.testing import TinyMLP, assert_matches_eager, tiny_samples
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig, WrongBackend
 from aitune.testing.faults import IsolatedToyBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
@@ -268,15 +268,6 @@ def test_hook_aitune_build_error(toy_backends, register_plugin):
     assert errors == [("m", "toy", "toy compiler crashed on purpose")]
 
 
-class _WrongToy(ToyBackend):
-    """Builds, but answers off by one: fails validation."""
-
-    name = "toy_wrong"
-
-    def infer(self, *args, **kwargs):
-        return super().infer(*args, **kwargs) + 1
-
-
 def test_hook_aitune_candidate_result(toy_backends, register_plugin):
     """Each candidate's result is told as soon as it is complete, not when the graph is decided."""
     events = []
@@ -295,7 +286,7 @@ def test_hook_aitune_candidate_result(toy_backends, register_plugin):
             events.append(("finished", report.modules[0].graphs[0].decision))
 
     register_plugin(Listener())
-    backends = [ToyBackend(ToyConfig(fail_build=True)), ToyBackend(ToyConfig()), _WrongToy(ToyConfig())]
+    backends = [ToyBackend(ToyConfig(fail_build=True)), ToyBackend(ToyConfig()), WrongBackend(ToyConfig())]
     strategy = ait.MaxThroughputStrategy(backends=backends, profiling_config=QUICK)
     ait.tune(ait.Module(SlowModule(), "m", strategy=strategy), [torch.randn(2, 8)])
     assert events == [
