@@ -69,6 +69,37 @@ def test_a_build_failure_on_one_rank_fails_both_with_its_error(outcomes):
         assert outcome["states_after_failure"] == ["passthrough", "passthrough"], "every rank runs eager after it"
 
 
+def test_with_rank_decision_slowest_the_slowest_ranks_figures_decide_on_every_rank(outcomes):
+    _, _, (zero, one) = outcomes
+    # the candidate that drops the sleep is fastest on rank 0 but 10 ms slower per call on rank 1
+    assert zero["slowest"]["installed"] == one["slowest"]["installed"] == ["toy:0.5"]
+    assert zero["slowest"]["decided_by"] == one["slowest"]["decided_by"] == "slowest"
+    assert zero["slowest"]["p50"] == one["slowest"]["p50"], "every rank reports the same, exchanged figures"
+    assert min(zero["slowest"]["p50"]["0.0"]) >= 10.0, "rank 1's figure counted for the candidate slow there"
+
+
+def test_with_rank_decision_slowest_a_candidate_correct_on_one_rank_only_fails_both(outcomes):
+    _, _, (zero, one) = outcomes
+    for outcome in (zero, one):
+        error = outcome["diverged"]
+        assert error.startswith("DistributedTuneError: the ranks went different ways"), error
+        assert "profile torch_eager, toy, toy at batch 2 while rank 1 was single: profile torch_eager, toy at" in error
+        assert "every rank must build and validate the same candidates" in error
+        assert outcome["state_after_divergence"] == "passthrough", "the module runs eager on every rank"
+        # rank 1 had nothing to time and reached the end while rank 0 was profiling
+        assert outcome["nothing_to_time"].startswith("DistributedTuneError: the ranks went different ways")
+        assert "while rank 1 was tuning on every rank" in outcome["nothing_to_time"]
+
+
+def test_rank_decision_is_checked(monkeypatch):
+    assert distributed.rank_decision() == "rank0"
+    monkeypatch.setenv("AITUNE_RANK_DECISION", "Slowest")
+    assert distributed.rank_decision() == "slowest"
+    assert distributed.rank_decision("rank0") == "rank0", "the argument wins over the variable"
+    with pytest.raises(ConfigError, match="not one of rank0, slowest"):
+        distributed.rank_decision("fastest")
+
+
 def test_without_a_process_group_ranks_only_keep_their_own_folders(monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")

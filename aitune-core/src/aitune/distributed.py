@@ -11,7 +11,12 @@ application that tunes on some ranks only (``if rank == 0: ait.tune(...)``) sets
 ``AITUNE_DISTRIBUTED=off``: every rank must call ``ait.tune`` together otherwise.
 
 Every step ends with an exchange of each rank's status, so a failure on any rank fails the tune
-on every rank with that rank's error, and no rank waits for one that gave up.
+on every rank with that rank's error, and no rank waits for one that gave up. Steps are named, and
+ranks that reach differently named steps at one exchange (one went another way) fail together too.
+
+Who decides (``ait.tune(..., rank_decision=...)`` or ``AITUNE_RANK_DECISION``): ``rank0`` (the
+default) tunes on rank 0 and installs its winners everywhere; ``slowest`` tunes on every rank in
+lockstep, each timing its own builds, and every figure decided on is the slowest rank's.
 """
 
 from __future__ import annotations
@@ -84,6 +89,21 @@ def timeout_s() -> float:
     if value <= 0:
         raise ConfigError(f"AITUNE_DISTRIBUTED_TIMEOUT_S={raw!r} must be a number of seconds > 0")
     return value
+
+
+RANK_DECISIONS = ("rank0", "slowest")
+
+
+def rank_decision(value: str | None = None) -> str:
+    """Who decides for the ranks: ``value``, else ``AITUNE_RANK_DECISION``, else ``rank0``."""
+    chosen = (value if value is not None else os.environ.get("AITUNE_RANK_DECISION", "")).strip().lower()
+    chosen = chosen or "rank0"
+    if chosen not in RANK_DECISIONS:
+        raise ConfigError(
+            f"rank_decision={chosen!r} is not one of {', '.join(RANK_DECISIONS)}: rank0 tunes on rank 0 and "
+            "installs its winners everywhere; slowest times on every rank and decides on the slowest rank's figures"
+        )
+    return chosen
 
 
 def enabled() -> bool:
@@ -161,7 +181,8 @@ class Coordinator:
             raise DistributedTuneError(
                 f"{self.label} gave up waiting for the other ranks while {step} ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}): a rank died or is stuck (its own log says "
-                "why), or rank 0's tune took longer than AITUNE_DISTRIBUTED_TIMEOUT_S"
+                "why), or rank 0's tune took longer than AITUNE_DISTRIBUTED_TIMEOUT_S",
+                final=True,
             ) from exc
 
     @contextlib.contextmanager
@@ -175,21 +196,35 @@ class Coordinator:
         error: Exception | None = None
         try:
             yield outbox
+        except DistributedTuneError as exc:
+            if exc.final:  # every rank knows already (an inner step's exchange), or none can be reached
+                raise
+            error = exc
         except Exception as exc:
             error = exc
         if error is None:
-            message = {"ok": True, **outbox}
+            message = {"ok": True, "step": name, **outbox}
         else:
-            message = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+            message = {"ok": False, "step": name, "error": f"{type(error).__name__}: {error}"}
         self.inbox = [json.loads(t) for t in self.exchange(json.dumps(message, default=str), name)]
         failed = [(rank, m["error"]) for rank, m in enumerate(self.inbox) if not m["ok"]]
         if failed:
             rank, text = failed[0]
             more = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
             raise DistributedTuneError(
-                f"ait.tune failed on rank {rank} of {self.world_size} while {name}{more}: {text}",
+                f"ait.tune failed on rank {rank} of {self.world_size} while {self.inbox[rank]['step']}{more}: {text}",
                 rank=rank,
+                final=True,
             ) from error
+        strayed = next((r for r, m in enumerate(self.inbox) if m["step"] != self.inbox[0]["step"]), None)
+        if strayed is not None:
+            raise DistributedTuneError(
+                f"the ranks went different ways: rank 0 was {self.inbox[0]['step']} while rank {strayed} was "
+                f"{self.inbox[strayed]['step']}; with rank_decision='slowest' every rank must build and validate "
+                "the same candidates (rank_decision='rank0' tolerates machines that differ)",
+                rank=strayed,
+                final=True,
+            )
 
 
 @contextlib.contextmanager

@@ -87,8 +87,13 @@ class SerializationError(ArtifactError):
 
 
 class DistributedTuneError(TuningError):
-    """Ranks of a ``torch.distributed`` job could not tune together; ``rank`` is the one that failed."""
+    """Ranks of a ``torch.distributed`` job could not tune together; ``rank`` is the one that failed.
 
-    def __init__(self, message: str, rank: int | None = None) -> None:
+    ``final``: no rank needs telling, because every rank raised it from the same exchange or the
+    others cannot be reached; an enclosing step passes it on without another exchange.
+    """
+
+    def __init__(self, message: str, rank: int | None = None, final: bool = False) -> None:
         super().__init__(message)
         self.rank = rank
+        self.final = final

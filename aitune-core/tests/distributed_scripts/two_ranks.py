@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -38,6 +39,26 @@ def installed(model: Pipeline) -> list[list[str]]:
     return [
         [f"{b.name}:{getattr(b.config, 'speed', '')}" for _, b in m.tuned_graphs] for m in (model.encoder, model.head)
     ]
+
+
+class SlowOnRankOne(ToyBackend):
+    """Its speed on rank 0; 10 ms slower per call on rank 1 (another GPU, a busier node)."""
+
+    def infer(self, *args, **kwargs):
+        if dist.get_rank() == 1:
+            time.sleep(0.01)
+        return super().infer(*args, **kwargs)
+
+
+class WrongOnRankOne(ToyBackend):
+    """Correct on rank 0, wrong on rank 1: the ranks cannot time the same candidates."""
+
+    def transform(self, output, args):
+        return output + 1.0 if dist.get_rank() == 1 else output
+
+
+def single(strategy: ait.MaxThroughputStrategy) -> ait.Module:
+    return ait.Module(SlowModule(), "single", strategy=strategy)
 
 
 class InjectedFailure:
@@ -97,6 +118,35 @@ def main() -> None:
     except Exception as exc:
         outcome["injected"] = f"{type(exc).__name__}: {exc}"
     outcome["states_after_failure"] = [failing.encoder.state, failing.head.state]
+
+    # 4. every rank times its own builds and the slowest rank's figures decide, the same on every rank
+    manager.pm.unregister(name="injected-failure") if rank == 1 else None
+    fast_here = SlowOnRankOne(ToyConfig(speed=0.0))  # the fastest on rank 0, the slowest on rank 1
+    model = single(ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=0.5)), fast_here], QUICK))
+    report = ait.tune(model, data, rank_decision="slowest")
+    candidates = report.modules[0].graphs[0].candidates
+    outcome["slowest"] = {
+        "installed": [f"{b.name}:{b.config.speed}" for _, b in model.tuned_graphs],
+        "decided_by": report.environment["distributed"]["decided_by"],
+        "p50": {str(c.config["speed"]): [p.p50_ms for p in c.profiles] for c in candidates},
+    }
+
+    # 5. a candidate that passes validation on one rank only: the tune fails on both ranks, which run eager
+    model = single(ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=0.5)), WrongOnRankOne(ToyConfig())], QUICK))
+    try:
+        ait.tune(model, data, rank_decision="slowest")
+        outcome["diverged"] = None
+    except Exception as exc:
+        outcome["diverged"] = f"{type(exc).__name__}: {exc}"
+    outcome["state_after_divergence"] = model.state
+
+    # 6. the only candidate is wrong on rank 1, which then profiles nothing: still no hang
+    model = single(ait.MaxThroughputStrategy([WrongOnRankOne(ToyConfig())], QUICK))
+    try:
+        ait.tune(model, data, rank_decision="slowest")
+        outcome["nothing_to_time"] = None
+    except Exception as exc:
+        outcome["nothing_to_time"] = f"{type(exc).__name__}: {exc}"
 
     (out / f"outcome-{rank}.json").write_text(json.dumps(outcome))
     dist.destroy_process_group()

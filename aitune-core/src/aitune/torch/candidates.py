@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -112,6 +112,32 @@ class _RunnerFailed(Exception):
 
 
 @attrs.frozen
+class ProfileOutcome:
+    """What one profiling session gave: every runner's result, or out of memory, or the runner that raised."""
+
+    results: Mapping[str, ProfileResult] | None = None
+    out_of_memory: bool = False
+    failed_key: str | None = None
+    error: Exception | None = None
+
+
+class SharedFigures(Protocol):
+    """Figures measured by several processes made one, so that each decides the same way.
+
+    ``ait.tune(..., rank_decision="slowest")`` hands every rank's :class:`GraphTuning` one that
+    exchanges them with the other ranks and keeps the slowest (see :mod:`aitune.torch.ranks`).
+    """
+
+    def profiles(self, step: str, outcome: ProfileOutcome) -> ProfileOutcome:
+        """This process's profiling session in, the one every process decides on out."""
+        ...
+
+    def cost_ms(self, step: str, value: float) -> float:
+        """A cost measured here in, the one every process uses out."""
+        ...
+
+
+@attrs.frozen
 class Route:
     """One batch range of a graph and the candidate that serves it (None: eager)."""
 
@@ -142,6 +168,7 @@ class GraphTuning:
         batch_sizes: Sequence[int] | None,
         tolerances: Mapping[str, Tolerance] | None,
         report: GraphReport,
+        shared: SharedFigures | None = None,
     ) -> None:
         self.module_name = module_name
         self.module = module
@@ -153,6 +180,8 @@ class GraphTuning:
         self.batch_sizes = tuple(batch_sizes) if batch_sizes else None
         self.tolerances = tolerances
         self.report = report
+        self.shared = shared
+        """Several ranks deciding on shared figures, or None: this process's figures are the ones."""
         self.eager = Candidate(TorchEagerBackend(), CandidateReport("torch_eager", {"backend": "torch_eager"}))
         self.eager.backend.build(module, self._context(Path(tempfile.gettempdir())))
         self.built: list[Candidate] = []
@@ -268,36 +297,49 @@ class GraphTuning:
             contenders = ([self.eager] if with_eager else []) + [c for c in candidates if c.ok]
             keys = [f"{c.name}#{i}" for i, c in enumerate(contenders)]
             calls = {k: _guarded(k, _runner(c.backend, inputs)) for k, c in zip(keys, contenders)}
-            names = ", ".join(c.name for c in contenders)
+            what = f"{self.module_name}: profile {', '.join(c.name for c in contenders)} at batch {batch_size}"
             try:
-                with progress.step(f"{self.module_name}: profile {names} at batch {batch_size}"), recording.bypass():
-                    results = self.hook.aitune_profile(
-                        runners=calls, batch_size=batch_size, config=config, device=self.device
+                with progress.step(what), recording.bypass():
+                    outcome = ProfileOutcome(
+                        self.hook.aitune_profile(
+                            runners=calls, batch_size=batch_size, config=config, device=self.device
+                        )
                     )
             except torch.OutOfMemoryError:
+                outcome = ProfileOutcome(out_of_memory=True)
+            except _RunnerFailed as failed:
+                outcome = ProfileOutcome(failed_key=failed.key, error=failed.error)
+            if self.shared is not None:
+                outcome = self.shared.profiles(what, outcome)
+            if outcome.out_of_memory:
                 logger.warning(
                     "%s: out of memory at batch size %d; profiling stops there", self.module_name, batch_size
                 )
                 return None
-            except _RunnerFailed as failed:
-                culprit = contenders[keys.index(failed.key)]
+            if outcome.failed_key is not None:
+                error = outcome.error or RuntimeError("raised while profiled")
+                culprit = contenders[keys.index(outcome.failed_key)]
                 if culprit is self.eager:
-                    raise failed.error from None
+                    raise error from None
                 self._fail(
                     culprit,
                     "profile",
-                    f"raised while profiled at batch {batch_size}: {type(failed.error).__name__}: {failed.error}",
-                    failed.error,
+                    f"raised while profiled at batch {batch_size}: {type(error).__name__}: {error}",
+                    error,
                 )
                 continue
-            return {c: results[k] for k, c in zip(keys, contenders)}
+            assert outcome.results is not None
+            return {c: outcome.results[k] for k, c in zip(keys, contenders)}
 
     def dispatch_cost_ms(self, config: ProfilingConfig) -> float:
         """What a call through ``ait.Module`` adds to a tuned backend (measured once per graph)."""
         if config.dispatch_cost_ms is not None:
             return config.dispatch_cost_ms
         if self._dispatch_ms is None:
-            self._dispatch_ms = measure_dispatch_ms(self.graph, self.samples[0])
+            measured = measure_dispatch_ms(self.graph, self.samples[0])
+            if self.shared is not None:
+                measured = self.shared.cost_ms(f"{self.module_name}: dispatch cost", measured)
+            self._dispatch_ms = measured
         return self._dispatch_ms
 
     def versus_eager(self, candidate: Candidate, batch_size: int) -> Comparison | None:

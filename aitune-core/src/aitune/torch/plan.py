@@ -20,7 +20,7 @@ from ..backend import Backend, Tolerance
 from ..graph import GraphSpec, Sample, infer_graph
 from ..registry import BackendRegistry
 from ..report import GraphReport
-from .candidates import GraphTuning
+from .candidates import GraphTuning, SharedFigures
 from .strategies import MaxThroughputStrategy, TuneStrategy
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ class TuneRun:
     """What ``batch_sizes=None`` means for a graph whose recorded calls all have batch 1."""
     fail_fast: bool = False
     dry_run: bool = False
+    shared: SharedFigures | None = None
+    """Ranks deciding on the slowest rank's figures (``rank_decision="slowest"``), else None."""
 
     def sizes_for(self, graph_rec: Any) -> Sequence[int] | None:
         """The batch sizes one recorded graph is tuned for."""
@@ -125,6 +127,7 @@ def graph_tuning(
         sizes,
         module.tolerances or run.tolerances,
         graph_report,
+        run.shared,
     )
 
 

@@ -7,6 +7,10 @@
 3. Every other rank builds exactly rank 0's winners on its own device, checks them against its own
    eager module, and installs them. Its report is rank 0's, with its own builds and validation.
 
+With ``rank_decision="slowest"`` step 2 and 3 are one: every rank tunes its own builds in lockstep,
+and each profiling session's figures (and the dispatch cost) are exchanged so that every rank
+decides on the slowest rank's (:class:`SlowestRank`). Ranks then check that they decided alike.
+
 A failure on any rank in any step fails ``ait.tune`` on every rank with that rank's error, and
 every rank's modules then run eager, so no two ranks run different code.
 """
@@ -21,13 +25,13 @@ from ..converter import structure, unstructure
 from ..distributed import Coordinator
 from ..errors import AituneError, BuildError, DistributedTuneError, TuningError, ValidationError
 from ..registry import BackendRegistry
-from ..report import CandidateReport, GraphReport, ModuleReport, TuneReport
+from ..report import CandidateReport, GraphReport, ModuleReport, ProfileResult, TuneReport
 from . import recording
 from .plan import TuneRun, graph_of, graph_tuning, strategy_for
 
 if TYPE_CHECKING:
     from .module import Module
-from .candidates import GraphTuning, narrow
+from .candidates import GraphTuning, ProfileOutcome, narrow
 
 
 class RankMismatchError(DistributedTuneError):
@@ -103,7 +107,10 @@ def tune_together(
     report: TuneReport,
     run: TuneRun,
 ) -> None:
-    """Rank 0 tunes and decides; every other rank installs rank 0's winners. Fills ``report``."""
+    """Rank 0 tunes and decides and every other rank installs its winners, or (``run.shared``) every
+    rank tunes on the slowest rank's figures. Fills ``report``."""
+    if run.shared is not None:
+        return _tune_on_slowest(group, tune_all, recs, report)
     try:
         with group.step("tuning on rank 0") as outbox:
             if group.rank == 0:
@@ -118,6 +125,102 @@ def tune_together(
             rec.module._install([], None)
         raise
     report.environment["distributed"] = {"rank": group.rank, "world_size": group.world_size, "decided_by": 0}
+
+
+def _tune_on_slowest(
+    group: Coordinator,
+    tune_all: Callable[[], None],
+    recs: Sequence[recording.ModuleRecording[Module]],
+    report: TuneReport,
+) -> None:
+    try:
+        with group.step("tuning on every rank") as outbox:
+            tune_all()
+            outbox["decisions"] = _decisions(report)
+        decided = [m["decisions"] for m in group.inbox]
+        for rank, theirs in enumerate(decided[1:], 1):
+            where = _first_difference(decided[0], theirs, "decisions", rank)
+            if where:
+                raise DistributedTuneError(
+                    f"the ranks decided differently on the same figures: {where}; a strategy that decides on "
+                    "anything but the shared figures cannot use rank_decision='slowest'",
+                    rank=rank,
+                    final=True,
+                )
+    except DistributedTuneError:
+        for rec in recs:
+            rec.module._install([], None)
+        raise
+    report.environment["distributed"] = {
+        "rank": group.rank,
+        "world_size": group.world_size,
+        "decided_by": "slowest",
+    }
+
+
+def _decisions(report: TuneReport) -> list[dict[str, Any]]:
+    """What each graph of each module runs: the part of a report every rank must agree on."""
+    return [
+        {
+            "module": m.name,
+            "status": m.status,
+            "graphs": [
+                {"decision": g.decision, "routes": [[r.batch_min, r.batch_max, r.backend] for r in g.routes]}
+                for g in m.graphs
+            ],
+        }
+        for m in report.modules
+    ]
+
+
+class SlowestRank:
+    """Shared figures of ``rank_decision="slowest"``: each is the slowest rank's, the same on every rank.
+
+    Every profiling session is one step: the ranks exchange their results as JSON and each
+    candidate's result becomes the one with the highest p50 among the ranks (eager's too). A
+    runner that raised on any rank fails on every rank; out of memory on any rank ends the sweep
+    on every rank. Ranks whose sessions timed different candidates fail together.
+    """
+
+    def __init__(self, group: Coordinator) -> None:
+        self.group = group
+
+    def profiles(self, step: str, outcome: ProfileOutcome) -> ProfileOutcome:
+        mine: dict[str, Any] = {"out_of_memory": outcome.out_of_memory, "failed_key": outcome.failed_key}
+        if outcome.failed_key is not None:
+            mine["error"] = f"{type(outcome.error).__name__}: {outcome.error}"
+        if outcome.results is not None:
+            mine["results"] = {key: unstructure(result) for key, result in outcome.results.items()}
+        with self.group.step(step) as outbox:
+            outbox["profile"] = mine
+        theirs = [m["profile"] for m in self.group.inbox]
+        failed = next((r for r, t in enumerate(theirs) if t["failed_key"] is not None), None)
+        if failed is not None:
+            if failed == self.group.rank:
+                return outcome
+            error = RuntimeError(f"on rank {failed}: {theirs[failed]['error']}")
+            return ProfileOutcome(failed_key=theirs[failed]["failed_key"], error=error)
+        if any(t["out_of_memory"] for t in theirs):
+            return ProfileOutcome(out_of_memory=True)
+        keys = sorted(theirs[0]["results"])
+        other = next((r for r, t in enumerate(theirs) if sorted(t["results"]) != keys), None)
+        if other is not None:
+            raise DistributedTuneError(
+                f"rank 0 timed {', '.join(keys)} while rank {other} timed {', '.join(sorted(theirs[other]['results']))} "
+                f"({step}): a candidate built or passed validation on some ranks only",
+                rank=other,
+                final=True,
+            )
+        merged = {}
+        for key in keys:
+            results = [structure(t["results"][key], ProfileResult, "profile") for t in theirs]
+            merged[key] = max(results, key=lambda p: p.p50_ms)
+        return ProfileOutcome(merged)
+
+    def cost_ms(self, step: str, value: float) -> float:
+        with self.group.step(step) as outbox:
+            outbox["cost_ms"] = value
+        return max(float(m["cost_ms"]) for m in self.group.inbox)
 
 
 def install(

@@ -26,7 +26,7 @@ import torch
 from .. import __version__, distributed
 from ..backend import Backend, Tolerance
 from ..builtin import executor as builds
-from ..errors import AituneError, InputError
+from ..errors import AituneError, DistributedTuneError, InputError
 from ..plugins import AituneManager, get_manager
 from ..report import GraphReport, ModuleReport, TuneReport
 from . import fanout, ranks, recording
@@ -79,6 +79,7 @@ def tune(
     max_num_batches_per_batch_size: int | None = None,
     set_eval: bool = False,
     executor: str | None = None,
+    rank_decision: str | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -92,8 +93,10 @@ def tune(
     tuning report (also written to ``report_path`` when given). ``show_progress`` (default: when
     stderr is a terminal) shows each step live; every step is logged on the ``aitune`` logger
     either way. ``executor`` names where isolated builds run (``"local"``, ``"ray"``; default
-    ``AITUNE_EXECUTOR``, else local). Arguments left as None take their value from
-    :mod:`aitune.torch.config`.
+    ``AITUNE_EXECUTOR``, else local). ``rank_decision`` says who decides when the ranks of a
+    ``torch.distributed`` job tune together: ``"rank0"`` (default; ``AITUNE_RANK_DECISION``) or
+    ``"slowest"`` (every rank times its own builds; the slowest rank's figures count). Arguments
+    left as None take their value from :mod:`aitune.torch.config`.
 
     Tuning is for inference: a wrapped module in training mode whose code reads ``self.training``
     (Dropout, BatchNorm, ...) is refused, or with ``set_eval=True`` switched to eval mode (logged).
@@ -116,13 +119,24 @@ def tune(
             )
         fail_fast = not ignore_failing_modules
     fail = config.fail_fast if fail_fast is None else fail_fast
+    decide_by = distributed.rank_decision(rank_decision)
     _inference_mode(wrapped_modules(model_or_callable), set_eval)
     kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
     progress = TuneProgress(config.show_progress if show_progress is None else show_progress)
     manager = get_manager()
     with progress, kept, builds.session(manager.executors, manager.registry, executor):
         return _tune(
-            manager, model_or_callable, dataset, batch_sizes, device, samples, fail, report_path, tolerances, dry_run
+            manager,
+            model_or_callable,
+            dataset,
+            batch_sizes,
+            device,
+            samples,
+            fail,
+            report_path,
+            tolerances,
+            dry_run,
+            decide_by,
         )
 
 
@@ -168,6 +182,7 @@ def _tune(
     report_path: str | Path | None,
     tolerances: Mapping[str, Tolerance] | None,
     dry_run: bool = False,
+    decide_by: str = "rank0",
 ) -> TuneReport:
     started = time.perf_counter()
     group = distributed.coordinator()  # None in a single process
@@ -184,6 +199,7 @@ def _tune(
             tolerances,
             fail_fast=fail_fast,
             dry_run=dry_run,
+            shared=ranks.SlowestRank(group) if group is not None and decide_by == "slowest" else None,
         )
         if group is not None:
             outbox["plan"] = ranks.plan(list(session.modules.values()), run)
@@ -341,7 +357,7 @@ def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module]) -> Modul
         module._install([], report)
         report.status, report.error = "failed", f"{type(exc).__name__}: {exc}"
         report.summary = f"{module.name}: tuning failed, running eager: {report.error}"
-        if fail_fast:
+        if fail_fast or isinstance(exc, DistributedTuneError):  # ranks out of step end the tune on every rank
             raise
         if not isinstance(exc, AituneError):
             logger.exception("%s: unexpected error while tuning", module.name)
