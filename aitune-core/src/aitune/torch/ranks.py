@@ -68,16 +68,25 @@ def plan(recs: Sequence[recording.ModuleRecording[Module]], run: TuneRun) -> dic
 
 def agree(group: Coordinator) -> None:
     """Raise :class:`RankMismatchError` on every rank when any rank's plan differs from rank 0's."""
-    plans = [message["plan"] for message in group.inbox]
-    for rank, other in enumerate(plans[1:], 1):
-        where = _first_difference(plans[0], other, "plan", rank)
+    found = _differing_rank(group, "plan")
+    if found:
+        rank, where = found
+        raise RankMismatchError(
+            f"rank {rank} would tune something other than rank 0, so they cannot share one decision: {where}. "
+            "Give every rank batches of the same shapes and dtypes, the same ait.Module wrappers and strategies, "
+            "and the same installed backends",
+            rank=rank,
+        )
+
+
+def _differing_rank(group: Coordinator, key: str) -> tuple[int, str] | None:
+    """The first rank whose ``key`` in the last exchange differs from rank 0's, and where; or None."""
+    values = [message[key] for message in group.inbox]
+    for rank, other in enumerate(values[1:], 1):
+        where = _first_difference(values[0], other, key, rank)
         if where:
-            raise RankMismatchError(
-                f"rank {rank} would tune something other than rank 0, so they cannot share one decision: {where}. "
-                "Give every rank batches of the same shapes and dtypes, the same ait.Module wrappers and strategies, "
-                "and the same installed backends",
-                rank=rank,
-            )
+            return rank, where
+    return None
 
 
 def _first_difference(a: Any, b: Any, path: str, rank: int) -> str | None:
@@ -137,16 +146,15 @@ def _tune_on_slowest(
         with group.step("tuning on every rank") as outbox:
             tune_all()
             outbox["decisions"] = _decisions(report)
-        decided = [m["decisions"] for m in group.inbox]
-        for rank, theirs in enumerate(decided[1:], 1):
-            where = _first_difference(decided[0], theirs, "decisions", rank)
-            if where:
-                raise DistributedTuneError(
-                    f"the ranks decided differently on the same figures: {where}; a strategy that decides on "
-                    "anything but the shared figures cannot use rank_decision='slowest'",
-                    rank=rank,
-                    final=True,
-                )
+        found = _differing_rank(group, "decisions")
+        if found:
+            rank, where = found
+            raise DistributedTuneError(
+                f"the ranks decided differently on the same figures: {where}; a strategy that decides on "
+                "anything but the shared figures cannot use rank_decision='slowest'",
+                rank=rank,
+                final=True,
+            )
     except DistributedTuneError:
         for rec in recs:
             rec.module._install([], None)
