@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aitune.report import ProfileResult
-from aitune.torch.candidates import compare
+from aitune.torch.figures import compare
 from aitune.torch.task.profiling import (
     CvMeasuringStopStrategy,
     ModelExecutionTimeMeasuringStrategy,

@@ -464,7 +464,7 @@ def test_dispatch_cost_is_charged_before_the_gate(toy_backends, register_plugin)
 
 def test_dispatch_cost_is_measured_through_the_dispatcher():
     from aitune.graph import Sample, infer_graph
-    from aitune.torch.candidates import measure_dispatch_ms
+    from aitune.torch.figures import measure_dispatch_ms
 
     samples = [Sample((x,)) for x in data(2, 4)]
     graph = infer_graph(samples, ("x",), None, None)

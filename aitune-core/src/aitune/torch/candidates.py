@@ -7,7 +7,8 @@ when it fails (at any step), when it has been profiled, or, for a correct candid
 never profiled, when the graph's decision is made.
 
 Why one long module: the state one strategy works on (build, validate, profile, decide) and the
-paired timing it needs belong together; strategies stay short by calling it.
+paired timing sessions it needs belong together; strategies stay short by calling it. The figures
+those sessions give (the speedup against eager, the dispatch cost) are :mod:`.figures`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ import collections
 import itertools
 import logging
 import shutil
-import statistics
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import torch
@@ -33,6 +32,7 @@ from ..errors import ConfigError, SerializationError
 from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
 from ..report import CandidateReport, GraphReport, ProfileResult, RouteReport
 from . import progress, recording
+from .figures import Comparison, ProfileOutcome, SharedFigures, compare, measure_dispatch_ms, with_dispatch
 from .task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 logger = logging.getLogger("aitune")
@@ -60,48 +60,6 @@ class Candidate:
         return next((p for p in self.report.profiles if p.batch_size == batch_size), None)
 
 
-@attrs.frozen
-class Comparison:
-    """A candidate against a baseline (eager, or another candidate) timed in the same session."""
-
-    speedup: float
-    """Baseline p50 over candidate p50: the figure candidates are ranked by, gated on and shown with."""
-    low_speedup: float
-    """The lower end of its interval: the lower quartile of the per-window ratios (baseline window
-    p50 over the candidate's, window for window). A candidate clearly beats a bar only when it does
-    so in at least three windows of four; otherwise the gap is inside the measured spread. Windows
-    where the baseline was unlucky only raise the upper quartiles, so they cannot hide a real win."""
-    high_speedup: float
-    """The upper end: the upper quartile of those ratios."""
-
-    def describe(self) -> str:
-        return f"{self.speedup:.2f}x [{self.low_speedup:.2f}-{self.high_speedup:.2f}]"
-
-
-def compare(candidate: ProfileResult, baseline: ProfileResult | None = None) -> Comparison:
-    """``candidate`` against ``baseline``, or against the eager windows of its own session.
-
-    The interval is widened to contain the point figure, so a reader never sees a speedup outside
-    the interval printed next to it.
-    """
-    if baseline is not None:
-        base_p50, base_windows = baseline.p50_ms, baseline.window_p50_ms
-    elif candidate.baseline_p50_ms is not None:
-        base_p50, base_windows = candidate.baseline_p50_ms, candidate.baseline_window_p50_ms
-    else:
-        raise ValueError("compare() needs a baseline: this result was profiled without eager")
-    speedup = base_p50 / candidate.p50_ms if candidate.p50_ms > 0 else float("inf")
-    ratios = [e / c for e, c in zip(base_windows, candidate.window_p50_ms) if c > 0]
-    if len(ratios) < 2:
-        low = high = speedup
-    elif len(ratios) < 4:
-        low, high = min(ratios), max(ratios)
-    else:
-        q = statistics.quantiles(ratios, n=4, method="inclusive")
-        low, high = q[0], q[2]
-    return Comparison(speedup, min(low, speedup), max(high, speedup))
-
-
 class _RunnerFailed(Exception):
     """A runner raised (anything but out-of-memory) while being profiled."""
 
@@ -109,32 +67,6 @@ class _RunnerFailed(Exception):
         super().__init__(key)
         self.key = key
         self.error = error
-
-
-@attrs.frozen
-class ProfileOutcome:
-    """What one profiling session gave: every runner's result, or out of memory, or the runner that raised."""
-
-    results: Mapping[str, ProfileResult] | None = None
-    out_of_memory: bool = False
-    failed_key: str | None = None
-    error: Exception | None = None
-
-
-class SharedFigures(Protocol):
-    """Figures measured by several processes made one, so that each decides the same way.
-
-    ``ait.tune(..., rank_decision="slowest")`` hands every rank's :class:`GraphTuning` one that
-    exchanges them with the other ranks and keeps the slowest (see :mod:`aitune.torch.ranks`).
-    """
-
-    def profiles(self, step: str, outcome: ProfileOutcome) -> ProfileOutcome:
-        """This process's profiling session in, the one every process decides on out."""
-        ...
-
-    def cost_ms(self, step: str, value: float) -> float:
-        """A cost measured here in, the one every process uses out."""
-        ...
 
 
 @attrs.frozen
@@ -267,7 +199,7 @@ class GraphTuning:
                     self.report.eager_profiles = [p for p in self.report.eager_profiles if p.batch_size != batch_size]
                     self.report.eager_profiles.append(result)
                     continue
-                result = _with_dispatch(result, dispatch_ms)
+                result = with_dispatch(result, dispatch_ms)
                 if eager is not None:
                     result = attrs.evolve(
                         result, baseline_p50_ms=eager.p50_ms, baseline_window_p50_ms=list(eager.window_p50_ms)
@@ -533,60 +465,3 @@ def _guarded(key: str, fn: Callable[[], Any]) -> Callable[[], Any]:
             raise _RunnerFailed(key, exc) from exc
 
     return run
-
-
-def _with_dispatch(result: ProfileResult, dispatch_ms: float) -> ProfileResult:
-    """``result`` as users will see it through ``ait.Module``: every latency plus the dispatch cost."""
-    if dispatch_ms <= 0:
-        return result
-    p50 = result.p50_ms + dispatch_ms
-    return attrs.evolve(
-        result,
-        mean_ms=result.mean_ms + dispatch_ms,
-        p50_ms=p50,
-        p90_ms=result.p90_ms + dispatch_ms,
-        p99_ms=result.p99_ms + dispatch_ms,
-        min_ms=result.min_ms + dispatch_ms,
-        throughput=result.batch_size / (p50 / 1000.0),
-        window_p50_ms=[w + dispatch_ms for w in result.window_p50_ms],
-        dispatch_ms=dispatch_ms,
-    )
-
-
-def measure_dispatch_ms(graph: GraphSpec, sample: Sample, repeats: int = 5, calls: int = 100) -> float:
-    """What routing one call through the ``ait.Module`` dispatcher costs beyond calling the backend.
-
-    A do-nothing backend is called directly and through a dispatcher built for ``graph``, the way
-    a tuned module routes calls (structure key, shape checks, fallback guard); the median
-    difference per call is the cost. 0 when the sample does not reach the route.
-    """
-    from .dispatch import Dispatcher
-
-    reached = [0]
-
-    def backend(*args: Any, **kwargs: Any) -> None:
-        reached[0] += 1
-
-    def eager(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    dispatcher = Dispatcher("dispatch-cost", eager, recording.Canonicalizer(eager), [(graph, backend)])
-    args, kwargs = sample.args, sample.kwargs
-
-    def per_call_ns(fn: Callable[[], Any]) -> float:
-        timings = []
-        for _ in range(repeats):
-            start = time.perf_counter_ns()
-            for _ in range(calls):
-                fn()
-            timings.append((time.perf_counter_ns() - start) / calls)
-        return statistics.median(timings)
-
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dispatcher(args, kwargs)
-        if reached[0] == 0:
-            return 0.0
-        routed = per_call_ns(lambda: dispatcher(args, kwargs))
-        direct = per_call_ns(lambda: backend(*args, **kwargs))
-    return max(0.0, (routed - direct) / 1e6)

@@ -20,7 +20,8 @@ from ..backend import Backend, Tolerance
 from ..graph import GraphSpec, Sample, infer_graph
 from ..registry import BackendRegistry
 from ..report import GraphReport
-from .candidates import GraphTuning, SharedFigures
+from .candidates import GraphTuning
+from .figures import SharedFigures
 from .strategies import MaxThroughputStrategy, TuneStrategy
 
 if TYPE_CHECKING:

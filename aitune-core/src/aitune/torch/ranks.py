@@ -31,7 +31,8 @@ from .plan import TuneRun, graph_of, graph_tuning, strategy_for
 
 if TYPE_CHECKING:
     from .module import Module
-from .candidates import GraphTuning, ProfileOutcome, narrow
+from .candidates import GraphTuning, narrow
+from .figures import ProfileOutcome
 
 
 class RankMismatchError(DistributedTuneError):

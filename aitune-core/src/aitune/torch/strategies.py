@@ -33,7 +33,8 @@ from pathlib import Path
 
 from ..backend import Backend
 from ..errors import BuildError, TuningError, ValidationError
-from .candidates import Candidate, Comparison, GraphTuning, Route, compare
+from .candidates import Candidate, GraphTuning, Route
+from .figures import Comparison, compare
 from .task.profiling import ProfilingConfig
 
 
