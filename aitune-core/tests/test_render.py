@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import textwrap
 
@@ -38,6 +39,23 @@ def test_markdown_has_every_candidate_and_the_decision(report):
     selected = next(line for line in text.splitlines() if line.startswith("| toy | selected"))
     assert "x [" in selected, "the speedup is shown with its interval"
     assert "- timed: batch 2: x[2, 8]" in text and "- timed: batch 4: x[4, 8]" in text
+
+
+@pytest.mark.parametrize(
+    ("decided_by", "line"),
+    [
+        (0, "rank 1 of 2, decided on rank 0's figures"),
+        ("slowest", "rank 1 of 2, decided on the slowest rank's figures"),
+    ],
+)
+def test_a_ranks_report_says_whose_figures_decided(report, decided_by, line):
+    report.environment["distributed"] = {"rank": 1, "world_size": 2, "decided_by": decided_by}
+    assert line in render_markdown(report)
+    assert html.escape(line) in render_html(report)
+
+
+def test_a_single_process_report_has_no_ranks_line(report):
+    assert "decided on" not in render_markdown(report)
 
 
 def test_html_is_self_contained_with_inline_plots(report):

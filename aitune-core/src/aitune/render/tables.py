@@ -97,6 +97,7 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
         ("machine", str(env.get("gpu") or env.get("cpu", ""))),
         ("torch", str(env.get("torch", ""))),
         ("threads", _threads(env)),
+        ("ranks", _ranks(env)),
         ("python", str(env.get("python", ""))),
     ]
     return [(k, v) for k, v in rows if v]  # a report read back from an artifact has no run times
@@ -111,6 +112,15 @@ def _threads(env: dict[str, Any]) -> str:
     if "omp_wait_policy" in env:
         text += f", OMP_WAIT_POLICY {env['omp_wait_policy']}"
     return text
+
+
+def _ranks(env: dict[str, Any]) -> str:
+    """Which rank's report this is, and whose figures the decisions rest on."""
+    ranks = env.get("distributed")
+    if not ranks:
+        return ""
+    who = "the slowest rank's figures" if ranks.get("decided_by") == "slowest" else "rank 0's figures"
+    return f"rank {ranks['rank']} of {ranks['world_size']}, decided on {who}"
 
 
 def module_status(module: ModuleReport) -> str:
