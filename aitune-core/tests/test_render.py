@@ -76,6 +76,24 @@ def test_report_command_reads_json_and_artifacts(report, tmp_path, toy_backends)
     assert printed.exit_code == 0 and "Decision: **toy**" in printed.output, "markdown is the default"
 
 
+def test_report_command_reads_the_journal_of_an_interrupted_run(toy_backends, tmp_path):
+    model = ait.Module(SlowModule(), "encoder", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=QUICK))
+    ait.tune(model, [torch.randn(2, 8)], report_path=tmp_path / "run.json")
+    journal = tmp_path / "run.journal.jsonl"
+    lines = journal.read_text().splitlines()
+    cut = next(i for i, line in enumerate(lines) if json.loads(line)["event"] == "module")
+    journal.write_text("\n".join(lines[:cut]) + "\n")  # as if killed after the candidate, before the module ended
+    (tmp_path / "run.json").unlink()
+    for source in (tmp_path / "run.json", journal):  # the report path the run was given, or the journal itself
+        printed = CliRunner().invoke(app, ["report", str(source)])
+        assert printed.exit_code == 0, printed.output
+        assert "encoder" in printed.output and "interrupted" in printed.output
+        assert "Decision: **not made: the run stopped first**" in printed.output
+        assert "### graph 0: x: float32[2, 8]" in printed.output, "the journal keeps each graph's inputs"
+    missing = CliRunner().invoke(app, ["report", str(tmp_path / "other.json")])
+    assert missing.exit_code != 0 and "not a readable report" in missing.output
+
+
 def test_artifact_carries_its_report(toy_backends, tmp_path):
     model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=QUICK))
     ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])

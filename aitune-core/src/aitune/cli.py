@@ -419,17 +419,31 @@ def inspect_command(
 
 @app.command()
 def report(
-    source: Path = typer.Argument(..., help="A JSON report written by ait.tune, or an .ait artifact."),
+    source: Path = typer.Argument(
+        ..., help="A JSON report written by ait.tune, its journal (an interrupted run), or an .ait artifact."
+    ),
     html: Path | None = typer.Option(None, "--html", help="Write the HTML report here."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the report as markdown."),
 ) -> None:
-    """Render a tuning report (from a run's JSON or from an artifact) as markdown or HTML."""
+    """Render a tuning report (from a run's JSON, its journal, or an artifact) as markdown or HTML.
+
+    A run that was stopped before it wrote its report left a journal beside the report path:
+    give either, and the report shows what finished (a cut-off module says ``interrupted``).
+    """
+    from .builtin.journal import SUFFIX, journal_path, partial_report
+    from .errors import AituneError
     from .report import TuneReport
 
     if source.suffix == ".ait":
         from .artifact.load import read_report
 
         loaded = read_report(source)
+    elif source.name.endswith(SUFFIX) or (not source.exists() and journal_path(source).is_file()):
+        try:
+            loaded = partial_report(source)
+        except AituneError as exc:
+            raise typer.BadParameter(str(exc), param_hint="SOURCE") from exc
+        typer.echo(f"{source}: read from the tuning journal; what is shown is what finished", err=True)
     else:
         try:
             loaded = TuneReport.read(source)

@@ -6,7 +6,7 @@ flushed at once. If the run is stopped (Ctrl-C, a killed process, a crash), :fun
 rebuilds what was finished; the builds themselves are already in the build cache, so running the
 same ``ait.tune`` again reuses them (their candidates show ``from_cache``).
 
-Lines: ``{"event": "started", ...}``, ``{"event": "candidate", "module", "graph_key", "candidate"}``,
+Lines: ``{"event": "started", ...}``, ``{"event": "candidate", "module", "graph_key", "graph", "candidate"}``,
 ``{"event": "module", "module"}``, ``{"event": "finished", "duration_s"}``, or, when ``ait.tune``
 raised, ``{"event": "failed", "error"}``; either way the file is closed. A new run with the same
 report path starts the file afresh.
@@ -102,7 +102,13 @@ def aitune_candidate_result(module_name: str, graph: Any, candidate: CandidateRe
         return
     journal.catch_up()
     journal.write(
-        {"event": "candidate", "module": module_name, "graph_key": graph.key, "candidate": unstructure(candidate)}
+        {
+            "event": "candidate",
+            "module": module_name,
+            "graph_key": graph.key,
+            "graph": unstructure(graph),
+            "candidate": unstructure(candidate),
+        }
     )
 
 
@@ -175,7 +181,7 @@ def partial_report(path: str | Path) -> TuneReport:
             module = open_modules.setdefault(name, ModuleReport(name=name, strategy="", status="interrupted"))
             graph = next((g for g in module.graphs if g.graph_key == line["graph_key"]), None)
             if graph is None:
-                graph = GraphReport(graph_key=line["graph_key"], graph={})
+                graph = GraphReport(graph_key=line["graph_key"], graph=line.get("graph") or {})
                 module.graphs.append(graph)
             graph.candidates.append(structure(line["candidate"], CandidateReport, "candidate"))
         elif event == "module":

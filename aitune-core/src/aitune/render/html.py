@@ -112,7 +112,7 @@ def render_html(report: TuneReport) -> str:
             parts.append(f"<p class='error'>{html.escape(module.error)}</p>")
         for i, graph in enumerate(module.graphs):
             parts.append(f"<h3>graph {i}: {html.escape(graph_inputs(graph))}</h3>")
-            decision = f"Decision: <b>{html.escape(graph.decision or '')}</b>"
+            decision = f"Decision: <b>{html.escape(graph.decision or 'not made: the run stopped first')}</b>"
             if graph.selected_batch_size:
                 decision += f" at batch {graph.selected_batch_size}"
             parts.append(f"<p>{decision}</p>")

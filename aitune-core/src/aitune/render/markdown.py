@@ -21,7 +21,7 @@ def render_markdown(report: TuneReport) -> str:
         for i, graph in enumerate(module.graphs):
             lines += ["", f"### graph {i}: {graph_inputs(graph)}", ""]
             lines += [
-                f"Decision: **{graph.decision}**"
+                f"Decision: **{graph.decision or 'not made: the run stopped first'}**"
                 + (f" at batch {graph.selected_batch_size}" if graph.selected_batch_size else ""),
                 "",
             ]
