@@ -76,6 +76,8 @@ def test_with_rank_decision_slowest_the_slowest_ranks_figures_decide_on_every_ra
     assert zero["slowest"]["decided_by"] == one["slowest"]["decided_by"] == "slowest"
     assert zero["slowest"]["p50"] == one["slowest"]["p50"], "every rank reports the same, exchanged figures"
     assert min(zero["slowest"]["p50"]["0.0"]) >= 10.0, "rank 1's figure counted for the candidate slow there"
+    for outcome in (zero, one):  # paired with rank 1's own eager: slower than eager there, whatever rank 0 saw
+        assert outcome["slowest"]["speedup"]["0.0"] < 1.0 < outcome["slowest"]["speedup"]["0.5"]
 
 
 def test_with_rank_decision_slowest_a_candidate_correct_on_one_rank_only_fails_both(outcomes):

@@ -129,6 +129,7 @@ def main() -> None:
         "installed": [f"{b.name}:{b.config.speed}" for _, b in model.tuned_graphs],
         "decided_by": report.environment["distributed"]["decided_by"],
         "p50": {str(c.config["speed"]): [p.p50_ms for p in c.profiles] for c in candidates},
+        "speedup": {str(c.config["speed"]): c.speedup for c in candidates},
     }
 
     # 5. a candidate that passes validation on one rank only: the tune fails on both ranks, which run eager

@@ -200,7 +200,7 @@ class GraphTuning:
                     self.report.eager_profiles.append(result)
                     continue
                 result = with_dispatch(result, dispatch_ms)
-                if eager is not None:
+                if eager is not None and result.baseline_p50_ms is None:  # shared figures come paired already
                     result = attrs.evolve(
                         result, baseline_p50_ms=eager.p50_ms, baseline_window_p50_ms=list(eager.window_p50_ms)
                     )
@@ -232,11 +232,10 @@ class GraphTuning:
             what = f"{self.module_name}: profile {', '.join(c.name for c in contenders)} at batch {batch_size}"
             try:
                 with progress.step(what), recording.bypass():
-                    outcome = ProfileOutcome(
-                        self.hook.aitune_profile(
-                            runners=calls, batch_size=batch_size, config=config, device=self.device
-                        )
+                    results = self.hook.aitune_profile(
+                        runners=calls, batch_size=batch_size, config=config, device=self.device
                     )
+                outcome = ProfileOutcome(results, baseline_key=keys[0] if with_eager else None)
             except torch.OutOfMemoryError:
                 outcome = ProfileOutcome(out_of_memory=True)
             except _RunnerFailed as failed:

@@ -71,6 +71,8 @@ class ProfileOutcome:
     out_of_memory: bool = False
     failed_key: str | None = None
     error: Exception | None = None
+    baseline_key: str | None = None
+    """The runner the others are paired with (eager), when it ran in the session."""
 
 
 class SharedFigures(Protocol):

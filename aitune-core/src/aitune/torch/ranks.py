@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from ..backend import Backend
 from ..converter import structure, unstructure
 from ..distributed import Coordinator
@@ -185,10 +187,12 @@ def _decisions(report: TuneReport) -> list[dict[str, Any]]:
 class SlowestRank:
     """Shared figures of ``rank_decision="slowest"``: each is the slowest rank's, the same on every rank.
 
-    Every profiling session is one step: the ranks exchange their results as JSON and each
-    candidate's result becomes the one with the highest p50 among the ranks (eager's too). A
-    runner that raised on any rank fails on every rank; out of memory on any rank ends the sweep
-    on every rank. Ranks whose sessions timed different candidates fail together.
+    Every profiling session is one step: the ranks exchange their results as JSON, and each
+    candidate's result becomes the one of the rank where its p50 is highest, paired with that
+    rank's eager windows, so its speedup and interval are its slowest rank's. The eager result
+    shown is the highest eager p50. A runner that raised on any rank fails on every rank; out of
+    memory on any rank ends the sweep on every rank. Ranks whose sessions timed different
+    candidates fail together.
     """
 
     def __init__(self, group: Coordinator) -> None:
@@ -220,11 +224,20 @@ class SlowestRank:
                 rank=other,
                 final=True,
             )
+        per_rank = [
+            {key: structure(value, ProfileResult, "profile") for key, value in t["results"].items()} for t in theirs
+        ]
+        base = outcome.baseline_key
         merged = {}
         for key in keys:
-            results = [structure(t["results"][key], ProfileResult, "profile") for t in theirs]
-            merged[key] = max(results, key=lambda p: p.p50_ms)
-        return ProfileOutcome(merged)
+            slowest = max(per_rank, key=lambda results: results[key].p50_ms)
+            merged[key] = slowest[key]
+            if base is not None and key != base:  # paired with the eager windows of its own slowest rank
+                eager = slowest[base]
+                merged[key] = attrs.evolve(
+                    slowest[key], baseline_p50_ms=eager.p50_ms, baseline_window_p50_ms=list(eager.window_p50_ms)
+                )
+        return ProfileOutcome(merged, baseline_key=base)
 
     def cost_ms(self, step: str, value: float) -> float:
         with self.group.step(step) as outbox:
