@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from .. import tree
-from ..errors import InferenceOnlyError, UnsupportedCallError, UnsupportedValueError
+from ..errors import UnsupportedCallError, UnsupportedValueError
 from ..graph import GraphSpec
-from .guard import NEEDS_GRAD, Guard
+from .guard import Guard
 from .recording import Canonicalizer, Layout
 
 logger = logging.getLogger("aitune")
@@ -90,7 +90,8 @@ class Dispatcher:
         canonicalize: Canonicalizer,
         routes: Sequence[tuple[GraphSpec, Runner]],
         strict: bool = False,
-        guard: Guard | None = None,
+        *,
+        guard: Guard,
     ) -> None:
         self.name = name
         self.guard = guard
@@ -104,13 +105,9 @@ class Dispatcher:
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         leaves: list[torch.Tensor] = []
         key = (tree.call_key(args, leaves), tree.call_key(kwargs, leaves))
-        guard = self.guard
-        if guard is not None:
-            blocked = guard.blocked(leaves)
-            if blocked is not None:
-                return self._blocked(blocked, args, kwargs)
-        elif torch.is_grad_enabled() and any(t.requires_grad for t in leaves):
-            return self._blocked((NEEDS_GRAD, InferenceOnlyError), args, kwargs)
+        blocked = self.guard.blocked(leaves)
+        if blocked is not None:
+            return self._blocked(blocked, args, kwargs)
         entry = self._table.get(key)
         if entry is None:
             entry = self._resolve(key, args, kwargs)

@@ -113,10 +113,11 @@ def measure_dispatch_ms(graph: GraphSpec, sample: Sample, repeats: int = 5, call
     """What routing one call through the ``ait.Module`` dispatcher costs beyond calling the backend.
 
     A do-nothing backend is called directly and through a dispatcher built for ``graph``, the way
-    a tuned module routes calls (structure key, shape checks, fallback guard); the median
+    a tuned module routes calls (the inference guard, structure key, shape checks); the median
     difference per call is the cost. 0 when the sample does not reach the route.
     """
     from .dispatch import Dispatcher
+    from .guard import Guard
 
     reached = [0]
 
@@ -126,7 +127,8 @@ def measure_dispatch_ms(graph: GraphSpec, sample: Sample, repeats: int = 5, call
     def eager(*args: Any, **kwargs: Any) -> None:
         return None
 
-    dispatcher = Dispatcher("dispatch-cost", eager, recording.Canonicalizer(eager), [(graph, backend)])
+    guard = Guard(torch.nn.Module().eval(), baked=())  # a module in eval mode, called under no_grad
+    dispatcher = Dispatcher("dispatch-cost", eager, recording.Canonicalizer(eager), [(graph, backend)], guard=guard)
     args, kwargs = sample.args, sample.kwargs
 
     def per_call_ns(fn: Callable[[], Any]) -> float:

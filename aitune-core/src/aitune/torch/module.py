@@ -102,7 +102,7 @@ class Module(torch.nn.Module):
         a weight in place by hand.
         """
         dispatcher = self._dispatcher
-        if dispatcher is not None and dispatcher.guard is not None:
+        if dispatcher is not None:
             dispatcher.guard.check_weights()
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
@@ -134,7 +134,7 @@ class Module(torch.nn.Module):
         object.__setattr__(self, "report", report)
         if any(not isinstance(b, TorchEagerBackend) for _, b in winners):
             guard = Guard(self.module, [b.name for _, b in winners if not b.follows_weights()])
-            dispatcher = Dispatcher(self.name, self.module, self._canonicalize, routes, self.strict, guard)
+            dispatcher = Dispatcher(self.name, self.module, self._canonicalize, routes, self.strict, guard=guard)
             object.__setattr__(self, "_dispatcher", dispatcher)
             object.__setattr__(self, "_state", "tuned")
         else:
@@ -150,7 +150,7 @@ class Module(torch.nn.Module):
     def stale_reason(self) -> str | None:
         """Why the tuned winners no longer match the module's weights, or None when they do."""
         dispatcher = self._dispatcher
-        return dispatcher.guard.stale if dispatcher is not None and dispatcher.guard is not None else None
+        return dispatcher.guard.stale if dispatcher is not None else None
 
     def offload_weights(self) -> None:
         """Free the eager weights' memory once tuned; calls outside the tuned range then fail.
@@ -168,7 +168,7 @@ class Module(torch.nn.Module):
             )
         self.module.to("meta")
         dispatcher = self._dispatcher
-        if dispatcher is not None and dispatcher.guard is not None:
+        if dispatcher is not None:
             dispatcher.guard.accept_weights()  # gone on purpose: the engines hold their own copy
 
 
