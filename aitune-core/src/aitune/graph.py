@@ -504,8 +504,9 @@ def assemble(graph: GraphSpec, samples: Sequence[Sample], sizes: Mapping[str, in
             for t, b, spec in zip(tensors, base, graph.inputs)
         )
 
+    lead, lead_axis = batched[0], graph.inputs[batched[0]].batch_axis or 0  # its batch axis counts the rows
     pool = [ts for ts in (graph.flatten(s.args, s.kwargs) for s in samples) if fits(ts)]
-    pool = [ts for ts in pool if ts[batched[0]].shape[graph.inputs[batched[0]].batch_axis or 0] > 0]
+    pool = [ts for ts in pool if ts[lead].shape[lead_axis] > 0]
     if len(pool) < 2:
         return resize(graph, first, sizes)
     parts: list[list[torch.Tensor]] = []
@@ -513,7 +514,7 @@ def assemble(graph: GraphSpec, samples: Sequence[Sample], sizes: Mapping[str, in
     while rows < target:
         tensors = pool[len(parts) % len(pool)]
         parts.append(tensors)
-        rows += tensors[batched[0]].shape[graph.inputs[batched[0]].batch_axis or 0]
+        rows += tensors[lead].shape[lead_axis]
     out = list(base)
     for i in batched:
         axis = graph.inputs[i].batch_axis or 0

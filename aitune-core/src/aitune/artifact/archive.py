@@ -17,9 +17,11 @@ import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any, TypeVar
 
 from ..errors import ArtifactError, ArtifactIntegrityError
+
+T = TypeVar("T")
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -222,16 +224,17 @@ class Reader:
                 f"{self.path}: member {name!r} does not match its SHA-256; the file was altered"
             )
 
-    def read_prefix(self, name: str, size: int) -> bytes:
-        """The first ``size`` bytes of a member, once :meth:`verify_all` has checked every digest."""
+    def read_from(self, name: str, read: Callable[[IO[bytes]], T]) -> T:
+        """``read`` applied to member ``name`` as a stream (a header, without the rest), once
+        :meth:`verify_all` has checked every digest; errors ``read`` raises itself pass through."""
         if not self.verified:
-            raise ArtifactError(f"{self.path}: read_prefix needs verify_all first")
+            raise ArtifactError(f"{self.path}: read_from needs verify_all first")
         if name not in self.infos or name == SUMS:
             raise ArtifactError(f"{self.path} has no member {name!r}")
         try:
             with self.zip.open(self.infos[name]) as src:
-                return src.read(size)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:
+                return read(src)
+        except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as exc:
             raise ArtifactError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -263,12 +263,16 @@ def _few(names: list[str]) -> str:
 
 def _saved_shapes(reader: Reader, entry: ModuleEntry) -> dict[str, tuple[int, ...]]:
     """Names and shapes from the safetensors header of the module's weights, read as JSON."""
-    try:
-        head = reader.read_prefix(entry.weights, 8)
+
+    def read_header(src: IO[bytes]) -> Any:
+        head = src.read(8)
         size = int.from_bytes(head, "little") if len(head) == 8 else -1
         if not 0 < size <= MAX_MANIFEST_BYTES:
             raise ValueError(f"a header of {size} bytes")
-        header = json.loads(reader.read_prefix(entry.weights, 8 + size)[8:])
+        return json.loads(src.read(size))
+
+    try:
+        header = reader.read_from(entry.weights, read_header)
         return {k: tuple(int(n) for n in v["shape"]) for k, v in header.items() if k != "__metadata__"}
     except AituneError:
         raise

@@ -24,7 +24,7 @@ from .. import tree
 from ..errors import UnsupportedCallError, UnsupportedValueError
 from ..graph import GraphSpec
 from .guard import Guard
-from .recording import Canonicalizer, Layout
+from .recording import Canonicalizer, Layout, layout_of
 
 logger = logging.getLogger("aitune")
 
@@ -173,7 +173,7 @@ class Dispatcher:
                 if _same_structure(check.graph, structure, leaves):
                     matching = [(c, r) for c, r in self.routes if _layout(c.graph) == layout]
                     matching = [(c, r) for c, r in matching if _same_structure(c.graph, structure, leaves)]
-                    same = layout == (len(args), tuple(kwargs))
+                    same = layout == layout_of(args, kwargs)
                     entry = (None if same else layout, matching, True)
                     break
         if len(self._table) >= self.MAX_KEYS:

@@ -9,6 +9,7 @@ strategy, :class:`GraphTuning`); this module is that one way, below all three.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,13 @@ class TuneRun:
     def sizes_for(self, graph_rec: Any) -> Sequence[int] | None:
         """The batch sizes one recorded graph is tuned for."""
         return sizes_for(graph_rec, self.batch_sizes, self.batch_one_sizes)
+
+
+def weights_device(module: torch.nn.Module) -> torch.device | None:
+    """Where ``module``'s first parameter (else buffer) lives; None for a module without either."""
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        return tensor.device
+    return None
 
 
 def default_backends(registry: BackendRegistry, device: torch.device) -> list[Backend]:

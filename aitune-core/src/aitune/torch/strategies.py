@@ -410,13 +410,13 @@ def _artifact_bytes(candidate: Candidate) -> int | None:
 def _extra_size(routes: list[Route], single: Candidate | None) -> str:
     """The memory and artifact size per-batch routing costs beyond one winner."""
     kept = list(dict.fromkeys(r.candidate for r in routes if r.candidate is not None))
-    sizes = [(c.name, _artifact_bytes(c)) for c in kept]
-    names = ", ".join(name for name, _ in sizes)
-    if any(size is None for _, size in sizes):
+    sizes = {c: _artifact_bytes(c) for c in dict.fromkeys([*kept, *([single] if single is not None else [])])}
+    names = ", ".join(c.name for c in kept)
+    if any(sizes[c] is None for c in kept):
         return f"routing keeps {len(kept)} backends loaded ({names}); their artifact size is unknown"
-    total = sum(size or 0 for _, size in sizes)
-    base = (_artifact_bytes(single) or 0) if single is not None else 0
-    listed = ", ".join(f"{name} {(size or 0) / 1e6:.2f} MB" for name, size in sizes)
+    total = sum(sizes[c] or 0 for c in kept)
+    base = (sizes[single] or 0) if single is not None else 0
+    listed = ", ".join(f"{c.name} {(sizes[c] or 0) / 1e6:.2f} MB" for c in kept)
     return (
         f"routing keeps {len(kept)} backends loaded ({listed}): about {max(total - base, 0) / 1e6:.2f} MB more "
         "artifact size and memory than one winner"

@@ -32,7 +32,7 @@ from ..report import GraphReport, ModuleReport, TuneReport
 from . import fanout, ranks, recording
 from .candidates import narrow
 from .module import Module, wrapped_modules
-from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for
+from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
 from .progress import TuneProgress, step
 
 logger = logging.getLogger("aitune")
@@ -55,12 +55,9 @@ def _call(fn: Callable[..., Any], sample: Any) -> Any:
 
 
 def _device_of(modules: Sequence[Module]) -> torch.device:
-    for m in modules:
-        for p in m.module.parameters():
-            return p.device
-        for b in m.module.buffers():
-            return b.device
-    return torch.device("cpu")
+    """The device of the first wrapped module that has weights; CPU when none has."""
+    found = (weights_device(m.module) for m in modules)
+    return next((d for d in found if d is not None), torch.device("cpu"))
 
 
 def tune(

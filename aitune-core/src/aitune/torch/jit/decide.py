@@ -22,7 +22,7 @@ from ...plugins import get_manager
 from ...registry import BackendRegistry
 from ...report import ModuleReport
 from .. import recording
-from ..plan import TuneRun, default_backends
+from ..plan import TuneRun, default_backends, weights_device
 from ..strategies import FirstWinsStrategy, TuneStrategy
 from . import config, decision_store
 from .admission import admit
@@ -59,7 +59,7 @@ def _decide(module: torch.nn.Module, cand: Candidate) -> Decision:
     if broken:
         return _descend(module, cand, f"a recorded call cannot be tuned: {broken}")
     manager = get_manager()
-    device = _device_of(cand.twin)
+    device = weights_device(cand.twin) or torch.device("cpu")
     strategy, candidates = _strategy(device, manager.registry)
     run = TuneRun(manager.hook, manager.registry, device, candidates, batch_one_sizes=None)
     specs = [infer_graph(g.samples, cand.wrapper._canonicalize.arg_names, None, None, g.outputs) for g in graphs]
@@ -209,11 +209,3 @@ def _children(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, 
             yield from _children(child, f"{prefix}{name}.")
         else:
             yield f"{prefix}{name}", child
-
-
-def _device_of(module: torch.nn.Module) -> torch.device:
-    for param in module.parameters():
-        return param.device
-    for buffer in module.buffers():
-        return buffer.device
-    return torch.device("cpu")
