@@ -1,7 +1,8 @@
 """Sessions generated from the member folders: no hand-kept list of distributions.
 
 * ``tests``: every member installed together, with the example plugin built and installed as its
-  own wheel and with transformers and diffusers, every test (the command CI runs);
+  own wheel and with transformers and diffusers, every test and the benchmark harness's own tests;
+  CI runs ``lint``, ``typecheck`` and ``tests`` (``.ci/run``);
 * ``models``: the same install, only ``tests/models`` (real architectures from small configs);
 * ``tests-<member>``: one member alone with core, its own tests (proves it installs by itself);
 * ``lint`` (ruff and the import-linter contracts), ``typecheck``, ``build``;
@@ -27,8 +28,9 @@ ROOT = Path(__file__).parent
 MEMBERS = sorted(p.parent.name for p in ROOT.glob("aitune-*/pyproject.toml"))
 CORE = "aitune-core"
 EXAMPLE = "examples/aitune-backend-example"  # a third-party plugin: tested here, never published with the members
+TESTKIT = "testkit"  # aitune's own fault backends and survival table: installed for tests, never published
 TORCH = "torch==2.13.0"  # the CPU wheel; a bare "torch" pulls a multi-GB CUDA build
-DEV = ["pytest>=8", "hypothesis>=6.100"]
+DEV = ["pytest>=8", "hypothesis>=6.100", "grimp>=3.4"]
 GPU_MEMBERS = ("aitune-backend-tensorrt", "aitune-backend-torchtrt")
 """Members whose GPU runtimes are real dependencies (TensorRT and ModelOpt; Torch-TensorRT through its
 per-torch extras): CPU sessions install them with ``--no-deps``, then their requirements that carry
@@ -61,6 +63,7 @@ def _install(session: nox.Session, *members: str) -> None:
     for member in (m for m in wanted if m in GPU_MEMBERS):
         session.install("--no-deps", f"./{member}")
         session.install(*_cpu_requirements(member))
+    session.install("--no-deps", f"./{TESTKIT}")
 
 
 def _test_env(session: nox.Session) -> dict[str, str]:
@@ -80,11 +83,11 @@ def _install_example(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Every distribution and the example plugin installed together; every member's tests, the
-    example's and the cross-distribution tests."""
+    example's, the cross-distribution tests and the benchmark harness's own tests."""
     _install(session, *MEMBERS)
     _install_example(session)
     session.install(*MODELS)
-    paths = [f"{m}/tests" for m in MEMBERS] + [f"{EXAMPLE}/tests", "tests"]
+    paths = [f"{m}/tests" for m in MEMBERS] + [f"{EXAMPLE}/tests", "tests", "benchmarks/test_benchmarks.py"]
     session.run("pytest", *paths, *session.posargs, env=_test_env(session))
 
 
@@ -124,7 +127,7 @@ def fuzz(session: nox.Session) -> None:
     env = {**_test_env(session), "AITUNE_FUZZ_RANDOM": "1"}
     env["AITUNE_FUZZ_EXAMPLES"] = os.environ.get("AITUNE_FUZZ_EXAMPLES", "2000")
     session.run("pytest", f"{CORE}/tests/test_fuzz_artifact.py", *session.posargs, env=env)
-    session.run("python", "-m", "aitune.testing.survival", "--fuzz-examples", "1000", env=env)
+    session.run("python", "-m", "aitune_testkit.survival", "--fuzz-examples", "1000", env=env)
 
 
 @nox.session

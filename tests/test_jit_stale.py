@@ -23,7 +23,7 @@ import aitune.torch.jit.enable  # noqa: F401  (AITUNE_JIT=1 does the same throug
 import json
 import torch
 from aitune.torch import jit
-from aitune.torch.recording import bypass
+from aitune.engine.recording import bypass
 
 jit.config.backends = ("onnxruntime",)
 jit.config.min_parameters = 0

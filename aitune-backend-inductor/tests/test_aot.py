@@ -141,9 +141,9 @@ def test_load_then_save_again(built, payload, tmp_path: Path) -> None:
 
 
 def test_isolated_build_compiles_in_a_worker_from_the_exported_file_alone(built, tmp_path: Path) -> None:
-    """export here, ``build_exported`` in ``python -m aitune.worker``, load here: what tuning does by default."""
+    """export here, ``build_exported`` in ``python -m aitune.builds.worker``, load here: what tuning does by default."""
     from aitune.backend import BuildContext
-    from aitune.builtin.isolation import run_worker
+    from aitune.executor import run_worker
 
     _, graph, _ = built
 

@@ -10,7 +10,7 @@ import torch
 
 from aitune.errors import ConfigError
 from aitune.graph import Sample, infer_graph
-from aitune.plugins import config_from_json, config_to_json
+from aitune.testing import config_from_json, config_to_json
 from aitune_backend_inductor import plugin
 from aitune_backend_inductor.cache import ENV, inductor_cache, inductor_cache_dir
 from aitune_backend_inductor.config import TorchInductorAotBackendConfig, TorchInductorJitBackendConfig

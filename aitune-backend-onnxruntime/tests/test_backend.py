@@ -13,8 +13,7 @@ from aitune.converter import unstructure
 from aitune.errors import BackendUnavailableError, ConfigError, SerializationError
 from aitune.graph import GraphSpec, Sample, infer_graph
 from aitune.onnx_export import ONNXExportConfig
-from aitune.plugins import config_from_json, config_to_json
-from aitune.testing import assert_matches_eager
+from aitune.testing import assert_matches_eager, config_from_json, config_to_json
 from aitune.testing.conformance import run_in_fresh_process
 from aitune.validation import validate
 from aitune_backend_onnxruntime import plugin
@@ -220,7 +219,7 @@ def test_save_then_load_in_a_fresh_process_gives_the_same_outputs_without_export
         import aitune.onnx_export, aitune_backend_onnxruntime.backend as b
         from aitune.backend import LoadContext
         from aitune.converter import structure
-        from aitune.plugins import config_from_json
+        from aitune.testing import config_from_json
         from aitune.graph import GraphSpec
 
         def refuse(*a, **k):

@@ -28,7 +28,7 @@ NO_CUDA_HERE = not torch.cuda.is_available()
 
 
 def test_config_round_trips_through_json_with_profiles_and_precision():
-    from aitune.plugins import config_from_json, config_to_json
+    from aitune.testing import config_from_json, config_to_json
 
     for quantization in (None, ONNXAutoCastConfig(low_precision_type="bf16"), ModelOptQuantizationConfig(mode="fp8")):
         config = TensorRTBackendConfig(

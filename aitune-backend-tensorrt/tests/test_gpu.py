@@ -173,8 +173,8 @@ def test_int8_quantized_engine_calibrates_on_all_samples(tmp_path):
 
 
 def test_isolated_build_runs_the_engine_build_in_a_worker(tmp_path):
-    """export here, build_exported in ``python -m aitune.worker`` from the ONNX files alone, load here."""
-    from aitune.builtin.isolation import run_worker
+    """export here, build_exported in ``python -m aitune.builds.worker`` from the ONNX files alone, load here."""
+    from aitune.executor import run_worker
     from aitune_backend_tensorrt import TensorRTBackend, TensorRTBackendConfig
 
     module, samples, graph, context = _setup(tmp_path)

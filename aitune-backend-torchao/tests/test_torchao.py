@@ -15,8 +15,11 @@ from safetensors.torch import load_file, save_file
 from aitune.backend import BuildContext, LoadContext, Tolerance
 from aitune.errors import BuildError, ConfigError, SerializationError
 from aitune.graph import GraphSpec, Sample, infer_graph
-from aitune.plugins import config_from_json, config_to_json
-from aitune.testing import TinyMLP  # noqa: F401 - named in MODULES
+from aitune.testing import (
+    TinyMLP,  # noqa: F401 - named in MODULES
+    config_from_json,
+    config_to_json,
+)
 from aitune.testing.conformance import run_in_fresh_process
 from aitune.validation import validate
 from aitune_backend_torchao.backend import TorchAOBackend
@@ -94,7 +97,7 @@ SUBPROCESS = """
     from pathlib import Path
     from safetensors.torch import load_file, save_file
     from aitune.backend import LoadContext
-    from aitune.plugins import config_from_json
+    from aitune.testing import config_from_json
     from aitune.graph import GraphSpec
     from aitune.converter import structure
     from aitune.testing import TinyMLP

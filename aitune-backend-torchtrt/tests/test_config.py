@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aitune.errors import ConfigError
-from aitune.plugins import config_from_json, config_to_json
+from aitune.testing import config_from_json, config_to_json
 from aitune.validation import DEFAULT_TOLERANCES
 from aitune_backend_torchtrt.backend import TorchTensorRTAotBackend, TorchTensorRTJitBackend
 from aitune_backend_torchtrt.config import (

@@ -65,8 +65,8 @@ def test_compile_validate_save_load(template: Backend, tmp_path: Path, encoder, 
 
 
 def test_isolated_aot_build_compiles_in_a_worker(tmp_path: Path, encoder, make_samples, make_graph) -> None:
-    """export here, Torch-TensorRT in ``python -m aitune.worker`` from the exported file alone, load here."""
-    from aitune.builtin.isolation import run_worker
+    """export here, Torch-TensorRT in ``python -m aitune.builds.worker`` from the exported file alone, load here."""
+    from aitune.executor import run_worker
 
     module = copy.deepcopy(encoder).to("cuda")
     samples = make_samples(device="cuda")

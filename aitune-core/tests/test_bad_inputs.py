@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import aitune.torch as ait
+from aitune.engine.tuner import check_devices
 from aitune.errors import InputError
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
-from aitune.torch.tuner import check_devices
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
 

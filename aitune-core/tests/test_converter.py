@@ -7,11 +7,11 @@ import json
 import attrs
 import pytest
 
-from aitune import plugins
 from aitune.backend import BackendConfig
 from aitune.builtin.eager import TorchEagerBackend, TorchEagerBackendConfig
 from aitune.errors import ConfigError
 from aitune.registry import BackendSpec
+from aitune.testing import config_from_json, config_to_json
 
 
 @attrs.frozen(kw_only=True)
@@ -41,31 +41,31 @@ class ToyPlugin:
 def test_round_trip_is_tagged_by_backend_name(register_plugin):
     register_plugin(ToyPlugin())
     config = ToyConfig(mode="small", nested=NestedConfig(depth=3))
-    data = json.loads(json.dumps(plugins.config_to_json(config)))
+    data = json.loads(json.dumps(config_to_json(config)))
     assert data == {"backend": "toy", "mode": "small", "nested": {"depth": 3}}
-    assert plugins.config_from_json(data) == config
-    assert plugins.config_from_json({"backend": "torch_eager"}) == TorchEagerBackendConfig()
+    assert config_from_json(data) == config
+    assert config_from_json({"backend": "torch_eager"}) == TorchEagerBackendConfig()
 
 
 def test_unknown_key_is_refused_with_its_path(register_plugin):
     register_plugin(ToyPlugin())
     with pytest.raises(ConfigError, match=r"extra fields found \(colour\) @ \$\.nested"):
-        plugins.config_from_json({"backend": "toy", "nested": {"depth": 2, "colour": "red"}})
+        config_from_json({"backend": "toy", "nested": {"depth": 2, "colour": "red"}})
 
 
 def test_validator_failure_names_the_path(register_plugin):
     register_plugin(ToyPlugin())
     with pytest.raises(ConfigError, match=r"\$\.nested"):
-        plugins.config_from_json({"backend": "toy", "nested": {"depth": 0}})
+        config_from_json({"backend": "toy", "nested": {"depth": 0}})
 
 
 def test_unknown_backend_and_missing_tag(aitune_manager):
     with pytest.raises(ConfigError, match="unknown backend 'nope'"):
-        plugins.config_from_json({"backend": "nope"})
+        config_from_json({"backend": "nope"})
     with pytest.raises(ConfigError, match="'backend' key"):
-        plugins.config_from_json({"mode": "fast"})
+        config_from_json({"mode": "fast"})
 
 
 def test_config_of_an_unregistered_class_is_refused(aitune_manager):
     with pytest.raises(ConfigError, match="belongs to no registered backend"):
-        plugins.config_to_json(ToyConfig())
+        config_to_json(ToyConfig())

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from aitune_testkit import executors
+from aitune_testkit.faults import IsolatedToyBackend, RaisingBackend
 
 import aitune.torch as ait
 from aitune import executor, hookimpl
-from aitune.builtin.executor import active
 from aitune.errors import ConfigError
-from aitune.testing import assert_matches_eager, executors
+from aitune.testing import assert_matches_eager
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
-from aitune.testing.faults import IsolatedToyBackend, RaisingBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
@@ -19,10 +19,10 @@ QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(
 
 @pytest.fixture
 def threads(toy_backends, register_plugin):
-    from aitune.testing import faults
+    from aitune_testkit import faults
 
-    register_plugin(faults, name="aitune.testing.faults", distribution="aitune-core")
-    return register_plugin(executors, name="aitune.testing.executors", distribution="aitune-core")
+    register_plugin(faults, name="aitune_testkit.faults", distribution="aitune-testkit")
+    return register_plugin(executors, name="aitune_testkit.executors", distribution="aitune-testkit")
 
 
 class Pipeline(torch.nn.Module):
@@ -56,9 +56,8 @@ class WatchProfiling:
         self.in_flight: list[int] = []
 
     @hookimpl
-    def aitune_profile(self, runners, batch_size, config, device):
-        session = active()
-        self.in_flight.append(sum(not a.handle.future.done() for a in session._ahead.values()))
+    def aitune_profile(self, runners, batch_size, config, device, session):
+        self.in_flight.append(sum(not a.handle.future.done() for a in session.builds._ahead.values()))
 
 
 def test_a_concurrent_executor_gets_every_build_first_and_decides_as_local(threads, register_plugin, monkeypatch):

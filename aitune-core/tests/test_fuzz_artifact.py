@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aitune.torch as ait
-from aitune.artifact.load import verify
+from aitune.artifact.reader import verify
 from aitune.errors import AituneError
 from aitune.plugins import AituneManager, set_manager
 from aitune.testing import backends
@@ -310,7 +310,7 @@ def test_messages_say_what_happened(valid, scratch):
 
 
 def test_the_survival_command_fuzz_batch_counts_every_outcome(manager, tmp_path):
-    from aitune.testing import survival
+    from aitune_testkit import survival
 
     rows = survival.fuzz_batch(tmp_path, per_kind=3)
     assert [kind for kind, *_ in rows] == list(survival.FUZZ_KINDS)
@@ -320,14 +320,15 @@ def test_the_survival_command_fuzz_batch_counts_every_outcome(manager, tmp_path)
 
 
 def test_the_survival_command_and_fault_backends_need_no_pytest():
-    """README tells users to run it: it must work in an install without test tools."""
+    """README tells developers to run it: it must work in an install without test tools."""
     code = (
         "import runpy, sys\n"
         "sys.modules['pytest'] = None\n"  # any import of pytest now fails
-        "from aitune.testing import assert_matches_eager, backends, faults\n"
+        "from aitune.testing import assert_matches_eager, backends\n"
+        "from aitune_testkit import faults\n"
         "sys.argv = ['survival', '--help']\n"
-        "runpy.run_module('aitune.testing.survival', run_name='__main__')\n"
+        "runpy.run_module('aitune_testkit.survival', run_name='__main__')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "python -m aitune.testing.survival" in out.stdout
+    assert "python -m aitune_testkit.survival" in out.stdout

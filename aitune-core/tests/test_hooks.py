@@ -9,6 +9,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from aitune_testkit.faults import IsolatedToyBackend
 
 import aitune.torch as ait
 from aitune import hookimpl, hookspecs
@@ -18,7 +19,6 @@ from aitune.graph import infer_graph
 from aitune.report import ProfileResult, ValidationReport
 from aitune.testing import TinyMLP, assert_matches_eager, tiny_samples
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig, WrongBackend
-from aitune.testing.faults import IsolatedToyBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
@@ -79,9 +79,9 @@ def test_firstresult_hooks_say_so(hook):
 
 @pytest.fixture
 def fault_backends(toy_backends, register_plugin):
-    from aitune.testing import faults
+    from aitune_testkit import faults
 
-    return register_plugin(faults, name="aitune.testing.faults", distribution="aitune-core")
+    return register_plugin(faults, name="aitune_testkit.faults", distribution="aitune-testkit")
 
 
 def _fast_model():
@@ -119,7 +119,7 @@ def test_hook_aitune_register_executors(aitune_manager, fault_backends, register
     class Late:
         @hookimpl
         def aitune_register_executors(self, registry):
-            registry.add(ExecutorSpec(name="late", executor_class="aitune.testing.executors:ThreadedExecutor"))
+            registry.add(ExecutorSpec(name="late", executor_class="aitune_testkit.executors:ThreadedExecutor"))
 
     register_plugin(Late(), distribution="late-dist")  # registered after discovery: historic still calls it
     assert aitune_manager.executors.distribution("late") == "late-dist"
@@ -165,6 +165,29 @@ def test_hook_aitune_build(toy_backends, register_plugin, tmp_path):
     assert candidate.from_cache and "built_for" not in candidate.build_info, "the default build did not run"
 
 
+def test_operation_hooks_are_handed_the_run_session(toy_backends, register_plugin, aitune_manager):
+    """A plugin that names ``session`` gets the run's relay, registry and builds, pytest-style."""
+    seen = {}
+
+    class Watcher:
+        @hookimpl
+        def aitune_build(self, backend, module, context, session):
+            seen["build"] = session
+
+        @hookimpl
+        def aitune_validate(self, backend, reference, samples, graph, tolerances, session):
+            seen["validate"] = session
+
+    register_plugin(Watcher())
+    model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=QUICK))
+    ait.tune(model, [torch.randn(2, 8)])
+    assert seen["build"] is seen["validate"], "one session for the whole run"
+    session = seen["build"]
+    assert session.registry is aitune_manager.registry and session.executors is aitune_manager.executors
+    assert session.builds is not None and session.builds.executor.name == "local"
+    assert session.hook is aitune_manager.hook
+
+
 def test_hook_aitune_validate(toy_backends, register_plugin):
     class Veto:
         @hookimpl
@@ -208,7 +231,9 @@ def test_hook_aitune_serialize(aitune_manager, register_plugin, tmp_path):
     module, _samples, _graph, context = _setup(tmp_path)
     backend = ToyBackend()
     backend.build(module, context)
-    assert aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path) == {"speed": 0.0}
+    assert aitune_manager.hook.aitune_serialize(
+        backend=backend, directory=tmp_path, session=aitune_manager.session()
+    ) == {"speed": 0.0}
 
     class Extra:
         @hookimpl(wrapper=True)
@@ -217,20 +242,26 @@ def test_hook_aitune_serialize(aitune_manager, register_plugin, tmp_path):
             return {**meta, "signed": True}
 
     register_plugin(Extra())
-    assert aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path)["signed"] is True
+    assert (
+        aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path, session=aitune_manager.session())[
+            "signed"
+        ]
+        is True
+    )
 
 
 def test_hook_aitune_deserialize(aitune_manager, tmp_path):
     module, samples, graph, context = _setup(tmp_path)
     backend = ToyBackend()
     backend.build(module, context)
-    meta = aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path)
+    meta = aitune_manager.hook.aitune_serialize(backend=backend, directory=tmp_path, session=aitune_manager.session())
     fresh = ToyBackend()
     loaded = aitune_manager.hook.aitune_deserialize(
         backend=fresh,
         module=module,
         directory=tmp_path,
         context=LoadContext(graph, torch.device("cpu"), meta, tmp_path),
+        session=aitune_manager.session(),
     )
     x = samples[0].args[0]
     assert_matches_eager(loaded.infer(x), module(x))

@@ -1,6 +1,6 @@
 """Isolated builds and fault injection: what a user sees when a backend breaks.
 
-Each fault backend of :mod:`aitune.testing.faults` breaks in one way; tuning must go on, the
+Each fault backend of :mod:`aitune_testkit.faults` breaks in one way; tuning must go on, the
 candidate must say why it failed, and the user's process must be unharmed.
 """
 
@@ -13,12 +13,13 @@ import warnings
 
 import pytest
 import torch
+from aitune_testkit import faults
 
 import aitune.torch as ait
-from aitune import hookimpl
-from aitune.builtin import isolation
+from aitune import executor, hookimpl
+from aitune.builds import isolation
 from aitune.errors import BuildError, ConfigError
-from aitune.testing import assert_matches_eager, faults
+from aitune.testing import assert_matches_eager
 from aitune.testing.backends import NaNBackend, SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
@@ -27,7 +28,7 @@ QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(
 
 @pytest.fixture
 def fault_backends(toy_backends, register_plugin):
-    return register_plugin(faults, name="aitune.testing.faults", distribution="aitune-core")
+    return register_plugin(faults, name="aitune_testkit.faults", distribution="aitune-testkit")
 
 
 def _tune(*backends, report_path=None, batch_sizes=None, data=None):
@@ -62,16 +63,16 @@ def test_isolation_mode_defaults_to_native_and_refuses_unknown_values(monkeypatc
 def test_limits_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("AITUNE_BUILD_TIMEOUT_S", "12.5")
     monkeypatch.setenv("AITUNE_BUILD_MEMORY_MB", "3000")
-    assert isolation.timeout_s() == 12.5
-    assert isolation.memory_mb(torch.device("cpu")) == 3000
+    assert executor.timeout_s() == 12.5
+    assert executor.memory_mb(torch.device("cpu")) == 3000
     monkeypatch.setenv("AITUNE_BUILD_MEMORY_MB", "0")
-    assert isolation.memory_mb(torch.device("cpu")) is None
+    assert executor.memory_mb(torch.device("cpu")) is None
     monkeypatch.delenv("AITUNE_BUILD_MEMORY_MB")
-    assert isolation.memory_mb(torch.device("cuda")) is None, "CUDA reserves more address space than any cap"
-    assert isolation.memory_mb(torch.device("cpu")) > 0
+    assert executor.memory_mb(torch.device("cuda")) is None, "CUDA reserves more address space than any cap"
+    assert executor.memory_mb(torch.device("cpu")) > 0
     monkeypatch.setenv("AITUNE_BUILD_TIMEOUT_S", "soon")
     with pytest.raises(ConfigError, match="AITUNE_BUILD_TIMEOUT_S='soon' must be a number"):
-        isolation.timeout_s()
+        executor.timeout_s()
 
 
 # -- the happy path -------------------------------------------------------------------------------

@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from aitune import hookimpl
+from aitune.engine.recording import bypass
 from aitune.testing import assert_matches_eager
 from aitune.torch import FirstWinsStrategy, jit
 from aitune.torch.jit import TunedForward
 from aitune.torch.jit import config as jit_config
 from aitune.torch.jit.tune import deferred
-from aitune.torch.recording import bypass
 
 SCRIPTS = Path(__file__).parent / "jit_scripts"
 SRC = Path(__file__).parent.parent / "src"

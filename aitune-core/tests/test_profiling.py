@@ -7,9 +7,8 @@ import time
 import pytest
 import torch
 
-from aitune.report import ProfileResult
-from aitune.torch.figures import compare
-from aitune.torch.task.profiling import (
+from aitune.engine.figures import compare
+from aitune.profiling import (
     CvMeasuringStopStrategy,
     ModelExecutionTimeMeasuringStrategy,
     NumStepsMeasuringStopStrategy,
@@ -17,10 +16,11 @@ from aitune.torch.task.profiling import (
     profile_runners,
     summarize,
 )
-from aitune.torch.task.profiling.profiling_stop_strategy import (
+from aitune.profiling.stop import (
     AllSamplesProfilingStopStrategy,
     ThroughputSaturatedProfilingStopStrategy,
 )
+from aitune.report import ProfileResult
 
 
 def result(batch, ms, windows=None):

@@ -166,7 +166,7 @@ def test_max_throughput_without_validation_keeps_the_fastest_backend(toy_backend
 def _clock(latencies_ms: dict[str, list[float]]):
     """A profiling plugin that reports fixed per-window latencies: decisions without timing noise."""
     from aitune import hookimpl
-    from aitune.torch.task.profiling import summarize
+    from aitune.profiling import summarize
 
     class Clock:
         @hookimpl
@@ -266,7 +266,7 @@ def test_per_batch_size_routes_each_batch_range_to_its_fastest_backend(toy_backe
         return table[name][batch]
 
     from aitune import hookimpl
-    from aitune.torch.task.profiling import summarize
+    from aitune.profiling import summarize
 
     class Clock:
         @hookimpl
@@ -298,7 +298,7 @@ def test_per_batch_size_routes_each_batch_range_to_its_fastest_backend(toy_backe
 
 def test_per_batch_size_keeps_eager_where_nothing_beats_it(toy_backends, register_plugin, tmp_path):
     from aitune import hookimpl
-    from aitune.torch.task.profiling import summarize
+    from aitune.profiling import summarize
 
     class Clock:
         @hookimpl
@@ -351,7 +351,7 @@ class SessionClock:
     @property
     def plugin(self):
         from aitune import hookimpl
-        from aitune.torch.task.profiling import summarize
+        from aitune.profiling import summarize
 
         clock = self
 
@@ -463,8 +463,8 @@ def test_dispatch_cost_is_charged_before_the_gate(toy_backends, register_plugin)
 
 
 def test_dispatch_cost_is_measured_through_the_dispatcher():
+    from aitune.engine.figures import measure_dispatch_ms
     from aitune.graph import Sample, infer_graph
-    from aitune.torch.figures import measure_dispatch_ms
 
     samples = [Sample((x,)) for x in data(2, 4)]
     graph = infer_graph(samples, ("x",), None, None)
@@ -577,7 +577,7 @@ def test_per_batch_size_false_forces_one_winner(toy_backends, register_plugin):
 
 def test_a_noisy_machine_is_reported_before_timing(toy_backends, register_plugin, caplog):
     from aitune import hookimpl
-    from aitune.torch.task.profiling import summarize
+    from aitune.profiling import summarize
 
     class Noisy:
         @hookimpl

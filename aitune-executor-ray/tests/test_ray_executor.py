@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from aitune_testkit import faults, ray_faults
+from aitune_testkit.faults import IsolatedToyBackend, RaisingBackend, SegfaultBackend
 
 import aitune.torch as ait
 from aitune.errors import ConfigError
-from aitune.testing import assert_matches_eager, faults
+from aitune.testing import assert_matches_eager
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
-from aitune.testing.faults import IsolatedToyBackend, RaisingBackend, SegfaultBackend
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
-from aitune_executor_ray import task, testing
+from aitune_executor_ray import task
 from aitune_executor_ray.executor import RayExecutor, shared_dir, task_resources
 
 ray = pytest.importorskip("ray")
@@ -36,8 +37,8 @@ def ray_cluster():
 
 @pytest.fixture
 def backends(ray_cluster, toy_backends, register_plugin):
-    register_plugin(faults, name="aitune.testing.faults", distribution="aitune-core")
-    register_plugin(testing, name="aitune_executor_ray.testing", distribution="aitune-executor-ray")
+    register_plugin(faults, name="aitune_testkit.faults", distribution="aitune-testkit")
+    register_plugin(ray_faults, name="aitune_testkit.ray_faults", distribution="aitune-testkit")
 
 
 class Pipeline(torch.nn.Module):
@@ -88,7 +89,9 @@ def test_ray_decides_as_the_local_executor_and_builds_on_ray(backends, aitune_ca
 
 def test_a_killed_ray_worker_is_retried_and_its_candidate_still_wins(backends, aitune_cache_dir):
     model = ait.Module(
-        SlowModule(), "m", strategy=ait.OneBackendStrategy(testing.KillsRayWorkerOnceBackend(), profiling_config=QUICK)
+        SlowModule(),
+        "m",
+        strategy=ait.OneBackendStrategy(ray_faults.KillsRayWorkerOnceBackend(), profiling_config=QUICK),
     )
     report = ait.tune(model, [torch.randn(2, 8)], executor="ray")
     candidate = report.modules[0].graphs[0].candidates[0]

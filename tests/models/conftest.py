@@ -14,8 +14,8 @@ import torch
 
 import aitune.torch as ait
 from aitune import tree
+from aitune.engine.module import wrapped_modules
 from aitune.plugins import get_manager
-from aitune.torch.module import wrapped_modules
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5))

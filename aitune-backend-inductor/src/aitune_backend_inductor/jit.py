@@ -32,6 +32,7 @@ class TorchInductorJitBackend(Backend):
 
     name = "torch_inductor_jit"
     config_class = TorchInductorJitBackendConfig
+    compiles_anything = True
     config: TorchInductorJitBackendConfig
 
     def __init__(self, config: TorchInductorJitBackendConfig | None = None) -> None:

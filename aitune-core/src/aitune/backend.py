@@ -81,6 +81,9 @@ class Backend(abc.ABC):
     """Device types this backend runs on; a device the machine lacks is reported unavailable."""
     native_build: ClassVar[bool] = False
     """True when building compiles native code that may crash the process (isolated by default)."""
+    compiles_anything: ClassVar[bool] = False
+    """True for a backend that builds almost any module (a tracing JIT compiler): strategies that try
+    backends in turn, like JIT mode's default, try it after the exporting ones."""
 
     def __init__(self, config: BackendConfig | None = None) -> None:
         if config is None:

@@ -2,7 +2,7 @@
 
 Its users each keep a subfolder: the build cache of built candidates (``builds/``, see
 :mod:`aitune.builtin.buildcache`), the JIT's remembered decisions (see
-:mod:`aitune.torch.jit.decision_store`) and the backends' compiler caches (``BuildContext.cache_dir``).
+:mod:`aitune.engine.jit.decision_store`) and the backends' compiler caches (``BuildContext.cache_dir``).
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ def show(
 ) -> None:
     """Show an artifact's modules, graphs, backends, sizes and where it was tuned."""
     from .artifact.archive import open_artifact
-    from .artifact.load import read_manifest
+    from .artifact.reader import read_manifest
     from .converter import unstructure
 
     with open_artifact(artifact) as reader:
@@ -380,7 +380,7 @@ def tune(
     _set_threads(threads)
     model, dataset = _load_target(target)
     chosen = _strategy(strategy, _backends(backend), budget_ms)
-    from .torch.module import wrapped_modules
+    from .engine.module import wrapped_modules
 
     if module:
         ait.wrap(model, module, strategy=chosen)
@@ -435,7 +435,7 @@ def report(
     from .report import TuneReport
 
     if source.suffix == ".ait":
-        from .artifact.load import read_report
+        from .artifact.reader import read_report
 
         loaded = read_report(source)
     elif source.name.endswith(SUFFIX) or (not source.exists() and journal_path(source).is_file()):

@@ -62,11 +62,11 @@ def model_and_data(batch_sizes: tuple[int, ...] = (4, 8)) -> tuple[torch.nn.Modu
 
 def demo_backends() -> list[Any]:
     """Every backend that can run here, with settings suited to the demo (quantization included)."""
+    from .engine.plan import default_backends
     from .plugins import get_manager
-    from .torch.plan import default_backends
 
     registry = get_manager().registry
     backends = default_backends(registry, torch.device("cpu"))
-    if "torchao" in registry and not registry.status("torchao").reason("cpu"):
+    if "torchao" in registry and not registry.unavailable("torchao", torch.device("cpu")):
         backends.append(registry.backend_class("torchao")())
     return backends

@@ -1,10 +1,11 @@
-"""Where isolated builds run: the executor extension point.
+"""Where isolated builds run: the executor extension point, and the worker job every executor runs.
 
-A build that a backend can export (see :mod:`aitune.builtin.isolation`) is a job: JSON plus the files
-``export`` wrote, never a pickled module. An :class:`Executor` runs jobs. A plugin registers
+A build that a backend can export (see :mod:`aitune.builds.isolation`) is a job: JSON plus the files
+``export`` wrote, never a pickled module (:func:`worker_job`). An :class:`Executor` runs jobs,
+each in ``python -m aitune.builds.worker`` (:func:`run_job`) wherever it chooses. A plugin registers
 executors through ``aitune_register_executors`` into the :class:`ExecutorRegistry`; core ships
-``local`` (a worker process on this machine) as its own plugin, :mod:`aitune.builtin.executor`, which
-also keeps each tune's builds. ``aitune-executor-ray`` runs jobs as Ray tasks.
+``local`` (a worker process on this machine) in :mod:`aitune.builds.local`. ``aitune-executor-ray``
+runs jobs as Ray tasks, using only what this module makes public.
 
 Choose with ``ait.tune(..., executor="ray")`` or ``AITUNE_EXECUTOR=ray``; the default is ``local``.
 """
@@ -12,15 +13,24 @@ Choose with ``ait.tune(..., executor="ray")`` or ``AITUNE_EXECUTOR=ray``; the de
 from __future__ import annotations
 
 import abc
+import contextlib
+import json
 import os
+import signal
+import subprocess
+import sys
+from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import attrs
 
-from .errors import ConfigError, PluginError
+from .converter import unstructure
+from .errors import BuildError, ConfigError, PluginError
 
 if TYPE_CHECKING:
+    import torch
+
     from .backend import Backend, BuildContext
 
 DEFAULT = "local"
@@ -52,7 +62,7 @@ class BuildHandle(abc.ABC):
     def result(self) -> dict[str, Any]:
         """Wait for the build; return the payload's metadata, with the payload in ``folder/payload``.
 
-        Raises :class:`~aitune.builtin.isolation.WorkerBuildError` when the build failed or its worker died.
+        Raises :class:`WorkerBuildError` when the build failed or its worker died.
         """
 
     def wait(self) -> None:
@@ -86,6 +96,26 @@ class Executor(abc.ABC):
     def close(self) -> None:
         """The tune is over; release what the executor holds (not a cluster it did not start)."""
         return None
+
+
+class BuildQueue(Protocol):
+    """One run's builds, as the isolation plugin and profiling see them (``Session.builds``)."""
+
+    executor: Executor
+
+    def take(
+        self, backend: Backend, module: torch.nn.Module, context: BuildContext
+    ) -> tuple[BuildRequest, BuildHandle] | None:
+        """The build of ``backend`` submitted ahead for this module and graph, if any."""
+
+    def wait_idle(self) -> None:
+        """Wait until no build submitted ahead is running (before anything is timed)."""
+
+    def folder(self) -> Path:
+        """A fresh folder for one build, removed when the run ends."""
+
+    def submit_ahead(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> bool:
+        """Export ``backend``'s build now and hand it to the executor; False when it is not one to send."""
 
 
 # -- the registry -------------------------------------------------------------------------------
@@ -163,3 +193,201 @@ def chosen(name: str | None = None) -> str:
     """The executor to use: ``name``, else ``AITUNE_EXECUTOR``, else ``local``."""
     value = name if name is not None else os.environ.get("AITUNE_EXECUTOR", "").strip()
     return value.strip().lower() or DEFAULT
+
+
+# -- the worker job: what every executor runs ---------------------------------------------------
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_JOB = 2
+EXIT_OUT_OF_MEMORY = 3
+"""The worker's exit codes."""
+DEFAULT_TIMEOUT_S = 1800.0
+LOG_LINES = 20
+
+
+class WorkerBuildError(BuildError):
+    """An isolated build failed; ``cause`` is ``crash``, ``timeout``, ``memory``, ``exit`` or ``error``."""
+
+    def __init__(self, message: str, cause: str, exit_code: int | None = None, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+
+
+def timeout_s() -> float:
+    return _positive("AITUNE_BUILD_TIMEOUT_S", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S
+
+
+def memory_mb(device: torch.device) -> int | None:
+    """The worker's address-space cap in MB, or None for no cap."""
+    default = None
+    if device.type == "cpu":
+        try:
+            default = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4 // (1024 * 1024)
+        except (ValueError, OSError, AttributeError):
+            default = None
+    value = _positive("AITUNE_BUILD_MEMORY_MB", default)
+    return int(value) if value else None
+
+
+def _positive(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} must be a number >= 0")
+    return value
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def worker_job(backend: Backend, notes: dict[str, Any], context: BuildContext, folder: Path) -> dict[str, Any]:
+    """The JSON a worker builds from: names, config, graph and folders, never a pickled object."""
+    return {
+        "backend": backend.name,
+        "backend_class": _class_path(type(backend)),
+        "config": unstructure(backend.config),
+        "graph": unstructure(context.graph),
+        "device": str(context.device),
+        "notes": notes,
+        "cache_dir": str(context.cache_dir),
+        "module_name": context.module_name,
+        "memory_mb": memory_mb(context.device),
+        "timeout_s": timeout_s(),
+        "what": f"{backend.name} build of {context.module_name or 'the module'} in a worker process",
+        **folders(folder),
+    }
+
+
+def folders(folder: Path) -> dict[str, str]:
+    """The job's paths inside ``folder``: another machine rewrites them for its own copy."""
+    return {
+        "exported": str(folder / "exported"),
+        "payload": str(folder / "payload"),
+        "workdir": str(folder),
+        "result": str(folder / "result.json"),
+    }
+
+
+def run_worker(backend: Backend, notes: dict[str, Any], context: BuildContext, folder: Path) -> dict[str, Any]:
+    """Run ``build_exported`` for ``backend`` in a worker; returns the payload's metadata or raises."""
+    return run_job(worker_job(backend, notes, context, folder), folder)
+
+
+def run_job(job: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Run one job (see :func:`worker_job`) in ``python -m aitune.builds.worker`` under its time limit."""
+    limit, cap, what = float(job["timeout_s"]), job.get("memory_mb"), job["what"]
+    result, log = Path(job["result"]), folder / "worker.log"
+    job_path = folder / "job.json"
+    job_path.write_text(json.dumps({**job, "parent_pid": os.getpid()}, default=str))
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aitune.builds.worker", str(job_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a timeout stops the worker and its children
+        )
+        try:
+            code = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            raise WorkerBuildError(
+                f"{what} did not finish within {limit:g} s and was stopped; if the build is only slow, raise "
+                f"AITUNE_BUILD_TIMEOUT_S{_tail_text(log)}",
+                "timeout",
+                None,
+                _tail(log),
+            ) from None
+        except BaseException:  # Ctrl-C while waiting: take the worker down with us
+            _stop(proc)
+            raise
+    return _outcome(what, code, result, log, cap)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _outcome(what: str, code: int, result: Path, log: Path, cap: int | None) -> dict[str, Any]:
+    tail = _tail(log)
+    answer: dict[str, Any] = {}
+    if result.is_file():
+        try:
+            answer = json.loads(result.read_text())
+        except ValueError:
+            answer = {}
+    if code == 0 and answer.get("ok"):
+        return dict(answer.get("metadata") or {})
+    cap_text = f"{cap} MB" if cap else "none"
+    if code == EXIT_OUT_OF_MEMORY or _says_out_of_memory(answer, tail):
+        raise WorkerBuildError(
+            f"{what} ran out of memory (address-space cap {cap_text}, AITUNE_BUILD_MEMORY_MB); raise the cap, "
+            f"free memory, or build with a smaller max batch{_tail_text(log)}",
+            "memory",
+            code,
+            tail,
+        )
+    if code < 0:
+        name = _signal_name(-code)
+        hint = " (the kernel's out-of-memory killer sends this too)" if -code == signal.SIGKILL else ""
+        raise WorkerBuildError(
+            f"{what} crashed with {name}{hint}; the candidate is skipped and your process is unharmed. "
+            f"Report it to the backend's authors with the log{_tail_text(log)}",
+            "crash",
+            code,
+            tail,
+        )
+    if answer.get("ok") is False:
+        raise WorkerBuildError(
+            f"{what} failed: {answer.get('error')}: {answer.get('message')}{_tail_text(log)}", "error", code, tail
+        )
+    why = "could not read its job" if code == EXIT_BAD_JOB else "exited without a result"
+    raise WorkerBuildError(f"{what} {why} (exit code {code}){_tail_text(log)}", "exit", code, tail)
+
+
+def _says_out_of_memory(answer: dict[str, Any], tail: str) -> bool:
+    text = f"{answer.get('error', '')} {answer.get('message', '')}".lower()
+    return answer.get("error") == "MemoryError" or "can't allocate memory" in text or "out of memory" in text
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _tail(log: Path) -> str:
+    try:
+        with open(log, errors="replace") as f:
+            return "".join(deque(f, maxlen=LOG_LINES)).rstrip()
+    except OSError:
+        return ""
+
+
+def _tail_text(log: Path) -> str:
+    tail = _tail(log)
+    return f"\nlast lines of the worker's log:\n{tail}" if tail else ""
+
+
+def job_on_this_node(job: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``job`` as another machine runs it: its paths in ``folder``, this machine's cache and memory cap."""
+    from .cachedir import cache_dir
+
+    local = {**job, **folders(folder), "cache_dir": str(cache_dir())}
+    if not os.environ.get("AITUNE_BUILD_MEMORY_MB"):  # the cap follows this machine's memory
+        import torch
+
+        local["memory_mb"] = memory_mb(torch.device(job["device"]))
+    return local

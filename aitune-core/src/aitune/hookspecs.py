@@ -15,6 +15,11 @@ There are three kinds of hooks:
 * **observers**: ``aitune_tune_started``, ``aitune_build_error``, ``aitune_candidate_result``,
   ``aitune_tune_finished``;
   for reports, logging and progress; their return values are ignored.
+
+Every operation and observer hook is also handed ``session`` (:class:`aitune.session.Session`): the
+run it belongs to, with the hook relay, the registries, the run's builds and a ``stash`` for a
+plugin's per-run state. An implementation takes it by naming the parameter, as pytest's hooks take
+``config``; one that does not need it leaves it out.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ if TYPE_CHECKING:
     from .backend import Backend, BuildContext, LoadContext
     from .executor import ExecutorRegistry
     from .graph import GraphSpec, Sample
+    from .profiling import ProfileResult, ProfilingConfig
     from .registry import BackendRegistry
     from .report import CandidateReport, TuneReport, ValidationReport
-    from .torch.task.profiling import ProfileResult, ProfilingConfig
+    from .session import Session
 
 hookspec = pluggy.HookspecMarker("aitune")
 
@@ -67,7 +73,7 @@ def aitune_register_executors(registry: ExecutorRegistry) -> None:
 
 
 @hookspec(firstresult=True)
-def aitune_build(backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
+def aitune_build(backend: Backend, module: torch.nn.Module, context: BuildContext, session: Session) -> Backend | None:
     """Build ``backend`` for ``context.graph`` of ``module`` and return the backend ready to infer.
 
     Return None to leave the build to the next implementation. Stops at the first non-None
@@ -83,6 +89,7 @@ def aitune_validate(
     samples: Sequence[Sample],
     graph: GraphSpec,
     tolerances: Mapping[str, Any] | None,
+    session: Session,
 ) -> ValidationReport | None:
     """Compare ``backend``'s outputs with ``reference`` (eager) on ``samples`` and report.
 
@@ -99,6 +106,7 @@ def aitune_profile(
     batch_size: int,
     config: ProfilingConfig,
     device: torch.device,
+    session: Session,
 ) -> Mapping[str, ProfileResult] | None:
     """Measure every runner (a call on prepared inputs of ``batch_size``) and return its figures.
 
@@ -108,7 +116,7 @@ def aitune_profile(
 
 
 @hookspec(firstresult=True)
-def aitune_serialize(backend: Backend, directory: Path) -> dict[str, Any] | None:
+def aitune_serialize(backend: Backend, directory: Path, session: Session) -> dict[str, Any] | None:
     """Write ``backend``'s payload into ``directory`` and return its JSON-able metadata.
 
     Return None to leave it to the next implementation. Stops at the first non-None result. The
@@ -118,7 +126,7 @@ def aitune_serialize(backend: Backend, directory: Path) -> dict[str, Any] | None
 
 @hookspec(firstresult=True)
 def aitune_deserialize(
-    backend: Backend, module: torch.nn.Module, directory: Path, context: LoadContext
+    backend: Backend, module: torch.nn.Module, directory: Path, context: LoadContext, session: Session
 ) -> Backend | None:
     """Restore ``backend`` (fresh, from its saved config) from ``directory``; return it ready to infer.
 
@@ -131,7 +139,7 @@ def aitune_deserialize(
 
 
 @hookspec
-def aitune_tune_started(report: TuneReport, report_path: Path | None) -> None:
+def aitune_tune_started(report: TuneReport, report_path: Path | None, session: Session) -> None:
     """``ait.tune`` recorded the dataset and starts tuning; ``report`` fills in as modules finish.
 
     ``report_path`` is where the finished report will be written (None when not asked for), so
@@ -140,12 +148,14 @@ def aitune_tune_started(report: TuneReport, report_path: Path | None) -> None:
 
 
 @hookspec
-def aitune_build_error(module_name: str, graph: GraphSpec, backend: Backend, error: BaseException) -> None:
+def aitune_build_error(
+    module_name: str, graph: GraphSpec, backend: Backend, error: BaseException, session: Session
+) -> None:
     """A candidate failed to build; called before the strategy moves on. Return value ignored."""
 
 
 @hookspec
-def aitune_candidate_result(module_name: str, graph: GraphSpec, candidate: CandidateReport) -> None:
+def aitune_candidate_result(module_name: str, graph: GraphSpec, candidate: CandidateReport, session: Session) -> None:
     """A candidate is complete, told once and at once: when it fails at any step (status ``failed``,
     ``stage`` says where), when it has been profiled, or, for a correct candidate the strategy never
     profiles, when the graph's decision is made. Until then its status is ``pending``; the decision
@@ -153,12 +163,12 @@ def aitune_candidate_result(module_name: str, graph: GraphSpec, candidate: Candi
 
 
 @hookspec
-def aitune_tune_finished(report: TuneReport) -> None:
+def aitune_tune_finished(report: TuneReport, session: Session) -> None:
     """``ait.tune`` finished; ``report`` holds every module, graph and candidate. Return value ignored."""
 
 
 @hookspec
-def aitune_tune_failed(report: TuneReport, error: BaseException) -> None:
+def aitune_tune_failed(report: TuneReport, error: BaseException, session: Session) -> None:
     """``ait.tune`` raised ``error`` after ``aitune_tune_started`` (``fail_fast``, a strategy that raises,
     Ctrl-C); ``report`` holds the modules finished before it. ``aitune_tune_finished`` is not called.
     Return value ignored."""

@@ -19,8 +19,9 @@ import pluggy
 
 from . import converter, hookspecs
 from .errors import PluginError, PluginLoadError
-from .executor import ExecutorRegistry
+from .executor import BuildQueue, ExecutorRegistry
 from .registry import BackendRegistry
+from .session import Session
 
 ENTRY_POINT_GROUP = "aitune"
 CORE_DISTRIBUTION = "aitune-core"
@@ -60,22 +61,24 @@ class AituneManager:
         self._lock = threading.RLock()
         self.pm.hook.aitune_register_backends.call_historic(kwargs={"registry": self.registry})
         self.pm.hook.aitune_register_executors.call_historic(kwargs={"registry": self.executors})
-        from .builtin import buildcache, eager, executor, isolation, journal, operations
+        from .builds import isolation, queue
+        from .builtin import buildcache, eager, journal, operations
 
-        # plugins that call other hooks are handed this manager's relay, never a global one
+        # plugins that call other hooks take the run's session as a hook argument, never a global
         self.register(operations, name="aitune.builtin.operations", distribution=CORE_DISTRIBUTION)
-        cache = buildcache.BuildCache(self.pm.hook, self.registry)
-        self.register(cache, name="aitune.builtin.buildcache", distribution=CORE_DISTRIBUTION)
-        self.register(
-            isolation.Isolation(self.pm.hook), name="aitune.builtin.isolation", distribution=CORE_DISTRIBUTION
-        )
-        self.register(executor, name="aitune.builtin.executor", distribution=CORE_DISTRIBUTION)
+        self.register(buildcache, name="aitune.builtin.buildcache", distribution=CORE_DISTRIBUTION)
+        self.register(isolation, name="aitune.builds.isolation", distribution=CORE_DISTRIBUTION)
+        self.register(queue, name="aitune.builds.queue", distribution=CORE_DISTRIBUTION)
         self.register(journal, name="aitune.builtin.journal", distribution=CORE_DISTRIBUTION)
         self.register(eager, name="aitune.builtin.eager", distribution=CORE_DISTRIBUTION)
 
     @property
     def hook(self) -> Any:
         return self.pm.hook
+
+    def session(self, builds: BuildQueue | None = None) -> Session:
+        """A run's session with this manager's relay and registries (``builds``: the run's builds)."""
+        return Session(self.pm.hook, self.registry, self.executors, builds)
 
     def register(
         self, plugin: object, name: str | None = None, distribution: str = "unknown", entry_point: bool = False
@@ -167,13 +170,3 @@ def set_manager(manager: AituneManager | None) -> AituneManager | None:
         previous, _manager = _manager, manager
         converter.reset()
         return previous
-
-
-def config_to_json(config: Any, backend: str | None = None) -> dict[str, Any]:
-    """:meth:`BackendRegistry.config_to_json` with the process-wide manager's registry."""
-    return get_manager().registry.config_to_json(config, backend)
-
-
-def config_from_json(data: Any, what: str = "$") -> Any:
-    """:meth:`BackendRegistry.config_from_json` with the process-wide manager's registry."""
-    return get_manager().registry.config_from_json(data, what)

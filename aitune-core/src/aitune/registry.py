@@ -15,7 +15,7 @@ import importlib.util
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from packaging.requirements import InvalidRequirement, Requirement
@@ -30,6 +30,11 @@ from .errors import (
     PluginError,
     SerializationError,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from .graph import GraphSpec
 
 Probe = Callable[[str], "str | None"]
 """Called with a device type (``"cpu"``, ``"cuda"``); returns why the backend cannot run there, or None."""
@@ -192,9 +197,25 @@ class BackendRegistry:
                 devices[device] = f"availability probe failed: {type(exc).__name__}: {exc}"
         return BackendStatus(name, dist, _version(dist), devices)
 
-    def require(self, name: str, device: str) -> None:
+    def unavailable(self, backend: Backend | str, device: torch.device, graph: GraphSpec | None = None) -> str | None:
+        """Why ``backend`` (an object, or a registered name) cannot run on ``device``, or None when it can.
+
+        The one availability check: a registered backend's runtimes and probe (no runtime is
+        imported), then, for a backend object and a ``graph``, the backend's own word on the graph.
+        A backend no plugin registered (built by hand) answers for itself.
+        """
+        name = backend if isinstance(backend, str) else backend.name
+        if name in self:
+            reason = self.status(name).reason(device.type)
+            if reason:
+                return reason
+        if isinstance(backend, str) or graph is None:
+            return None
+        return backend.unsupported_reason(graph, device)
+
+    def require(self, name: str, device: torch.device) -> None:
         """Raise :class:`BackendUnavailableError` when ``name`` cannot run on ``device``."""
-        reason = self.status(name).reason(device)
+        reason = self.unavailable(name, device)
         if reason:
             raise BackendUnavailableError(f"backend {name!r} cannot run on {device}: {reason}")
 

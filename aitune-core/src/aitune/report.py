@@ -7,6 +7,7 @@ changes meaning.
 
 from __future__ import annotations
 
+import enum
 import json
 from pathlib import Path
 from typing import Any
@@ -71,12 +72,46 @@ class ProfileResult:
     """The measured per-call cost of the ``ait.Module`` dispatcher, included in every latency above."""
 
 
+class _Status(str, enum.Enum):
+    """A status that is its own JSON string, so reports read and compare as plain text."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class CandidateStatus(_Status):
+    PENDING = "pending"
+    SELECTED = "selected"
+    REJECTED = "rejected"
+    """Correct, but not chosen."""
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    BASELINE = "baseline"
+    """Eager's own row in a rendered table (never a candidate's status in a report)."""
+
+
+class ModuleStatus(_Status):
+    PENDING = "pending"
+    TUNED = "tuned"
+    EAGER = "eager"
+    """Tuning kept the module eager."""
+    FAILED = "failed"
+    """Tuning raised; the module runs eager."""
+    DRY_RUN = "dry run"
+    """``ait.tune(dry_run=True)``: graphs recorded, nothing built."""
+    INTERRUPTED = "interrupted"
+    """Read back from the journal of a tune that stopped before this module finished."""
+
+
 @attrs.define
 class CandidateReport:
     backend: str
     config: dict[str, Any]
-    status: str = "pending"
-    """``selected``, ``rejected`` (correct but not chosen), ``failed`` or ``skipped``."""
+    status: CandidateStatus = attrs.field(default=CandidateStatus.PENDING, converter=CandidateStatus)
+    """Checked when set: a string that names no :class:`CandidateStatus` raises."""
     stage: str | None = None
     """Where a failed candidate failed: ``availability``, ``build``, ``validate`` or ``profile``."""
     reason: str | None = None
@@ -124,9 +159,8 @@ class GraphReport:
 class ModuleReport:
     name: str
     strategy: str
-    status: str = "pending"
-    """``tuned``, ``eager`` (tuning kept eager), ``failed`` (tuning raised; the module runs eager) or
-    ``dry run`` (``ait.tune(dry_run=True)``: graphs recorded, nothing built)."""
+    status: ModuleStatus = attrs.field(default=ModuleStatus.PENDING, converter=ModuleStatus)
+    """Checked when set: a string that names no :class:`ModuleStatus` raises."""
     error: str | None = None
     graphs: list[GraphReport] = attrs.field(factory=list)
     summary: str = ""

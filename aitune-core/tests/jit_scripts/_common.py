@@ -39,9 +39,9 @@ class BuildCounter:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     import aitune.testing.backends as toy
+    from aitune.engine.recording import bypass
     from aitune.plugins import get_manager
     from aitune.torch import FirstWinsStrategy, jit
-    from aitune.torch.recording import bypass
 
     manager = get_manager()
     manager.register(toy, name="aitune.testing.backends", distribution="aitune-core")

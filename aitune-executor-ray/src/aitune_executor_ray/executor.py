@@ -21,8 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from aitune.builtin.isolation import WorkerBuildError, worker_job
-from aitune.executor import BuildHandle, BuildRequest, Executor
+from aitune.executor import BuildHandle, BuildRequest, Executor, WorkerBuildError, worker_job
 
 from . import task
 

@@ -1,8 +1,8 @@
 """What runs on a Ray worker: one exported build, in aitune's own worker process under its limits.
 
 The task gets the job's JSON and the exported files as bytes (through Ray's object store), writes
-them into a scratch folder on its node, and runs :func:`aitune.builtin.isolation.run_job` there: the same
-``python -m aitune.worker`` process, time limit, memory cap and crash diagnosis as a local build.
+them into a scratch folder on its node, and runs :func:`aitune.executor.run_job` there: the same
+``python -m aitune.builds.worker`` process, time limit, memory cap and crash diagnosis as a local build.
 It answers with JSON-able data and the payload files as bytes (or, when ``AITUNE_RAY_SHARED_DIR``
 names a folder every node mounts, leaves both the exported files and the payload there). A failed build is an answer
 (``ok: False``), not an exception, so only a dead Ray worker makes Ray retry the task.
@@ -10,7 +10,6 @@ names a folder every node mounts, leaves both the exported files and the payload
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import tempfile
@@ -46,23 +45,18 @@ def build(job: dict[str, Any], exported: dict[str, bytes] | None, shared: str | 
     With ``shared`` (a folder every node mounts, holding ``exported/``) the files stay on that
     path both ways and ``payload`` is None.
     """
-    import torch
-
-    from aitune.builtin import isolation
-    from aitune.cachedir import cache_dir
+    from aitune import executor
 
     node = socket.gethostname()
     folder = Path(shared) if shared else Path(tempfile.mkdtemp(prefix="aitune-ray-build-"))
     try:
         if exported is not None:
             unpack(exported, folder / "exported")
-        local = {**job, **isolation.folders(folder), "cache_dir": str(cache_dir())}
-        if not os.environ.get("AITUNE_BUILD_MEMORY_MB"):  # the cap follows this node's memory
-            local["memory_mb"] = isolation.memory_mb(torch.device(job["device"]))
+        local = executor.job_on_this_node(job, folder)
         start = time.perf_counter()
         try:
-            metadata = isolation.run_job(local, folder)
-        except isolation.WorkerBuildError as exc:
+            metadata = executor.run_job(local, folder)
+        except executor.WorkerBuildError as exc:
             return {
                 "ok": False,
                 "message": str(exc),

@@ -5,8 +5,8 @@ its config, the versions of aitune, the plugin and torch, and the device. A hit 
 payload through ``aitune_deserialize`` instead of building; a miss builds, then saves the
 payload into the cache. ``AITUNE_BUILD_CACHE=0`` turns it off.
 
-The plugin is a :class:`BuildCache` object, made by the plugin manager with its hook relay and
-registry: it calls other hooks through what it was handed, never through a global manager.
+Its two hook implementations take the run's ``session`` and call other hooks through it, never
+through a global manager.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ..converter import unstructure
 from ..errors import SerializationError
 from ..module_code import code_digest
 from ..registry import BackendRegistry
+from ..session import Session
 
 logger = logging.getLogger("aitune")
 _digests: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, str]] = weakref.WeakKeyDictionary()
@@ -80,13 +81,15 @@ def build_key(backend: Backend, module: torch.nn.Module, context: BuildContext, 
 
 
 def _load_hit(
-    entry: Path, backend: Backend, module: torch.nn.Module, context: BuildContext, hook: Any
+    entry: Path, backend: Backend, module: torch.nn.Module, context: BuildContext, session: Session
 ) -> Backend | None:
     try:
         meta = json.loads((entry / "meta.json").read_text())
         load_ctx = LoadContext(context.graph, context.device, meta["metadata"], context.cache_dir, context.module_name)
         start = time.perf_counter()
-        loaded = hook.aitune_deserialize(backend=backend, module=module, directory=entry / "payload", context=load_ctx)
+        loaded = session.hook.aitune_deserialize(
+            backend=backend, module=module, directory=entry / "payload", context=load_ctx, session=session
+        )
     except Exception as exc:  # a broken entry is dropped and rebuilt, never fatal
         logger.warning("build cache entry %s is unusable (%s: %s); rebuilding", entry.name, type(exc).__name__, exc)
         shutil.rmtree(entry, ignore_errors=True)
@@ -97,12 +100,12 @@ def _load_hit(
     return loaded  # type: ignore[no-any-return]
 
 
-def _store(entry: Path, backend: Backend, hook: Any) -> None:
+def _store(entry: Path, backend: Backend, session: Session) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
     try:
         (staging / "payload").mkdir()
-        metadata = hook.aitune_serialize(backend=backend, directory=staging / "payload")
+        metadata = session.hook.aitune_serialize(backend=backend, directory=staging / "payload", session=session)
         info = {k: v for k, v in backend.build_info.items() if k != "from_cache"}
         (staging / "meta.json").write_text(
             json.dumps({"backend": backend.name, "metadata": metadata or {}, "build_info": info}, default=str)
@@ -127,30 +130,26 @@ def _entry(backend: Backend, module: torch.nn.Module, context: BuildContext, reg
     return builds_dir() / key[:2] / key
 
 
-class BuildCache:
-    """The build cache as a plugin, handed the hook relay and registry of its manager."""
+@hookimpl(specname="aitune_build", tryfirst=True)
+def lookup(backend: Backend, module: torch.nn.Module, context: BuildContext, session: Session) -> Backend | None:
+    """A hit answers the build with the cached payload; a miss lets the builders run."""
+    entry = _entry(backend, module, context, session.registry)
+    if entry is None or not (entry / "meta.json").is_file():
+        return None
+    return _load_hit(entry, backend, module, context, session)
 
-    def __init__(self, hook: Any, registry: BackendRegistry) -> None:
-        self.hook = hook
-        self.registry = registry
 
-    @hookimpl(specname="aitune_build", tryfirst=True)
-    def lookup(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Backend | None:
-        """A hit answers the build with the cached payload; a miss lets the builders run."""
-        entry = _entry(backend, module, context, self.registry)
-        if entry is None or not (entry / "meta.json").is_file():
-            return None
-        return _load_hit(entry, backend, module, context, self.hook)
-
-    @hookimpl(specname="aitune_build", wrapper=True)
-    def store(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> Generator[None, Any, Any]:
-        """After a fresh build, save its payload into the cache."""
-        built = yield
-        if built is not None and not built.build_info.get("from_cache"):
-            entry = _entry(backend, module, context, self.registry)
-            if entry is not None:
-                _store(entry, built, self.hook)
-        return built
+@hookimpl(specname="aitune_build", wrapper=True)
+def store(
+    backend: Backend, module: torch.nn.Module, context: BuildContext, session: Session
+) -> Generator[None, Any, Any]:
+    """After a fresh build, save its payload into the cache."""
+    built = yield
+    if built is not None and not built.build_info.get("from_cache"):
+        entry = _entry(backend, module, context, session.registry)
+        if entry is not None:
+            _store(entry, built, session)
+    return built
 
 
 def info() -> dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Generator
 from pathlib import Path
 from typing import IO, Any
@@ -24,7 +23,8 @@ from typing import IO, Any
 from .. import hookimpl
 from ..converter import structure, unstructure
 from ..errors import InputError
-from ..report import CandidateReport, GraphReport, ModuleReport, TuneReport
+from ..report import CandidateReport, GraphReport, ModuleReport, ModuleStatus, TuneReport
+from ..session import Session
 
 logger = logging.getLogger("aitune")
 SUFFIX = ".journal.jsonl"
@@ -69,35 +69,23 @@ class Journal:
         self.file.close()
 
 
-_active: list[Journal] = []
-_lock = threading.Lock()
-
-
-def _current() -> Journal | None:
-    return _active[-1] if _active else None
+KEY = "aitune.journal"
+"""Where the run's open journal sits in ``session.stash``."""
 
 
 @hookimpl
-def aitune_tune_started(report: TuneReport, report_path: Path | None) -> None:
+def aitune_tune_started(report: TuneReport, report_path: Path | None, session: Session) -> None:
     if report_path is None:
         return
-    path = journal_path(report_path)
-    with _lock:
-        for stale in [j for j in _active if j.path == path]:  # a run interrupted in this process
-            _active.remove(stale)
-            stale.close()
     try:
-        journal = Journal(path, report)
+        session.stash[KEY] = Journal(journal_path(report_path), report)
     except OSError as exc:  # progress keeping must never stop tuning
         logger.warning("no tuning journal beside %s: %s", report_path, exc)
-        return
-    with _lock:
-        _active.append(journal)
 
 
 @hookimpl
-def aitune_candidate_result(module_name: str, graph: Any, candidate: CandidateReport) -> None:
-    journal = _current()
+def aitune_candidate_result(module_name: str, graph: Any, candidate: CandidateReport, session: Session) -> None:
+    journal = session.stash.get(KEY)
     if journal is None:
         return
     journal.catch_up()
@@ -113,20 +101,18 @@ def aitune_candidate_result(module_name: str, graph: Any, candidate: CandidateRe
 
 
 @hookimpl(wrapper=True, tryfirst=True)
-def aitune_build(backend: Any, module: Any, context: Any) -> Generator[None, Any, Any]:
+def aitune_build(backend: Any, module: Any, context: Any, session: Session) -> Generator[None, Any, Any]:
     """Before each build, write the modules finished since the last line (a build may never return)."""
-    journal = _current()
+    journal = session.stash.get(KEY)
     if journal is not None:
         journal.catch_up()
     return (yield)
 
 
-def _end(report: TuneReport, last: dict[str, Any]) -> None:
-    with _lock:
-        journal = next((j for j in reversed(_active) if j.report is report), None)
-        if journal is None:
-            return
-        _active.remove(journal)
+def _end(session: Session, last: dict[str, Any]) -> None:
+    journal = session.stash.pop(KEY, None)
+    if journal is None:
+        return
     try:
         journal.catch_up()
         journal.write(last)
@@ -135,14 +121,14 @@ def _end(report: TuneReport, last: dict[str, Any]) -> None:
 
 
 @hookimpl
-def aitune_tune_finished(report: TuneReport) -> None:
-    _end(report, {"event": "finished", "duration_s": report.duration_s})
+def aitune_tune_finished(report: TuneReport, session: Session) -> None:
+    _end(session, {"event": "finished", "duration_s": report.duration_s})
 
 
 @hookimpl
-def aitune_tune_failed(report: TuneReport, error: BaseException) -> None:
+def aitune_tune_failed(report: TuneReport, error: BaseException, session: Session) -> None:
     """Close the journal; a cut-off module's candidates stay in it and read back as ``interrupted``."""
-    _end(report, {"event": "failed", "error": f"{type(error).__name__}: {error}"})
+    _end(session, {"event": "failed", "error": f"{type(error).__name__}: {error}"})
 
 
 def partial_report(path: str | Path) -> TuneReport:
@@ -178,7 +164,9 @@ def partial_report(path: str | Path) -> TuneReport:
             report.environment = line.get("environment", {})
         elif event == "candidate":
             name = line["module"]
-            module = open_modules.setdefault(name, ModuleReport(name=name, strategy="", status="interrupted"))
+            module = open_modules.setdefault(
+                name, ModuleReport(name=name, strategy="", status=ModuleStatus.INTERRUPTED)
+            )
             graph = next((g for g in module.graphs if g.graph_key == line["graph_key"]), None)
             if graph is None:
                 graph = GraphReport(graph_key=line["graph_key"], graph=line.get("graph") or {})

@@ -41,7 +41,7 @@ def aitune_validate(
 def aitune_profile(
     runners: Mapping[str, Callable[[], Any]], batch_size: int, config: Any, device: torch.device
 ) -> Mapping[str, ProfileResult]:
-    from ..torch.task.profiling import profile_runners
+    from ..profiling import profile_runners
 
     return profile_runners(runners, batch_size, config, device)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..report import CandidateReport, GraphReport, ModuleReport, TuneReport
+from ..report import CandidateReport, CandidateStatus, GraphReport, ModuleReport, TuneReport
 
 CANDIDATE_COLUMNS = (
     "backend",
@@ -39,7 +39,9 @@ def _profile_at(candidate: CandidateReport, batch: int | None) -> Any:
 
 def candidate_rows(graph: GraphReport) -> list[list[str]]:
     rows = []
-    eager = CandidateReport("torch_eager (baseline)", {}, status="baseline", profiles=graph.eager_profiles)
+    eager = CandidateReport(
+        "torch_eager (baseline)", {}, status=CandidateStatus.BASELINE, profiles=graph.eager_profiles
+    )
     for c in [*graph.candidates, *([eager] if graph.eager_profiles else [])]:
         p = _profile_at(c, graph.selected_batch_size)
         v = c.validation

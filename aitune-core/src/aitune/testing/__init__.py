@@ -14,13 +14,21 @@ from __future__ import annotations
 from typing import Any
 
 from .compare import assert_matches_eager
+from .configs import config_from_json, config_to_json
 
-__all__ = ["BackendConformance", "TinyMLP", "assert_matches_eager", "tiny_samples"]
+__all__ = [
+    "BackendConformance",
+    "TinyMLP",
+    "assert_matches_eager",
+    "config_from_json",
+    "config_to_json",
+    "tiny_samples",
+]
 
 
 def __getattr__(name: str) -> Any:
-    """The conformance suite imports pytest: only when asked for, so the fault backends and
-    ``python -m aitune.testing.survival`` run where pytest is not installed."""
+    """The conformance suite imports pytest: only when asked for, so the stand-in backends
+    run where pytest is not installed."""
     if name in ("BackendConformance", "TinyMLP", "tiny_samples"):
         from . import conformance
 

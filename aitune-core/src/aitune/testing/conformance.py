@@ -29,6 +29,7 @@ import torch
 from .. import tree
 from ..backend import Backend, BuildContext, LoadContext
 from ..graph import GraphSpec, Sample, infer_graph
+from ..session import Session
 from .compare import assert_matches_eager
 
 HEAVY_RUNTIMES = ("tensorrt", "torch_tensorrt", "onnxruntime", "torchao", "modelopt", "triton")
@@ -63,10 +64,14 @@ class BackendConformance:
 
     # -- what subclasses may override -------------------------------------------------------
 
-    def make_backend(self) -> Backend:
+    def session(self) -> Session:
+        """The run these tests work in: the process's plugins, as a user's ``ait.tune`` sees them."""
         from ..plugins import get_manager
 
-        return get_manager().registry.backend_class(self.backend_name)()  # type: ignore[no-any-return]
+        return get_manager().session()
+
+    def make_backend(self) -> Backend:
+        return self.session().registry.backend_class(self.backend_name)()  # type: ignore[no-any-return]
 
     def make_module(self) -> torch.nn.Module:
         return TinyMLP().eval().to(self.device)
@@ -82,18 +87,14 @@ class BackendConformance:
         return infer_graph(samples, ["x"], outputs=outputs)
 
     def _require_available(self) -> None:
-        from ..plugins import get_manager
-
-        reason = get_manager().registry.status(self.backend_name).reason(self.device)
+        reason = self.session().registry.unavailable(self.backend_name, torch.device(self.device))
         if reason:
             pytest.skip(f"{self.backend_name} cannot run on {self.device} here: {reason}")
 
     # -- the contract -----------------------------------------------------------------------
 
     def test_registered_under_its_name(self) -> None:
-        from ..plugins import get_manager
-
-        registry = get_manager().registry
+        registry = self.session().registry
         assert self.backend_name in registry.names(), f"{self.backend_name!r} is not registered"
         backend_class = registry.backend_class(self.backend_name)
         assert issubclass(backend_class, Backend)
@@ -101,12 +102,11 @@ class BackendConformance:
         assert registry.config_class(self.backend_name) is backend_class.config_class
 
     def test_config_json_round_trip(self) -> None:
-        from ..plugins import config_from_json, config_to_json
-
+        registry = self.session().registry
         config = self.make_backend().config
-        data = json.loads(json.dumps(config_to_json(config, self.backend_name)))
+        data = json.loads(json.dumps(registry.config_to_json(config, self.backend_name)))
         assert data["backend"] == self.backend_name
-        assert config_from_json(data) == config
+        assert registry.config_from_json(data) == config
 
     def test_probe_imports_no_runtime(self) -> None:
         code = textwrap.dedent(
@@ -121,7 +121,6 @@ class BackendConformance:
         assert out.stdout.strip() == "", f"checking availability imported: {out.stdout.strip()}"
 
     def test_build_infer_save_load(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        from ..plugins import get_manager
         from ..validation import validate
 
         self._require_available()
@@ -137,10 +136,11 @@ class BackendConformance:
             f"{self.backend_name} refuses the conformance graph ({refusal}); override make_module and "
             "make_samples with a module and inputs it supports"
         )
-        hook = get_manager().hook
+        session = self.session()
+        hook = session.hook
         before = module_state(module)
         with torch.no_grad():
-            built = hook.aitune_build(backend=backend, module=module, context=context)
+            built = hook.aitune_build(backend=backend, module=module, context=context, session=session)
         changes = state_changes(before, module_state(module))
         assert not changes, f"build() changed the user's module (copy it before transforming): {'; '.join(changes)}"
         with torch.no_grad():
@@ -149,12 +149,14 @@ class BackendConformance:
 
         payload = tmp_path / "payload"
         payload.mkdir()
-        metadata = hook.aitune_serialize(backend=built, directory=payload)
+        metadata = hook.aitune_serialize(backend=built, directory=payload, session=session)
         assert isinstance(json.loads(json.dumps(metadata)), dict), "save() must return JSON-able metadata"
         fresh = type(built)(built.config)
         load_ctx = LoadContext(graph, torch.device(self.device), metadata, tmp_path / "cache")
         with torch.no_grad():
-            loaded = hook.aitune_deserialize(backend=fresh, module=module, directory=payload, context=load_ctx)
+            loaded = hook.aitune_deserialize(
+                backend=fresh, module=module, directory=payload, context=load_ctx, session=session
+            )
             for s in samples:
                 want = tree.flatten(built.infer(*s.args, **s.kwargs))[0]
                 got = tree.flatten(loaded.infer(*s.args, **s.kwargs))[0]

@@ -3,17 +3,18 @@
 model = ait.Module(model, "encoder", strategy=ait.MaxThroughputStrategy(backends=[...]))
 ait.tune(model, dataset)
 y = model(x)
+
+A facade: every name here is defined below it (the engine in :mod:`aitune.engine`, the artifact in
+:mod:`aitune.artifact`) and only re-exported, so importing any aitune module first leaves this API
+as documented.
 """
 
 from __future__ import annotations
 
 from ..artifact import load, save
-from ..graph import BatchDim, DynamicDim
-from ..report import TuneReport
-from . import config
-from .inspect import InspectResult, inspect
-from .module import Module
-from .strategies import (
+from ..engine.inspection import InspectResult, inspect
+from ..engine.module import Module
+from ..engine.strategies import (
     FirstWinsStrategy,
     LatencyBudgetStrategy,
     MaxThroughputStrategy,
@@ -22,8 +23,11 @@ from .strategies import (
     PerformanceValidationMode,
     TuneStrategy,
 )
-from .tuner import tune
-from .wrap import wrap
+from ..engine.tuner import tune
+from ..engine.wrap import wrap
+from ..graph import BatchDim, DynamicDim
+from ..report import TuneReport
+from . import config
 
 HighestThroughputStrategy = MaxThroughputStrategy
 """The name AITune's overview gives ``MaxThroughputStrategy``; the same class."""

@@ -1,20 +1,13 @@
-"""Process-wide defaults of ``ait.tune``, set as attributes: ``ait.config.max_samples = 16``.
+"""``ait.config``: the process-wide defaults of ``ait.tune`` (``ait.config.max_samples = 16``).
 
-An argument given to ``ait.tune`` or ``ait.Module`` wins over these; they are read at each call.
-JIT mode has its own settings in :mod:`aitune.torch.jit.config`.
+This name is :mod:`aitune.engine.settings` itself, not a copy, so a setting made through either
+name is the one the engine reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import sys
 
-max_samples: int = 8
-"""Samples kept per graph while recording (distinct shapes are preferred once it is full)."""
-fail_fast: bool = False
-"""Raise the first error of any module instead of leaving that module eager and going on."""
-show_progress: bool | None = None
-"""Live progress lines; None shows them when stderr is a terminal."""
-default_strategy: Callable[[], Any] | None = None
-"""Makes the strategy of a module that names none; None means ``MaxThroughputStrategy()`` over
-every default backend available on the tune device."""
+from ..engine import settings
+
+sys.modules[__name__] = settings

@@ -4,20 +4,14 @@
 
 Modules are recorded as the program calls them and tuned after ``config.min_samples`` calls,
 top-down; decisions are remembered in the cache dir so the next run reuses them. See
-``docs/jit.md``.
-
-Layout, one job per file, each importing only those after it: ``hooks`` (switching on and off,
-the two forward hooks), ``observe`` (recording a candidate's calls), ``decide`` (what becomes of a
-candidate), ``admission`` (which modules become candidates), ``install`` (putting winners in
-place), ``state`` (the JIT's state in this process); ``decision_store`` remembers decisions
-across runs.
+``docs/jit.md``. The machinery is :mod:`aitune.engine.jit`; this package is its public face.
 """
 
 from __future__ import annotations
 
+from ...engine.jit.hooks import decisions, disable, enable, enabled
+from ...engine.jit.install import TunedForward
+from ...engine.jit.state import Decision
 from . import config
-from .hooks import decisions, disable, enable, enabled
-from .install import TunedForward
-from .state import Decision
 
 __all__ = ["Decision", "TunedForward", "config", "decisions", "disable", "enable", "enabled"]

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .hooks import enable
+from ...engine.jit.hooks import enable
 
 enable()

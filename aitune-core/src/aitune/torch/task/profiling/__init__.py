@@ -1,23 +1,15 @@
-"""Profiling: how candidates are timed, for how long, and over which batch sizes.
-
-Runners are measured in alternating windows (eager, candidate A, candidate B, eager, ...), each
-window in a rotated order, so a machine that slows down mid-measurement slows every contender
-alike. Figures are kept per window, so a decision can tell a real gap from noise.
-"""
+"""AITune's profiling settings by their published path; defined in :mod:`aitune.profiling`."""
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
-
-import attrs
-import torch
-
-from ....report import ProfileResult
-from .profiling_stop_strategy import (
+from ....profiling import (
     AllSamplesProfilingStopStrategy,
+    CvMeasuringStopStrategy,
+    MeasuringStopStrategy,
+    ModelExecutionTimeMeasuringStrategy,
+    NumStepsMeasuringStopStrategy,
+    ProfileResult,
+    ProfilingConfig,
     ProfilingStopStrategy,
     ThroughputSaturatedProfilingStopStrategy,
 )
@@ -32,165 +24,4 @@ __all__ = [
     "ProfilingConfig",
     "ProfilingStopStrategy",
     "ThroughputSaturatedProfilingStopStrategy",
-    "profile_runners",
 ]
-
-
-@attrs.frozen
-class ModelExecutionTimeMeasuringStrategy:
-    """Times one call: CUDA events on a GPU, ``perf_counter_ns`` on the CPU."""
-
-    def measure(self, fn: Callable[[], Any], device: torch.device) -> float:
-        """Milliseconds one call of ``fn`` took."""
-        if device.type == "cuda":
-            with torch.cuda.device(device):  # the events time ``device``'s stream, whichever device is current
-                stream = torch.cuda.current_stream(device)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(stream)
-                fn()
-                end.record(stream)
-                end.synchronize()
-            return float(start.elapsed_time(end))
-        t0 = time.perf_counter_ns()
-        fn()
-        return (time.perf_counter_ns() - t0) / 1e6
-
-
-class MeasuringStopStrategy(Protocol):
-    """Decides how many timed steps a runner needs: ``warmup`` untimed calls, then windows of
-    ``window`` timed calls until ``done`` (never more than ``max_steps``)."""
-
-    @property
-    def warmup(self) -> int: ...
-
-    @property
-    def window(self) -> int: ...
-
-    @property
-    def max_steps(self) -> int: ...
-
-    def done(self, times_ms: Sequence[float]) -> bool: ...
-
-
-@attrs.frozen
-class NumStepsMeasuringStopStrategy:
-    """A fixed number of timed steps per runner, after ``warmup`` untimed ones."""
-
-    num_steps: int = attrs.field(default=60, validator=attrs.validators.ge(1))
-    warmup: int = attrs.field(default=5, validator=attrs.validators.ge(0))
-    window: int = attrs.field(default=10, validator=attrs.validators.ge(1))
-
-    @property
-    def max_steps(self) -> int:
-        return self.num_steps
-
-    def done(self, times_ms: Sequence[float]) -> bool:
-        return len(times_ms) >= self.num_steps
-
-
-@attrs.frozen
-class CvMeasuringStopStrategy:
-    """Measure until the last ``stable_windows`` window medians agree within ``max_cv``.
-
-    The coefficient of variation (std / mean) of recent window medians says whether the figure
-    has settled; ``max_steps`` bounds the time spent on a noisy machine.
-    """
-
-    max_cv: float = attrs.field(default=0.05, validator=attrs.validators.gt(0.0))
-    min_steps: int = attrs.field(default=30, validator=attrs.validators.ge(1))
-    max_steps: int = attrs.field(default=300, validator=attrs.validators.ge(1))
-    warmup: int = attrs.field(default=5, validator=attrs.validators.ge(0))
-    window: int = attrs.field(default=10, validator=attrs.validators.ge(1))
-    stable_windows: int = attrs.field(default=3, validator=attrs.validators.ge(2))
-
-    def done(self, times_ms: Sequence[float]) -> bool:
-        if len(times_ms) >= self.max_steps:
-            return True
-        if len(times_ms) < max(self.min_steps, self.window * self.stable_windows):
-            return False
-        medians = [
-            statistics.median(times_ms[i : i + self.window])
-            for i in range(len(times_ms) - self.window * self.stable_windows, len(times_ms), self.window)
-        ]
-        mean = statistics.fmean(medians)
-        return mean > 0 and statistics.pstdev(medians) / mean <= self.max_cv
-
-
-@attrs.frozen
-class ProfilingConfig:
-    """How candidates are profiled.
-
-    ``batch_sizes=None`` lets the strategy choose: every recorded batch size for throughput
-    strategies, batch size 1 for MinLatency, the most common recorded size for the eager gate of
-    OneBackend and FirstWins. ``dispatch_cost_ms=None`` measures what the ``ait.Module``
-    dispatcher adds to each call and charges it to every candidate; a number fixes it.
-    """
-
-    batch_sizes: Sequence[int] | None = attrs.field(default=None, converter=lambda v: tuple(v) if v else None)
-    measuring_strategy: ModelExecutionTimeMeasuringStrategy = attrs.field(factory=ModelExecutionTimeMeasuringStrategy)
-    measurement_stop_strategy: MeasuringStopStrategy = attrs.field(factory=NumStepsMeasuringStopStrategy)
-    profiling_stop_strategy: ProfilingStopStrategy = attrs.field(factory=AllSamplesProfilingStopStrategy)
-    dispatch_cost_ms: float | None = attrs.field(default=None)
-
-
-def _percentile(sorted_ms: Sequence[float], q: float) -> float:
-    if not sorted_ms:
-        return float("nan")
-    k = (len(sorted_ms) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(sorted_ms) - 1)
-    return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (k - lo)
-
-
-def summarize(times_ms: Sequence[float], batch_size: int, window: int) -> ProfileResult:
-    """The figures of one runner. Throughput comes from the median, not the mean: a few calls the
-    machine interrupted must not reorder candidates (the mean of 0.07 ms calls with three 4 ms
-    outliers is 0.27 ms)."""
-    s = sorted(times_ms)
-    mean = statistics.fmean(s)
-    p50 = _percentile(s, 0.5)
-    windows = [statistics.median(times_ms[i : i + window]) for i in range(0, len(times_ms), window)]
-    return ProfileResult(
-        batch_size=batch_size,
-        steps=len(s),
-        mean_ms=mean,
-        p50_ms=p50,
-        p90_ms=_percentile(s, 0.9),
-        p99_ms=_percentile(s, 0.99),
-        std_ms=statistics.pstdev(s) if len(s) > 1 else 0.0,
-        min_ms=s[0],
-        throughput=batch_size / (p50 / 1000.0) if p50 > 0 else float("inf"),
-        window_p50_ms=windows,
-    )
-
-
-def profile_runners(
-    runners: Mapping[str, Callable[[], Any]],
-    batch_size: int,
-    config: ProfilingConfig,
-    device: torch.device,
-) -> dict[str, ProfileResult]:
-    """Time each runner in alternating, rotated windows until its stop strategy is satisfied."""
-    stop = config.measurement_stop_strategy
-    measure = config.measuring_strategy.measure
-    names = list(runners)
-    with torch.no_grad():
-        for name in names:
-            for _ in range(stop.warmup):
-                runners[name]()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times: dict[str, list[float]] = {n: [] for n in names}
-        rotation = 0
-        while True:
-            pending = [n for n in names if not stop.done(times[n])]
-            if not pending:
-                break
-            order = pending[rotation % len(pending) :] + pending[: rotation % len(pending)]
-            rotation += 1
-            for name in order:
-                fn = runners[name]
-                for _ in range(stop.window):
-                    times[name].append(measure(fn, device))
-                    if len(times[name]) >= stop.max_steps:
-                        break
-    return {n: summarize(times[n], batch_size, stop.window) for n in names}

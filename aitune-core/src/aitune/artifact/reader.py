@@ -1,0 +1,395 @@
+"""``ait.load``: fill a freshly built model from an artifact and return it tuned, with no build.
+
+Every member's digest is checked before a runtime parses it, weights come from safetensors,
+and configs and the manifest from JSON: nothing is unpickled. A payload that cannot run here
+(missing plugin, CUDA payload without CUDA, a runtime that refuses it) raises a clear error, or
+with ``fallback="eager"`` leaves that module eager with a warning.
+
+Why one long module: loading is one ordered procedure (digests first, then the object, then
+every payload), and splitting it would scatter the order that makes it safe.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from .. import tree
+from ..backend import Backend, LoadContext
+from ..converter import structure
+from ..engine.module import Module, wrapped_modules
+from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
+from ..plugins import get_manager
+from ..registry import BackendRegistry, missing_requirements
+from ..session import Session
+from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, REPORT, Reader, open_artifact
+from .format import GraphEntry, Manifest, ModuleEntry
+
+DeviceMap = str | torch.device | Mapping[str, str | torch.device] | None
+
+
+def read_manifest(reader: Reader) -> Manifest:
+    raw = reader.read(MANIFEST, limit=MAX_MANIFEST_BYTES)
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ArtifactError(f"{reader.path}: the manifest is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{reader.path}: the manifest is not a JSON object")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{reader.path} uses artifact format {version!r}; this aitune reads format {FORMAT_VERSION}: "
+            "install the aitune version that wrote it, or tune again"
+        )
+    try:
+        return structure(data, Manifest, "manifest")
+    except AituneError as exc:
+        raise ArtifactError(f"{reader.path}: the manifest is malformed: {exc}") from exc
+    except RecursionError as exc:
+        raise ArtifactError(f"{reader.path}: the manifest is nested too deeply") from exc
+
+
+def _device_for(entry: ModuleEntry, chosen: torch.device | None) -> torch.device:
+    """``chosen`` (from ``device_map``), else the device the module was tuned on."""
+    if chosen is not None:
+        return chosen
+    saved = {spec.device for g in entry.graphs for spec in g.graph.inputs}
+    device = saved.pop() if len(saved) == 1 else "cpu"
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ArtifactError(
+            f"{entry.name}: the manifest names an unknown device {device!r}; the file is corrupt"
+        ) from exc
+
+
+def _as_device(value: Any, where: str) -> torch.device:
+    try:
+        return torch.device(value)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise InputError(f"{where}: {value!r} is not a device; write e.g. 'cpu' or 'cuda:0'") from exc
+
+
+def _devices(manifest: Manifest, device_map: DeviceMap) -> dict[str, torch.device | None]:
+    """The device of each saved module: ``device_map`` is one device, or AITune's
+    ``{"<attr or child name>": device}`` where a key names a module, its path, or a part of the
+    object holding it (``"unet"`` for ``unet.down.0``; the longest match wins). A key that
+    matches no saved module raises, so a typo never loads onto the wrong device.
+    """
+    if device_map is None:
+        return {e.name: None for e in manifest.modules}
+    if not isinstance(device_map, Mapping):
+        device = _as_device(device_map, "device_map")
+        return {e.name: device for e in manifest.modules}
+    wrong = [k for k in device_map if not isinstance(k, str)]
+    if wrong:
+        raise InputError(f"device_map keys are module names or paths (strings), got {wrong!r}")
+    keys = {k: _as_device(v, f"device_map[{k!r}]") for k, v in device_map.items()}
+    out: dict[str, torch.device | None] = {}
+    used: set[str] = set()
+    for entry in manifest.modules:
+        where = entry.path if entry.path is not None else entry.name
+        matches = [k for k in keys if k in (entry.name, where) or k == "" or where.startswith(k + ".")]
+        best = max(matches, key=lambda k: (k == entry.name, len(k)), default=None)
+        out[entry.name] = keys[best] if best is not None else None
+        used.update(matches)
+    unmatched = [k for k in keys if k not in used]
+    if unmatched:
+        saved = ", ".join(f"{e.name!r} saved {_where(e)}" for e in manifest.modules)
+        raise InputError(
+            f"device_map names {unmatched}, which match no saved module (the artifact holds {saved}): "
+            "use a module's name, its path, or the attribute or child that holds it"
+        )
+    return out
+
+
+def _where(entry: ModuleEntry) -> str:
+    """``as the whole object`` or ``at 'unet.down.0'``: where a saved module sat."""
+    return "as the whole object" if entry.path == "" else f"at {entry.path if entry.path is not None else entry.name!r}"
+
+
+def _incompatible(entry: GraphEntry, device: torch.device, registry: BackendRegistry) -> str | None:
+    """Why this graph's payload cannot run here, checked before any runtime sees it."""
+    if entry.backend not in registry:
+        return (
+            f"backend {entry.backend!r} is not installed: pip install "
+            f"'{entry.distribution}=={entry.distribution_version}'"
+        )
+    saved = {spec.device for spec in entry.graph.inputs}
+    if saved and device.type not in saved:
+        return f"the payload was built for {'/'.join(sorted(saved))} but is being loaded onto {device.type}"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "the payload needs a CUDA device and none is visible here"
+    # only the runtime libraries: a build-time need (a compiler for Inductor) must not block a load
+    return missing_requirements(registry.spec(entry.backend).requirements)
+
+
+def load(
+    obj: Any,
+    path: str | Path,
+    device_map: DeviceMap = None,
+    *,
+    fallback: str | None = None,
+    expected_sha256: str | None = None,
+) -> Any:
+    """Load the artifact at ``path`` into ``obj`` and return it tuned, with no build.
+
+    ``obj`` is a freshly built model or pipeline, as AITune's ``load`` takes it: each saved
+    module is wrapped in ``ait.Module`` at the path it had when saving and filled. A module that
+    is already wrapped under the saved name is filled in place. When the model itself was saved
+    (``ait.Module(model, ...)``), the wrapped model is returned: write ``model = ait.load(...)``.
+    Every digest is checked before ``obj`` is looked at, and ``obj`` is checked whole (every
+    path, every parameter and buffer shape) before anything in it changes. ``device_map`` is one
+    device or ``{"<attr or child name>": device}``. ``fallback="eager"`` keeps a module whose
+    payload cannot run here eager (with a warning) instead of raising.
+    """
+    from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
+
+    if fallback not in (None, "eager"):
+        raise ValueError("fallback must be None or 'eager'")
+    path = Path(path)
+    session = get_manager().session()
+    with open_artifact(path, expected_sha256) as reader:
+        reader.verify_all()
+        manifest = read_manifest(reader)
+        targets = _targets(obj, manifest, reader)
+        devices = _devices(manifest, device_map)
+        for entry in sorted(manifest.modules, key=lambda e: -_depth(e)):  # children before the object itself
+            target = targets[entry.name]
+            if not isinstance(target, Module):
+                target = Module(target, entry.name, strict=entry.strict)
+                if entry.path:
+                    place(obj, entry.path, target)
+                else:
+                    obj = target
+                targets[entry.name] = target
+        with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
+            for entry in manifest.modules:
+                try:
+                    _load_module(reader, entry, targets[entry.name], devices[entry.name], fallback, Path(tmp), session)
+                except AituneError:
+                    raise
+                except Exception as exc:  # an inconsistent manifest that passed its schema (found by fuzzing)
+                    raise ArtifactError(
+                        f"{path}: {entry.name} cannot be loaded from this artifact ({type(exc).__name__}: {exc}); "
+                        "the file is corrupt or was written by an incompatible aitune: tune and save again"
+                    ) from exc
+    return obj
+
+
+def _depth(entry: ModuleEntry) -> int:
+    return -1 if not entry.path else entry.path.count(".")
+
+
+def _targets(obj: Any, manifest: Manifest, reader: Reader) -> dict[str, Any]:
+    """Per saved module, what in ``obj`` receives it: its ``ait.Module``, or the plain module at its path.
+
+    Every problem is collected first and raised as one error, so a bad object is left untouched.
+    """
+    from ..engine.wrap import resolve
+
+    wrapped = {m.name: m for m in wrapped_modules(obj)}
+    targets: dict[str, Any] = {}
+    problems: list[str] = []
+    for entry in manifest.modules:
+        where = entry.path if entry.path is not None else entry.name
+        target = wrapped.get(entry.name)
+        if target is None:
+            try:
+                target = resolve(obj, where)
+            except InputError as exc:
+                problems.append(f"{entry.name!r} was saved {_where(entry)}, but {exc}")
+                continue
+            if isinstance(target, Module):
+                problems.append(
+                    f"{entry.name!r} was saved {_where(entry)}, where the given object has ait.Module "
+                    f"{target.name!r}: give it the saved name, or pass the model unwrapped"
+                )
+                continue
+            if not isinstance(target, torch.nn.Module):
+                problems.append(
+                    f"{entry.name!r} was saved {_where(entry)}, where the given object has a "
+                    f"{type(target).__name__}, not a torch.nn.Module"
+                )
+                continue
+        differences = _structure_differences(reader, entry, target.module if isinstance(target, Module) else target)
+        if differences:
+            problems.append(
+                f"{'the given object' if entry.path == '' else 'the module ' + _where(entry)} has another "
+                f"structure than the saved {entry.name!r} ({differences})"
+            )
+            continue
+        if entry.name in targets or any(t is target for t in targets.values()):
+            problems.append(f"the artifact lists {entry.name!r} twice, or two modules at one path; it is corrupt")
+            continue
+        targets[entry.name] = target
+    if problems:
+        raise ArtifactError(
+            f"{reader.path} does not fit the given object: " + "; ".join(problems) + ". Build the model as it was "
+            "when saving (same architecture and configuration), unwrapped or wrapped with the saved names"
+        )
+    return targets
+
+
+def _structure_differences(reader: Reader, entry: ModuleEntry, module: torch.nn.Module) -> str:
+    """What differs between the saved weights' names and shapes and ``module``'s, or ``""``."""
+    saved = _saved_shapes(reader, entry)
+    here = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    parts = []
+    missing, unexpected = sorted(set(saved) - set(here)), sorted(set(here) - set(saved))
+    if missing:
+        parts.append(f"missing here: {_few(missing)}")
+    if unexpected:
+        parts.append(f"not in the artifact: {_few(unexpected)}")
+    shapes = [
+        f"{k} is {list(here[k])} here, {list(saved[k])} saved"
+        for k in sorted(set(saved) & set(here))
+        if saved[k] != here[k]
+    ]
+    if shapes:
+        parts.append("; ".join(shapes[:5]) + (f" (and {len(shapes) - 5} more)" if len(shapes) > 5 else ""))
+    return "; ".join(parts)
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")
+
+
+def _saved_shapes(reader: Reader, entry: ModuleEntry) -> dict[str, tuple[int, ...]]:
+    """Names and shapes from the safetensors header of the module's weights, read as JSON."""
+
+    def read_header(src: IO[bytes]) -> Any:
+        head = src.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < size <= MAX_MANIFEST_BYTES:
+            raise ValueError(f"a header of {size} bytes")
+        return json.loads(src.read(size))
+
+    try:
+        header = reader.read_from(entry.weights, read_header)
+        return {k: tuple(int(n) for n in v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except AituneError:
+        raise
+    except Exception as exc:
+        raise ArtifactError(
+            f"{reader.path}: the weights of {entry.name!r} cannot be read: not valid safetensors ({exc})"
+        ) from exc
+
+
+def _load_module(
+    reader: Reader,
+    entry: ModuleEntry,
+    target: Module,
+    chosen: torch.device | None,
+    fallback: str | None,
+    tmp: Path,
+    session: Session,
+) -> None:
+    from safetensors.torch import load as load_tensors  # imported on use: it costs ~75 ms at import
+
+    try:
+        weights = load_tensors(reader.read(entry.weights))
+    except AituneError:
+        raise
+    except Exception as exc:
+        raise ArtifactError(f"{reader.path}: weights of {entry.name!r} cannot be read: {exc}") from exc
+    try:
+        target.module.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        raise ArtifactError(
+            f"{reader.path}: the weights of {entry.name!r} do not fit the module given to load "
+            f"(is it the same architecture?): {exc}"
+        ) from exc
+    device = _device_for(entry, chosen)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        message = f"{reader.path}: {entry.name} needs a CUDA device and none is visible here"
+        if fallback != "eager":
+            raise ArtifactError(message + "; load it on a GPU machine, or pass fallback='eager'")
+        warnings.warn(message + "; running it eager on the CPU", RuntimeWarning, stacklevel=3)
+        target._install([], None)
+        return
+    target.module.to(device)
+    registry = session.registry
+    winners: list[tuple[Any, Backend]] = []
+    for index, graph_entry in enumerate(entry.graphs):
+        try:
+            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry)
+            if reason:
+                raise ArtifactError(f"{entry.name} graph {index}: {reason}")
+            config = registry.config_from_json(graph_entry.config, f"{entry.name}.graphs[{index}].config")
+            backend = registry.backend_class(graph_entry.backend)(config)
+            folder = tmp / f"{entry.name}-{index}".replace("/", "_")
+            folder.mkdir()
+            reader.extract(graph_entry.payload, folder)
+            context = LoadContext(graph_entry.graph, device, dict(graph_entry.metadata), _cache(), entry.name)
+            with torch.no_grad():
+                loaded = session.hook.aitune_deserialize(
+                    backend=backend, module=target.module, directory=folder, context=context, session=session
+                )
+            winners.append((graph_entry.graph, loaded))
+        except ArtifactError as exc:
+            if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
+                raise
+            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=3)
+        except Exception as exc:
+            message = f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}) cannot be loaded here: {type(exc).__name__}: {exc}"
+            if fallback != "eager":
+                raise ArtifactError(message) from exc
+            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=3)
+    target._install(winners, None)
+
+
+def _unimportable(entry: GraphEntry) -> str | None:
+    """Why a type the graph's calls or outputs use cannot be imported here (they are rebuilt by import)."""
+    try:
+        tree.check_types(entry.graph.structure)
+        if entry.graph.output_structure is not None:
+            tree.check_types(entry.graph.output_structure)
+    except InputError as exc:
+        return f"{exc}, so its outputs cannot be rebuilt in their own type"
+    return None
+
+
+def _cache() -> Path:
+    from ..cachedir import cache_dir
+
+    return cache_dir()
+
+
+def read_report(path: str | Path) -> Any:
+    """The tuning report saved with the artifact (what ``aitune report model.ait`` shows)."""
+    from ..report import TuneReport
+
+    with open_artifact(Path(path)) as reader:
+        read_manifest(reader)
+        if REPORT not in reader.infos:
+            raise ArtifactError(f"{path} carries no tuning report (it was saved from a loaded model)")
+        raw = reader.read(REPORT, limit=MAX_MANIFEST_BYTES)
+    try:
+        return TuneReport.from_json(json.loads(raw))
+    except (ValueError, AituneError) as exc:
+        raise ArtifactError(f"{path}: the tuning report is malformed: {exc}") from exc
+
+
+def verify(path: str | Path, expected_sha256: str | None = None) -> dict[str, Any]:
+    """Check every digest and whether each payload can run here; returns what ``aitune verify`` prints."""
+    path = Path(path)
+    registry = get_manager().registry
+    with open_artifact(path, expected_sha256) as reader:
+        reader.verify_all()
+        manifest = read_manifest(reader)
+    problems = []
+    for entry in manifest.modules:
+        device = _device_for(entry, None)
+        for index, graph_entry in enumerate(entry.graphs):
+            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry)
+            if reason:
+                problems.append(f"{entry.name} graph {index} ({graph_entry.backend}): {reason}")
+    return {"path": str(path), "integrity": "ok", "runnable_here": not problems, "problems": problems}

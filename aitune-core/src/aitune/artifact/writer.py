@@ -1,0 +1,147 @@
+"""``ait.save``: every wrapped module's winners, their payloads and the original weights, in one file."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..converter import unstructure
+from ..engine.module import named_wrapped_modules
+from ..errors import ArtifactError, SerializationError
+from ..plugins import get_manager
+from ..registry import BackendRegistry
+from ..report import TuneReport
+from .archive import FORMAT_VERSION, MANIFEST, REPORT, Writer
+from .format import GraphEntry, Manifest, ModuleEntry
+
+
+def aitune_distributions() -> dict[str, str]:
+    out = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if name.lower().startswith("aitune-") and name.lower() != "aitune-workspace":
+            out[name] = dist.version
+    return dict(sorted(out.items()))
+
+
+def runtime_versions(registry: BackendRegistry) -> dict[str, str]:
+    """Versions of every runtime library an installed backend declares."""
+    from packaging.requirements import Requirement
+
+    out: dict[str, str] = {}
+    for spec in registry:
+        for text in spec.requirements:
+            name = Requirement(text).name
+            try:
+                out[name] = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return dict(sorted(out.items()))
+
+
+def fingerprint(registry: BackendRegistry, device: torch.device | None = None) -> dict[str, Any]:
+    from ..engine.tuner import environment
+
+    env = environment(device or torch.device("cpu"))
+    env["runtimes"] = runtime_versions(registry)
+    return env
+
+
+def _weights_bytes(module: torch.nn.Module) -> bytes:
+    from safetensors.torch import save as save_tensors  # imported on use: it costs ~75 ms at import
+
+    # clone() drops shared storage (tied weights), which safetensors refuses to write
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
+    return save_tensors(tensors)
+
+
+def save(obj: Any, path: str | Path) -> Path:
+    """Write every ``ait.Module`` reachable from ``obj`` to one ``.ait`` file; returns its path.
+
+    The file is written beside ``path`` and renamed into place, so an interrupted save leaves
+    any previous artifact intact.
+    """
+    path = Path(path)
+    named = named_wrapped_modules(obj)
+    modules = [m for _, m in named]
+    if not modules:
+        raise ArtifactError("nothing to save: no ait.Module found; wrap and tune modules first")
+    names = [m.name for m in modules]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ArtifactError(f"several wrapped modules share the names {duplicates}; give each ait.Module its own name")
+    untuned = [m.name for m in modules if m.state == "recording"]
+    if untuned:
+        raise ArtifactError(f"modules {untuned} were never tuned; run ait.tune first (or leave them unwrapped)")
+    for module in modules:
+        if module.stale_reason is not None:
+            raise ArtifactError(f"{module.name} cannot be saved: {module.stale_reason}")
+    session = get_manager().session()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    devices = [spec.device for m in modules for g, _ in m.tuned_graphs for spec in g.inputs]
+    manifest = Manifest(
+        format_version=FORMAT_VERSION,
+        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        aitune_version=__version__,
+        distributions=aitune_distributions(),
+        environment=fingerprint(session.registry, torch.device(devices[0]) if devices else None),
+    )
+    writer = Writer(path)
+    try:
+        with tempfile.TemporaryDirectory(prefix="aitune-save-") as tmp:
+            for i, (where, module) in enumerate(named):
+                entry = ModuleEntry(
+                    name=module.name, weights=f"modules/{i}/weights.safetensors", path=where, strict=module.strict
+                )
+                writer.add_bytes(entry.weights, _weights_bytes(module.module))
+                for j, (graph, backend) in enumerate(module.tuned_graphs):
+                    folder = Path(tmp) / f"{i}-{j}"
+                    folder.mkdir()
+                    prefix = f"modules/{i}/graphs/{j}"
+                    try:
+                        metadata = session.hook.aitune_serialize(backend=backend, directory=folder, session=session)
+                        json.dumps(metadata)
+                    except (TypeError, ValueError) as exc:
+                        raise SerializationError(
+                            f"{module.name}: {backend.name} returned metadata that is not JSON: {exc}"
+                        ) from exc
+                    files = sorted(
+                        str(p.relative_to(folder)).replace("\\", "/") for p in folder.rglob("*") if p.is_file()
+                    )
+                    for rel in files:
+                        writer.add_file(f"{prefix}/{rel}", folder / rel)
+                    entry.graphs.append(
+                        GraphEntry(
+                            graph=graph,
+                            backend=backend.name,
+                            config=session.registry.config_to_json(backend.config, backend.name),
+                            distribution=session.registry.distribution(backend.name),
+                            distribution_version=session.registry.status(backend.name).version,
+                            payload=prefix,
+                            files=files,
+                            metadata=metadata or {},
+                        )
+                    )
+                manifest.modules.append(entry)
+            writer.add_bytes(MANIFEST, json.dumps(unstructure(manifest), indent=1, sort_keys=True).encode())
+            reports = [m.report for m in modules if m.report is not None]
+            if reports:
+                run = TuneReport(
+                    aitune_version=__version__,
+                    device=devices[0] if devices else "cpu",
+                    environment=manifest.environment,
+                    modules=reports,
+                )
+                writer.add_bytes(REPORT, json.dumps(run.to_json(), default=str).encode())
+            writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    return path

@@ -1,0 +1,471 @@
+"""What a strategy works with: one graph of one module, and the candidates built for it.
+
+:class:`GraphTuning` wraps the hook calls (build, validate, profile) so strategies read as their
+rules: ``build``, ``validate``, ``profile``, ``decide``. Every step writes into the candidate's
+report entry as it happens, and observers hear about each candidate as soon as it is complete:
+when it fails (at any step), when it has been profiled, or, for a correct candidate the strategy
+never profiled, when the graph's decision is made.
+
+Why one long module: the state one strategy works on (build, validate, profile, decide) and the
+paired timing sessions it needs belong together; strategies stay short by calling it. The figures
+those sessions give (the speedup against eager, the dispatch cost) are :mod:`.figures`.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from ..backend import Backend, BuildContext, Tolerance
+from ..builtin.eager import TorchEagerBackend
+from ..errors import ConfigError, SerializationError
+from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
+from ..profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+from ..report import CandidateReport, CandidateStatus, GraphReport, ProfileResult, RouteReport
+from ..session import Session
+from . import recording
+from .figures import Comparison, ProfileOutcome, SharedFigures, compare, measure_dispatch_ms, with_dispatch
+from .progress import TuneProgress
+
+logger = logging.getLogger("aitune")
+
+
+@attrs.define(eq=False)
+class Candidate:
+    """One backend for one graph: the built object (if it built) and its report entry."""
+
+    backend: Backend
+    report: CandidateReport
+    error: BaseException | None = None
+    reported: bool = False
+    """Observers have heard its result (``aitune_candidate_result`` fires once per candidate)."""
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.report.status != "failed"
+
+    def profile_at(self, batch_size: int) -> ProfileResult | None:
+        return next((p for p in self.report.profiles if p.batch_size == batch_size), None)
+
+
+class _RunnerFailed(Exception):
+    """A runner raised (anything but out-of-memory) while being profiled."""
+
+    def __init__(self, key: str, error: Exception) -> None:
+        super().__init__(key)
+        self.key = key
+        self.error = error
+
+
+@attrs.frozen
+class Route:
+    """One batch range of a graph and the candidate that serves it (None: eager)."""
+
+    batch_min: int
+    batch_max: int
+    candidate: Candidate | None
+
+
+def narrow(graph: GraphSpec, batch_min: int, batch_max: int) -> GraphSpec:
+    """``graph`` with its batch dimension limited to ``batch_min..batch_max``."""
+    full = graph.dims[BATCH]
+    opt = min(max(full.opt, batch_min), batch_max)
+    return attrs.evolve(graph, dims={**graph.dims, BATCH: DimRange(batch_min, opt, batch_max)})
+
+
+class GraphTuning:
+    """The tuning of one graph of one module: the API strategies are written against."""
+
+    def __init__(
+        self,
+        module_name: str,
+        module: torch.nn.Module,
+        graph: GraphSpec,
+        samples: list[Sample],
+        device: torch.device,
+        session: Session,
+        batch_sizes: Sequence[int] | None,
+        tolerances: Mapping[str, Tolerance] | None,
+        report: GraphReport,
+        shared: SharedFigures | None = None,
+        progress: TuneProgress | None = None,
+    ) -> None:
+        self.module_name = module_name
+        self.module = module
+        self.graph = graph
+        self.samples = samples
+        self.device = device
+        self.session = session
+        self.hook = session.hook
+        self.registry = session.registry
+        self.progress = progress if progress is not None else TuneProgress(False)
+        self.batch_sizes = tuple(batch_sizes) if batch_sizes else None
+        self.tolerances = tolerances
+        self.report = report
+        self.shared = shared
+        """Several ranks deciding on shared figures, or None: this process's figures are the ones."""
+        self.eager = Candidate(TorchEagerBackend(), CandidateReport("torch_eager", {"backend": "torch_eager"}))
+        self.eager.backend.build(module, self._context(Path(tempfile.gettempdir())))
+        self.built: list[Candidate] = []
+        """Every candidate built for this graph, in order (their report entries are in ``report``)."""
+        self._dispatch_ms: float | None = None
+        self._noise_checked = False
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def build(self, template: Backend) -> Candidate:
+        """Build a fresh copy of ``template`` for this graph; failures are recorded, not raised."""
+        backend = template.clone()
+        try:
+            config = self.registry.config_to_json(backend.config, backend.name)
+        except (ConfigError, SerializationError):
+            config = {"backend": backend.name}
+        candidate = Candidate(backend, CandidateReport(backend.name, config))
+        self.report.candidates.append(candidate.report)
+        self.built.append(candidate)
+        reason = self.registry.unavailable(backend, self.device, self.graph)
+        if reason:
+            return self._fail(candidate, "availability", reason, None)
+        workdir = Path(tempfile.mkdtemp(prefix=f"aitune-{backend.name}-"))
+        start = time.perf_counter()
+        try:
+            with self.progress.step(f"{self.module_name}: build {backend.name}"), torch.no_grad(), recording.bypass():
+                built = self.hook.aitune_build(
+                    backend=backend, module=self.module, context=self._context(workdir), session=self.session
+                )
+            candidate.backend = built if built is not None else backend
+        except Exception as exc:
+            candidate.report.build_time_s = time.perf_counter() - start
+            self.hook.aitune_build_error(
+                module_name=self.module_name, graph=self.graph, backend=backend, error=exc, session=self.session
+            )
+            return self._fail(candidate, "build", f"{type(exc).__name__}: {exc}", exc)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        candidate.report.build_time_s = time.perf_counter() - start
+        candidate.report.build_info = dict(candidate.backend.build_info)
+        candidate.report.from_cache = bool(candidate.backend.build_info.get("from_cache", False))
+        return candidate
+
+    def validate(self, candidate: Candidate) -> bool:
+        """Compare with eager on every sample; a failure marks the candidate failed."""
+        with self.progress.step(f"{self.module_name}: validate {candidate.name}"), torch.no_grad(), recording.bypass():
+            result = self.hook.aitune_validate(
+                backend=candidate.backend,
+                reference=self.module,
+                samples=self.samples,
+                graph=self.graph,
+                tolerances=self.tolerances,
+                session=self.session,
+            )
+        candidate.report.validation = result
+        if not result.passed:
+            self._fail(candidate, "validate", result.reason or "outputs differ from eager", None)
+            return False
+        return True
+
+    def profile(
+        self, candidates: Sequence[Candidate], config: ProfilingConfig, with_eager: bool, batch_sizes: Sequence[int]
+    ) -> list[int]:
+        """Measure candidates (and eager) in alternating windows at each batch size; returns the sizes measured.
+
+        Every runner cycles through the recorded samples, batched to the size. Each candidate's
+        result carries the eager windows of its own session (its paired baseline) and the measured
+        dispatch cost. The report keeps one eager result per batch size, from the latest session
+        (so FirstWins shows the baseline its winner was judged against). A candidate that raises
+        while profiled fails (stage ``profile``) and the others go on; an out-of-memory error at
+        one batch size ends the sweep and keeps what was measured.
+        """
+        if not self._noise_checked and batch_sizes:
+            self._noise_checked = True
+            self._check_noise(config, batch_sizes[0])
+        dispatch_ms = self.dispatch_cost_ms(config)
+        measured: list[int] = []
+        for batch_size in batch_sizes:
+            inputs = self.inputs_at(batch_size)
+            results = self._session(candidates, config, with_eager, batch_size, inputs)
+            if results is None:
+                break
+            if not any(c is not self.eager for c in results):
+                break  # every candidate failed to profile: nothing left to compare
+            eager = results.get(self.eager)
+            for candidate, result in results.items():
+                if candidate is self.eager:  # the latest session's: the one FirstWins' winner was paired with
+                    self.report.eager_profiles = [p for p in self.report.eager_profiles if p.batch_size != batch_size]
+                    self.report.eager_profiles.append(result)
+                    continue
+                result = with_dispatch(result, dispatch_ms)
+                if eager is not None and result.baseline_p50_ms is None:  # shared figures come paired already
+                    result = attrs.evolve(
+                        result, baseline_p50_ms=eager.p50_ms, baseline_window_p50_ms=list(eager.window_p50_ms)
+                    )
+                candidate.report.profiles.append(result)
+            self._describe_inputs(batch_size, inputs)
+            measured.append(batch_size)
+            histories = [self.report.eager_profiles] if with_eager else []
+            histories += [c.report.profiles for c in candidates if c.ok]
+            if histories and all(config.profiling_stop_strategy.should_stop(h) for h in histories):
+                break
+        for candidate in candidates:
+            if candidate.ok and candidate.report.profiles:
+                self._complete(candidate)
+        return measured
+
+    def _session(
+        self,
+        candidates: Sequence[Candidate],
+        config: ProfilingConfig,
+        with_eager: bool,
+        batch_size: int,
+        inputs: list[Sample],
+    ) -> dict[Candidate, ProfileResult] | None:
+        """One interleaved session at one batch size; None when it ran out of memory."""
+        while True:
+            contenders = ([self.eager] if with_eager else []) + [c for c in candidates if c.ok]
+            keys = [f"{c.name}#{i}" for i, c in enumerate(contenders)]
+            calls = {k: _guarded(k, _runner(c.backend, inputs)) for k, c in zip(keys, contenders)}
+            what = f"{self.module_name}: profile {', '.join(c.name for c in contenders)} at batch {batch_size}"
+            try:
+                with self.progress.step(what), recording.bypass():
+                    results = self.hook.aitune_profile(
+                        runners=calls, batch_size=batch_size, config=config, device=self.device, session=self.session
+                    )
+                outcome = ProfileOutcome(results, baseline_key=keys[0] if with_eager else None)
+            except torch.OutOfMemoryError:
+                outcome = ProfileOutcome(out_of_memory=True)
+            except _RunnerFailed as failed:
+                outcome = ProfileOutcome(failed_key=failed.key, error=failed.error)
+            if self.shared is not None:
+                outcome = self.shared.profiles(what, outcome)
+            if outcome.out_of_memory:
+                logger.warning(
+                    "%s: out of memory at batch size %d; profiling stops there", self.module_name, batch_size
+                )
+                return None
+            if outcome.failed_key is not None:
+                error = outcome.error or RuntimeError("raised while profiled")
+                culprit = contenders[keys.index(outcome.failed_key)]
+                if culprit is self.eager:
+                    raise error from None
+                self._fail(
+                    culprit,
+                    "profile",
+                    f"raised while profiled at batch {batch_size}: {type(error).__name__}: {error}",
+                    error,
+                )
+                continue
+            assert outcome.results is not None
+            return {c: outcome.results[k] for k, c in zip(keys, contenders)}
+
+    def dispatch_cost_ms(self, config: ProfilingConfig) -> float:
+        """What a call through ``ait.Module`` adds to a tuned backend (measured once per graph)."""
+        if config.dispatch_cost_ms is not None:
+            return config.dispatch_cost_ms
+        if self._dispatch_ms is None:
+            measured = measure_dispatch_ms(self.graph, self.samples[0])
+            if self.shared is not None:
+                measured = self.shared.cost_ms(f"{self.module_name}: dispatch cost", measured)
+            self._dispatch_ms = measured
+        return self._dispatch_ms
+
+    def versus_eager(self, candidate: Candidate, batch_size: int) -> Comparison | None:
+        """``candidate`` against the eager windows of its own profiling session at ``batch_size``."""
+        mine = candidate.profile_at(batch_size)
+        if mine is None:
+            return None
+        if mine.baseline_p50_ms is None:
+            eager = self.eager_profile(batch_size)
+            return compare(mine, eager) if eager is not None else None
+        return compare(mine)
+
+    def annotate(self, batch_size: int | None) -> None:
+        """Write every candidate's speedup and interval at ``batch_size``: the figures the report shows."""
+        for c in self.built:
+            cmp = self.versus_eager(c, batch_size) if batch_size is not None else None
+            c.report.speedup = cmp.speedup if cmp else None
+            c.report.speedup_low = cmp.low_speedup if cmp else None
+            c.report.speedup_high = cmp.high_speedup if cmp else None
+
+    def note(self, text: str) -> None:
+        if text not in self.report.notes:
+            self.report.notes.append(text)
+
+    def recorded_batch_sizes(self) -> list[int]:
+        """The batch size of each recorded sample, in recorded order (empty without a batch axis)."""
+        for i, spec in enumerate(self.graph.inputs):
+            axis = spec.batch_axis
+            if axis is not None:
+                return [int(s.tensors()[i].shape[axis]) for s in self.samples]
+        return []
+
+    def inputs_at(self, batch_size: int) -> list[Sample]:
+        """The data profiling rotates through: a batch of ``batch_size`` starting at each recorded sample.
+
+        Each batch is made as AITune makes one (successive recorded samples concatenated, see
+        :func:`aitune.graph.assemble`), so batch-1 data is timed on real rows at every size.
+        """
+        if self.graph.batch is None:
+            return list(self.samples)
+        n = len(self.samples)
+        return [assemble(self.graph, self.samples[k:] + self.samples[:k], {BATCH: batch_size}) for k in range(n)]
+
+    def _describe_inputs(self, batch_size: int, inputs: list[Sample]) -> None:
+        shapes = collections.Counter(tuple(tuple(t.shape) for t in s.tensors()) for s in inputs)
+        paths = [spec.path for spec in self.graph.inputs]
+        described = "; ".join(
+            ", ".join(f"{p}[{', '.join(map(str, shape))}]" for p, shape in zip(paths, key))
+            + (f" x{n}" if len(shapes) > 1 else "")
+            for key, n in shapes.items()
+        )
+        label = f"batch {batch_size}" if self.graph.batch is not None else "recorded size (no batch axis)"
+        line = f"{label}: {described} ({len(inputs)} recorded sample{'s' if len(inputs) != 1 else ''}, rotated)"
+        if line not in self.report.profiled_inputs:
+            self.report.profiled_inputs.append(line)
+
+    def _check_noise(self, config: ProfilingConfig, batch_size: int) -> None:
+        """Time eager briefly before profiling; warn when its spread already hides 20% differences."""
+        probe = attrs.evolve(
+            config, measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5)
+        )
+        key = "torch_eager#probe"
+        with recording.bypass():
+            result = self.hook.aitune_profile(
+                runners={key: _runner(self.eager.backend, self.inputs_at(batch_size))},
+                batch_size=batch_size,
+                config=probe,
+                device=self.device,
+                session=self.session,
+            )[key]
+        spread = (result.p90_ms - result.p50_ms) / result.p50_ms if result.p50_ms > 0 else 0.0
+        if spread > NOISY_SPREAD:
+            text = (
+                f"the machine is noisy: eager's p90 is {spread:.0%} above its p50 before profiling, so small "
+                "differences between backends are not measurable; close other programs, pin the threads "
+                "(aitune tune --threads N, or OMP_NUM_THREADS=N with OMP_WAIT_POLICY=PASSIVE), or profile longer "
+                "(ProfilingConfig(measurement_stop_strategy=CvMeasuringStopStrategy()))"
+            )
+            logger.warning("%s: %s", self.module_name, text)
+            self.note(text)
+
+    def finish_routes(self, routes: list[Route], reason: str) -> None:
+        """Record a decision that serves batch ranges with different candidates."""
+        for route in routes:
+            if route.candidate is not None:
+                route.candidate.report.status = CandidateStatus.SELECTED
+        self.report.routes = [
+            RouteReport(r.batch_min, r.batch_max, r.candidate.name if r.candidate else "torch_eager") for r in routes
+        ]
+        self.finish(None, reason)
+        self.report.decision = ", ".join(
+            f"{r.backend} (batch {r.batch_min}..{r.batch_max})" for r in self.report.routes
+        )
+
+    def eager_profile(self, batch_size: int) -> ProfileResult | None:
+        return next((p for p in self.report.eager_profiles if p.batch_size == batch_size), None)
+
+    def default_batch_sizes(self, config: ProfilingConfig, every_recorded: bool = False) -> list[int]:
+        """The batch sizes to profile: the config's, else tune's, else the recorded ones.
+
+        Throughput strategies ask for ``every_recorded`` size; the eager gate of OneBackend and
+        FirstWins takes the most common recorded size (ties: the larger).
+        """
+        batch = self.graph.batch
+        if batch is None:
+            return [self._leading_size()]
+        wanted = config.batch_sizes or self.batch_sizes
+        inside = sorted({b for b in wanted or () if b in batch})
+        if inside:
+            return inside
+        recorded = self.recorded_batch_sizes() or [batch.opt]
+        if every_recorded:
+            return sorted(set(recorded))
+        counts = collections.Counter(recorded)
+        top = max(counts.values())
+        return [max(b for b, n in counts.items() if n == top)]
+
+    def finish(self, candidate: Candidate | None, reason: str, batch_size: int | None = None) -> None:
+        """Record the decision: ``candidate`` wins, or eager when None."""
+        for c in self.report.candidates:
+            if c.status == "pending":
+                c.status = CandidateStatus.REJECTED
+        if candidate is not None and candidate is not self.eager:
+            candidate.report.status = CandidateStatus.SELECTED
+        self.report.decision = candidate.name if candidate is not None else "torch_eager"
+        self.report.reason = reason
+        self.report.selected_batch_size = batch_size
+        for built in self.built:
+            self._complete(built)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _context(self, workdir: Path) -> BuildContext:
+        from ..cachedir import cache_dir
+
+        return BuildContext(self.graph, self.samples, self.device, workdir, cache_dir(), self.module_name)
+
+    def _fail(self, candidate: Candidate, stage: str, reason: str, error: BaseException | None) -> Candidate:
+        candidate.report.status = CandidateStatus.FAILED
+        candidate.report.stage = stage
+        candidate.report.reason = reason
+        candidate.error = error
+        logger.info("%s: %s failed at %s: %s", self.module_name, candidate.name, stage, reason)
+        self._complete(candidate)
+        return candidate
+
+    def _complete(self, candidate: Candidate) -> None:
+        """Tell observers ``candidate``'s result, once: its status is ``failed``, or still ``pending``
+        (complete, awaiting the graph's decision) unless the decision is made already."""
+        if candidate.reported or candidate is self.eager:
+            return
+        candidate.reported = True
+        self.hook.aitune_candidate_result(
+            module_name=self.module_name, graph=self.graph, candidate=candidate.report, session=self.session
+        )
+
+    def _leading_size(self) -> int:
+        first = self.graph.inputs[0] if self.graph.inputs else None
+        return first.shape[0] if first is not None and first.rank else 1
+
+
+NOISY_SPREAD = 0.2
+"""Eager's p90 this far above its p50 before profiling makes the tuner warn about the machine."""
+
+
+def _runner(backend: Backend, samples: Sequence[Sample]) -> Callable[[], Any]:
+    """Calls ``backend`` on each of ``samples`` in turn, as recorded."""
+    calls = itertools.cycle([(s.args, s.kwargs) for s in samples])
+    infer = backend.infer
+
+    def run() -> Any:
+        args, kwargs = next(calls)
+        return infer(*args, **kwargs)
+
+    return run
+
+
+def _guarded(key: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn``, with any error but out-of-memory tagged with the runner it came from."""
+
+    def run() -> Any:
+        try:
+            return fn()
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            raise _RunnerFailed(key, exc) from exc
+
+    return run

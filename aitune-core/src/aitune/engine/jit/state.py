@@ -1,0 +1,86 @@
+"""The JIT's state in the running program, gathered in one object.
+
+The hooks, the modules seen, the decisions made and the pending ``deferred()`` requests belong to
+the process, not to any one module, so they live in one :class:`JitState` instance, ``STATE``,
+that every part of the JIT reads and ``disable()`` resets. Apart from the user's settings in
+``config``, nothing in the JIT keeps state at module level.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Literal
+
+import attrs
+import torch
+
+from ..module import Module
+from ..recording import RecordingSession
+
+
+@attrs.frozen
+class Decision:
+    """What the JIT did with one module; ``decisions()`` lists them in the order they were made."""
+
+    name: str
+    module_class: str
+    depth: int
+    outcome: str
+    """``tuned``, ``eager`` (stays eager, children untouched) or ``descended`` (stays eager, children tried)."""
+    backends: tuple[str, ...] = ()
+    """The winner of each tuned graph."""
+    from_cache: bool = False
+    """Installed from a decision remembered by an earlier run, with no tuning and no build."""
+    reason: str = ""
+
+
+@attrs.define(eq=False)
+class JitCandidate:
+    """A module being recorded: its calls go to ``session`` until it is tuned."""
+
+    name: str
+    depth: int
+    twin: torch.nn.Module
+    wrapper: Module
+    session: RecordingSession
+    since: int
+    """``deferred()`` requests already made when recording started."""
+    calls: int = 0
+    warned: bool = False
+
+
+Settled = Literal["skipped", "tuning", "tuned", "eager", "descended"]
+ModuleState = JitCandidate | Settled
+"""Where a module stands: a :class:`JitCandidate` while it records, else what became of it."""
+
+
+@attrs.define(eq=False)
+class JitState:
+    """Everything the JIT knows in this process; one instance, ``STATE``."""
+
+    handles: list[Any] = attrs.field(factory=list)
+    """The two process-wide forward hooks while JIT tuning is on."""
+    modules: weakref.WeakKeyDictionary[torch.nn.Module, ModuleState] = attrs.field(factory=weakref.WeakKeyDictionary)
+    tuned: weakref.WeakSet[torch.nn.Module] = attrs.field(factory=weakref.WeakSet)
+    """Modules whose ``forward`` is a ``TunedForward``, to restore on ``disable()``."""
+    decisions: list[Decision] = attrs.field(factory=list)
+    requests: int = 0
+    """How many times ``deferred()`` asked for tuning."""
+    local: threading.local = attrs.field(factory=threading.local)
+    """Per thread: ``depth``, how many module forwards the current call is nested in."""
+    lock: threading.RLock = attrs.field(factory=threading.RLock)
+    """Guards switching on and off and the request counter."""
+    tuning: threading.Lock = attrs.field(factory=threading.Lock)
+    """Held while a module is tuned: one at a time, and never re-entered from the tuning itself."""
+
+    def forget(self) -> None:
+        """Drop every module, decision and request (the hooks are the caller's business)."""
+        self.tuned.clear()
+        self.modules.clear()
+        self.decisions.clear()
+        self.requests = 0
+        self.local.depth = 0
+
+
+STATE = JitState()

@@ -1,0 +1,230 @@
+"""``ait.Module``: a drop-in wrapper that records real calls, then runs the tuned winner.
+
+States: ``recording`` (before tuning: calls run eager and, inside ``ait.tune``, are recorded),
+``tuned`` (calls go through the dispatcher to each graph's winner) and ``passthrough`` (tuning
+kept eager or failed). Attributes, ``state_dict`` keys, ``.to()``, ``eval()`` and forward hooks
+behave as on the wrapped module, so wrapping does not change how the rest of a program sees it.
+``load_state_dict``, ``.to()`` and ``eval()`` also tell the tuned module's guard to look at the
+weights again: winners that baked the old weights in stop being used (see ``guard``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..graph import DynamicShapes
+from . import recording
+from .guard import RecheckWeights
+from .install import Winner, dispatcher_for, eager_only
+from .recording import Canonicalizer
+
+if TYPE_CHECKING:
+    from ..backend import Backend, Tolerance
+    from ..graph import GraphSpec
+    from ..report import ModuleReport
+    from .strategies import TuneStrategy
+
+_INNER = "module"
+
+
+class Module(torch.nn.Module):
+    """Wrap ``module`` so ``ait.tune`` can tune it; behaves like ``module`` everywhere else.
+
+    ``strategy`` applies to every graph; ``strategies`` gives one per graph, as a list (in the
+    order graphs were first recorded) or a mapping from graph index or graph key. ``dynamic_shapes``
+    states axes explicitly, per parameter one entry per axis as in AITune,
+    ``{"x": (BatchDim("batch", 1, 8), DynamicDim("seq", 1, 512))}``, or ``{axis: dim}``. With
+    ``strict=True`` a call outside what was tuned raises instead of running eager.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        name: str | None = None,
+        strategy: TuneStrategy | None = None,
+        strategies: Sequence[TuneStrategy] | Mapping[int | str, TuneStrategy] | None = None,
+        dynamic_shapes: DynamicShapes | None = None,
+        strict: bool = False,
+        tolerances: Mapping[str, Tolerance] | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(module, Module):
+            raise TypeError(f"{module.name!r} is already wrapped in ait.Module")
+        setattr(self, _INNER, module)
+        object.__setattr__(self, "name", name or type(module).__name__)
+        object.__setattr__(self, "strategy", strategy)
+        object.__setattr__(self, "strategies", strategies)
+        object.__setattr__(self, "dynamic_shapes", dynamic_shapes)
+        object.__setattr__(self, "strict", strict)
+        object.__setattr__(self, "tolerances", tolerances)
+        object.__setattr__(self, "_canonicalize", Canonicalizer(module.forward))
+        object.__setattr__(self, "_dispatcher", None)
+        object.__setattr__(self, "_state", "recording")
+        object.__setattr__(self, "tuned_graphs", [])
+        object.__setattr__(self, "report", None)
+        self._register_state_dict_hook(_drop_prefix)
+        self._register_load_state_dict_pre_hook(_add_prefix)
+        # on the inner module: it runs for load_state_dict on it, on this wrapper and on any parent
+        module.register_load_state_dict_post_hook(RecheckWeights(self))
+
+    # -- drop-in behaviour -------------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = self._modules.get(_INNER)
+            if inner is None:
+                raise
+            return getattr(inner, name)
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        dispatcher = self._dispatcher
+        if dispatcher is not None and not recording.bypassing():
+            return dispatcher(args, kwargs)
+        out = self.module(*args, **kwargs)
+        session = recording.active_session()
+        if session is not None and not recording.bypassing():
+            session.record(self, args, kwargs, out)
+        return out
+
+    def check_weights(self) -> None:
+        """Look at the weights again; winners that baked older ones stop being used.
+
+        Runs by itself after ``load_state_dict``, ``.to()`` and ``eval()``; call it after editing
+        a weight in place by hand.
+        """
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            dispatcher.guard.check_weights()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        out = super()._apply(fn, recurse)  # .to(), .half(), .cuda(), ... on this module or a parent
+        self.check_weights()
+        return out
+
+    def train(self, mode: bool = True) -> Module:
+        out = super().train(mode)
+        if not mode:  # back to inference, perhaps after training updated the weights in place
+            self.check_weights()
+        return out
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, state={self._state!r}"
+
+    # -- used by the tuner and the artifact loader -------------------------------------------
+
+    def _install(self, routes: Sequence[tuple[GraphSpec, Backend]], report: ModuleReport | None) -> None:
+        """Winner calls by ``routes`` (see :mod:`aitune.engine.install`); all eager needs no dispatcher.
+
+        Graphs (or batch ranges) whose winner is eager keep a route to eager, so their calls run
+        eager silently instead of counting as calls outside what was tuned.
+        """
+        installed = [Winner(g, b) for g, b in routes]
+        object.__setattr__(self, "tuned_graphs", installed)
+        object.__setattr__(self, "report", report)
+        if eager_only(installed):
+            object.__setattr__(self, "_dispatcher", None)
+            object.__setattr__(self, "_state", "passthrough")
+            return
+        dispatcher = dispatcher_for(self.name, self.module, self.module, self._canonicalize, installed, self.strict)
+        object.__setattr__(self, "_dispatcher", dispatcher)
+        object.__setattr__(self, "_state", "tuned")
+
+    def _reset(self) -> None:
+        object.__setattr__(self, "_dispatcher", None)
+        object.__setattr__(self, "_state", "recording")
+        object.__setattr__(self, "tuned_graphs", [])
+
+    @property
+    def stale_reason(self) -> str | None:
+        """Why the tuned winners no longer match the module's weights, or None when they do."""
+        dispatcher = self._dispatcher
+        return dispatcher.guard.stale if dispatcher is not None else None
+
+    def offload_weights(self) -> None:
+        """Free the eager weights' memory once tuned; calls outside the tuned range then fail.
+
+        Refused when a winner runs on the module's own weights (eager for some graph or batch
+        range, ``torch_inductor_jit``): moving them to ``meta`` would break those calls.
+        """
+        if self._state != "tuned":
+            raise RuntimeError(f"{self.name}: only a tuned module can offload its eager weights")
+        live = sorted({b.name for _, b in self.tuned_graphs if b.follows_weights()})
+        if live:
+            raise RuntimeError(
+                f"{self.name}: cannot offload the eager weights: {', '.join(live)} runs on them for some "
+                "graphs; keep them, or tune with backends that build an engine (onnxruntime, tensorrt, ...)"
+            )
+        self.module.to("meta")
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            dispatcher.guard.accept_weights()  # gone on purpose: the engines hold their own copy
+
+
+def _drop_prefix(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    inner = prefix + _INNER + "."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
+
+
+def _add_prefix(
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: Any,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    inner = prefix + _INNER + "."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix) :]] = state_dict.pop(key)
+
+
+def wrapped_modules(obj: Any) -> list[Module]:
+    """Every ``ait.Module`` reachable from ``obj``: itself, its submodules, or a pipeline's attributes."""
+    return [m for _, m in named_wrapped_modules(obj)]
+
+
+def named_wrapped_modules(obj: Any) -> list[tuple[str, Module]]:
+    """Every ``ait.Module`` reachable from ``obj`` with its dotted path (``""`` for ``obj`` itself).
+
+    Paths are what ``ait.wrap`` takes: child names of modules, attribute names and mapping keys
+    of a pipeline, list indices; a wrapper adds no segment of its own.
+    """
+    found: dict[int, tuple[str, Module]] = {}
+    seen: set[int] = set()
+
+    def walk(module: torch.nn.Module, path: str) -> None:
+        if id(module) in seen:  # a shared submodule keeps its first path
+            return
+        seen.add(id(module))
+        if isinstance(module, Module):
+            found.setdefault(id(module), (path, module))
+            module = module.module
+        for name, child in module.named_children():
+            walk(child, f"{path}.{name}" if path else name)
+
+    def visit(value: Any, path: str, depth: int) -> None:
+        if isinstance(value, torch.nn.Module):
+            walk(value, path)
+        elif depth < 2 and isinstance(value, Mapping):
+            for k, v in value.items():
+                visit(v, f"{path}.{k}" if path else str(k), depth + 1)
+        elif depth < 2 and isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                visit(v, f"{path}.{i}" if path else str(i), depth + 1)
+        elif depth < 1 and hasattr(value, "__dict__") and not isinstance(value, type):
+            for k, v in vars(value).items():
+                visit(v, f"{path}.{k}" if path else k, depth + 1)
+
+    visit(obj, "", 0)
+    return list(found.values())

@@ -1,0 +1,538 @@
+"""Tune strategies: which candidates to build, and how to pick the winner.
+
+The rules follow the product's strategy guide exactly:
+
+* ``OneBackendStrategy``: one backend; a build or correctness failure raises the original error;
+  correct but not at least ``1 + min_speedup_ratio`` times faster than eager falls back to eager.
+* ``FirstWinsStrategy``: backends in order; the first that builds, is correct and passes that
+  gate wins; if none does, the module runs eager and the report says why each failed.
+* ``MaxThroughputStrategy`` / ``MinLatencyStrategy``: build and profile all; the best that
+  strictly beats eager wins (ties go to eager). MinLatency profiles at batch size 1.
+* ``LatencyBudgetStrategy``: the highest throughput (backend, batch size) within the budget;
+  raises when no backend meets it.
+
+One figure decides everything: the candidate's p50 latency (dispatch cost included) against the
+p50 of eager timed in the same interleaved session, with the interval of the per-window ratios.
+Candidates are ranked by it, gated on it, and the report shows it. Beyond the guide: a gap inside
+the measured spread (the lower quartile of per-window speedups does not clear the bar) does not
+count as beating eager, and the report says so. A candidate that raises while profiled fails
+(stage ``profile``) and the others go on.
+
+Why one long module: the five strategies of the published guide side by side, so their rules
+can be compared line by line.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..backend import Backend
+from ..errors import BuildError, TuningError, ValidationError
+from ..profiling import ProfilingConfig
+from ..report import CandidateStatus
+from .figures import Comparison, compare
+from .graph_tuning import Candidate, GraphTuning, Route
+
+
+class PerformanceValidationMode(enum.Enum):
+    """How strategies use the eager baseline."""
+
+    ENABLED = "enabled"
+    """Profile eager too; a candidate must beat it (by the strategy's rule) to be chosen."""
+    DISABLED = "disabled"
+    """Skip the baseline; the best correct candidate wins."""
+    DIAGNOSTIC = "diagnostic"
+    """Profile eager and report speedups, but choose as if disabled."""
+
+
+class TuneStrategy:
+    """Base of every strategy: the candidate backends, profiling settings and the eager gate."""
+
+    raises_on_failure: bool = False
+    """True when a failure of this strategy must reach the user instead of leaving the module eager."""
+
+    def __init__(
+        self,
+        backends: Sequence[Backend] | None = None,
+        profiling_config: ProfilingConfig | None = None,
+        performance_validation: bool | PerformanceValidationMode = True,
+    ) -> None:
+        self.backends: list[Backend] | None = list(backends) if backends is not None else None
+        for b in self.backends or []:
+            if not isinstance(b, Backend):
+                raise TypeError(f"{type(self).__name__} takes Backend objects, got {b!r}")
+        self.profiling_config = profiling_config or ProfilingConfig()
+        self.performance_validation = PerformanceValidationMode.ENABLED
+        self.enable_performance_validation(performance_validation)
+
+    def enable_performance_validation(self, enabled: bool | PerformanceValidationMode = True) -> TuneStrategy:
+        """Turn the eager baseline gate on or off, or to diagnostic mode (measure, report, do not gate)."""
+        if isinstance(enabled, PerformanceValidationMode):
+            self.performance_validation = enabled
+        else:
+            self.performance_validation = (
+                PerformanceValidationMode.ENABLED if enabled else PerformanceValidationMode.DISABLED
+            )
+        return self
+
+    @property
+    def gated(self) -> bool:
+        return self.performance_validation is PerformanceValidationMode.ENABLED
+
+    @property
+    def with_baseline(self) -> bool:
+        return self.performance_validation is not PerformanceValidationMode.DISABLED
+
+    def candidates(self, default: Sequence[Backend]) -> list[Backend]:
+        return list(self.backends) if self.backends is not None else list(default)
+
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
+        """Pick the winner for one graph (None means eager), or one per batch range, recording the decision."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        names = [b.name for b in self.backends] if self.backends is not None else "default"
+        return f"{type(self).__name__}(backends={names})"
+
+
+class _GateStrategy(TuneStrategy):
+    """OneBackend and FirstWins: a candidate must be ``1 + min_speedup_ratio`` times faster."""
+
+    def __init__(
+        self,
+        backends: Sequence[Backend] | None = None,
+        profiling_config: ProfilingConfig | None = None,
+        min_speedup_ratio: float = 0.01,
+        performance_validation: bool | PerformanceValidationMode = True,
+    ) -> None:
+        super().__init__(backends, profiling_config, performance_validation)
+        if min_speedup_ratio < 0:
+            raise ValueError("min_speedup_ratio must be >= 0")
+        self.min_speedup_ratio = min_speedup_ratio
+
+    def _gate(self, tuning: GraphTuning, candidate: Candidate) -> tuple[bool, str, int | None]:
+        """Whether ``candidate`` passes the eager gate, why, and the batch size it was judged at.
+
+        The candidate is timed together with eager in one interleaved session, so each candidate
+        has its own paired baseline even when FirstWins tries several in turn.
+        """
+        if not self.with_baseline:
+            return True, "performance validation disabled", None
+        sizes = tuning.default_batch_sizes(self.profiling_config)
+        measured = tuning.profile([candidate], self.profiling_config, True, sizes)
+        if not candidate.ok:
+            return False, candidate.report.reason or "failed while profiled", None
+        if not measured:
+            return False, "could not be profiled (out of memory)", None
+        batch = max(measured)
+        cmp = tuning.versus_eager(candidate, batch)
+        assert cmp is not None
+        tuning.annotate(batch)
+        bar = 1.0 + self.min_speedup_ratio
+        figures = describe(tuning, candidate, batch, cmp)
+        if not self.gated:
+            return True, f"{figures}; diagnostic mode, not gated", batch
+        if cmp.speedup < bar:
+            return False, f"{figures}, below the required {bar:.2f}x", batch
+        if cmp.low_speedup < bar:
+            return False, f"{figures}, but inside the measured spread (low {cmp.low_speedup:.2f}x < {bar:.2f}x)", batch
+        return True, figures, batch
+
+
+def describe(tuning: GraphTuning, candidate: Candidate, batch: int, cmp: Comparison | None = None) -> str:
+    """The figures of ``candidate`` at ``batch`` as the report shows them."""
+    mine = candidate.profile_at(batch)
+    assert mine is not None
+    text = f"{candidate.name} at batch {batch}: {mine.throughput:.1f} samples/s, p50 {mine.p50_ms:.3g} ms"
+    cmp = cmp or tuning.versus_eager(candidate, batch)
+    if cmp is not None and mine.baseline_p50_ms is not None:
+        text += f", {cmp.describe()} eager (p50 {mine.baseline_p50_ms:.3g} ms)"
+    return text
+
+
+class OneBackendStrategy(_GateStrategy):
+    """Exactly one backend: deterministic, raises on failure, falls back to eager when not faster."""
+
+    raises_on_failure = True
+
+    def __init__(
+        self,
+        backend: Backend,
+        profiling_config: ProfilingConfig | None = None,
+        min_speedup_ratio: float = 0.01,
+        performance_validation: bool | PerformanceValidationMode = True,
+    ) -> None:
+        super().__init__([backend], profiling_config, min_speedup_ratio, performance_validation)
+        self.backend = backend
+
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
+        candidate = tuning.build(self.backend)
+        if not candidate.ok:
+            if candidate.error is not None:
+                raise candidate.error
+            raise BuildError(f"{tuning.module_name}: {candidate.name} cannot be used: {candidate.report.reason}")
+        if not tuning.validate(candidate):
+            raise ValidationError(
+                f"{tuning.module_name}: {candidate.name} does not match eager: {candidate.report.reason}"
+            )
+        passed, why, batch = self._gate(tuning, candidate)
+        if passed:
+            tuning.finish(candidate, why, batch)
+            return candidate
+        if not candidate.ok:  # raised while profiled: that costs the candidate, not the module
+            tuning.finish(None, f"{candidate.name} failed while profiled: {why}; falling back to eager", batch)
+            return None
+        candidate.report.status = CandidateStatus.REJECTED
+        candidate.report.reason = why
+        tuning.finish(None, f"{candidate.name} is correct but not faster: {why}; falling back to eager", batch)
+        return None
+
+
+class FirstWinsStrategy(_GateStrategy):
+    """Backends in priority order; the first that builds, is correct and is faster wins."""
+
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
+        reasons = []
+        for template in self.candidates(default_backends):
+            candidate = tuning.build(template)
+            if candidate.ok and tuning.validate(candidate):
+                passed, why, batch = self._gate(tuning, candidate)
+                if passed:
+                    tuning.finish(candidate, f"first to pass: {why}", batch)
+                    return candidate
+                if candidate.ok:
+                    candidate.report.status = CandidateStatus.REJECTED
+                    candidate.report.reason = why
+            reasons.append(f"{candidate.name}: {candidate.report.reason}")
+        tuning.finish(None, "no backend passed; running eager. " + "; ".join(reasons) if reasons else "no backends")
+        return None
+
+
+class _ProfilingStrategy(TuneStrategy):
+    """Build and validate every backend, profile the correct ones, pick by a figure of merit."""
+
+    def _correct(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> list[Candidate]:
+        correct = []
+        for template in self.candidates(default_backends):
+            candidate = tuning.build(template)
+            if candidate.ok and tuning.validate(candidate):
+                correct.append(candidate)
+        return correct
+
+    def _batch_sizes(self, tuning: GraphTuning) -> list[int]:
+        return tuning.default_batch_sizes(self.profiling_config, every_recorded=True)
+
+    def _score(self, candidate: Candidate, batch: int) -> float:
+        """Higher is better."""
+        raise NotImplementedError
+
+    def _allowed(self, tuning: GraphTuning, candidate: Candidate, batch: int) -> bool:
+        """Whether (candidate, batch) may be chosen at all (LatencyBudget: within the budget)."""
+        return True
+
+    def _profile(self, tuning: GraphTuning, correct: list[Candidate]) -> list[int]:
+        if not correct or (len(correct) == 1 and not self.with_baseline):
+            return []
+        return tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
+
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
+        correct = self._correct(tuning, default_backends)
+        measured = self._profile(tuning, correct)
+        return self._decide(tuning, correct, measured)
+
+    def _decide(self, tuning: GraphTuning, correct: list[Candidate], measured: list[int]) -> Candidate | None:
+        if not correct:
+            failures = "; ".join(f"{c.backend}: {c.reason}" for c in tuning.report.candidates)
+            tuning.finish(None, f"no backend built and passed validation; running eager. {failures}")
+            return None
+        if len(correct) == 1 and not self.with_baseline:
+            tuning.finish(correct[0], "the only correct backend (performance validation disabled)")
+            return correct[0]
+        ok = [c for c in correct if c.ok]
+        if not ok or not measured:
+            failures = "; ".join(f"{c.backend}: {c.reason}" for c in tuning.report.candidates if c.stage == "profile")
+            tuning.finish(None, f"nothing could be profiled; running eager. {failures or 'out of memory'}")
+            return None
+        winner, batch, why = self._choose(tuning, ok, measured)
+        tuning.annotate(batch)
+        _explain_rejections(tuning, ok, winner, batch)
+        tuning.finish(winner, why, batch)
+        return winner
+
+    def _choose(
+        self, tuning: GraphTuning, ok: list[Candidate], measured: list[int]
+    ) -> tuple[Candidate | None, int | None, str]:
+        """The winner (None: eager), the batch size it was judged at, and why.
+
+        The best (candidate, batch) by the strategy's figure among those that beat eager beyond
+        the measured spread at that batch size (all of them when not gated). So a candidate listed
+        as faster than the winner on the figure the report shows is one whose lead is inside its
+        own interval, or that did not beat eager clearly.
+        """
+        pairs = [(c, b) for b in measured for c in ok if c.profile_at(b) is not None and self._allowed(tuning, c, b)]
+        if not pairs:
+            return None, None, "no correct backend qualifies at the profiled batch sizes; running eager"
+        fastest = max(pairs, key=lambda p: self._score(*p))
+        if not self.gated:
+            c, b = fastest
+            return c, b, f"best: {describe(tuning, c, b)} (performance validation off)"
+        beating = [p for p in pairs if _beats_eager(tuning.versus_eager(*p))]
+        if beating:
+            c, b = max(beating, key=lambda p: self._score(*p))
+            why = describe(tuning, c, b)
+            if (c, b) != fastest:
+                why += (
+                    f"; {fastest[0].name} at batch {fastest[1]} ranks higher but does not beat eager beyond the spread"
+                )
+            return c, b, why
+        c, b = fastest
+        cmp = tuning.versus_eager(c, b)
+        figures = describe(tuning, c, b)
+        if cmp is None or cmp.speedup <= 1.0:
+            return None, b, f"eager is as fast or faster than the best backend ({figures})"
+        return None, b, f"{figures}, but the gap is inside the measured spread; keeping eager"
+
+
+def _explain_rejections(tuning: GraphTuning, ok: list[Candidate], winner: Candidate | None, batch: int | None) -> None:
+    """Give each correct candidate that lost the figure it lost with, next to the winner's."""
+    if batch is None:
+        return
+    chosen = tuning.versus_eager(winner, batch) if winner is not None else None
+    against = f"{winner.name}'s {chosen.describe()}" if winner is not None and chosen else "eager"
+    for c in ok:
+        cmp = tuning.versus_eager(c, batch)
+        if c is winner or c.report.reason or cmp is None:
+            continue
+        c.report.reason = f"{cmp.describe()} eager at batch {batch}, not chosen over {against}"
+
+
+def _beats_eager(cmp: Comparison | None) -> bool:
+    return cmp is not None and cmp.speedup > 1.0 and cmp.low_speedup > 1.0
+
+
+class MaxThroughputStrategy(_ProfilingStrategy):
+    """Profiles every backend at every recorded batch size and keeps the highest throughput that beats eager.
+
+    ``per_batch_size`` routes calls by batch range to each profiled size's own winner (eager
+    where none beats it; ranges split at the geometric mean of neighbouring sizes). ``None``
+    (default) routes only where it pays: when at some profiled size another backend (or eager)
+    beats the single winner beyond the measured spread. ``True`` always routes, ``False`` always
+    keeps one winner. With one profiled size there is one winner either way.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[Backend] | None = None,
+        profiling_config: ProfilingConfig | None = None,
+        performance_validation: bool | PerformanceValidationMode = True,
+        per_batch_size: bool | None = None,
+    ) -> None:
+        super().__init__(backends, profiling_config, performance_validation)
+        self.per_batch_size = per_batch_size
+
+    def _score(self, candidate: Candidate, batch: int) -> float:
+        p = candidate.profile_at(batch)
+        return p.throughput if p else float("-inf")
+
+    def _batch_sizes(self, tuning: GraphTuning) -> list[int]:
+        sizes = super()._batch_sizes(tuning)
+        batch = tuning.graph.batch
+        if self.per_batch_size and batch is not None and len(sizes) == 1:
+            return sorted({batch.min, batch.opt, batch.max})
+        return sizes
+
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
+        correct = self._correct(tuning, default_backends)
+        measured = self._profile(tuning, correct)
+        ok = [c for c in correct if c.ok]
+        if self.per_batch_size is False or tuning.graph.batch is None or len(measured) < 2 or not ok:
+            return self._decide(tuning, correct, measured)
+        single, single_batch, single_why = self._choose(tuning, ok, measured)
+        winners: list[tuple[int, Candidate | None, str]] = []
+        pays = []
+        for size in measured:
+            best, _, why = self._choose(tuning, ok, [size])
+            if best is not single and _clearly_faster(best, single, size, tuning):
+                pays.append(size)
+            elif self.per_batch_size is None:  # not worth another backend here: the single winner serves it
+                best, why = single, f"the single winner; {why}"
+            winners.append((size, best, f"{best.name if best else 'eager'} at batch {size} ({why})"))
+        if self.per_batch_size is None and not pays:
+            tuning.annotate(single_batch)
+            _explain_rejections(tuning, ok, single, single_batch)
+            tuning.finish(
+                single, single_why + "; no batch size where another backend beats it beyond the spread", single_batch
+            )
+            return single
+        routes = _routes(tuning.graph.batch.min, tuning.graph.batch.max, winners)
+        tuning.annotate(single_batch)
+        tuning.finish_routes(routes, "per batch size: " + "; ".join(why for _, _, why in winners))
+        if self.per_batch_size is None:
+            tuning.note(
+                "routing by batch size pays at batch "
+                + ", ".join(map(str, pays))
+                + f": the single winner would be {single.name if single else 'eager'}"
+            )
+        tuning.note(_extra_size(routes, single))
+        return routes
+
+
+def _clearly_faster(best: Candidate | None, other: Candidate | None, size: int, tuning: GraphTuning) -> bool:
+    """Whether ``best`` (None: eager) beats ``other`` at ``size`` beyond the spread of their paired windows."""
+    if other is None:
+        return best is not None  # a per-size winner already beat eager beyond the spread
+    theirs = other.profile_at(size)
+    if theirs is None:
+        return False
+    if best is None:  # eager wins here: the single winner is clearly slower than eager
+        cmp = tuning.versus_eager(other, size)
+        return cmp is not None and cmp.high_speedup < 1.0
+    mine = best.profile_at(size)
+    return mine is not None and compare(mine, theirs).low_speedup > 1.0
+
+
+def _artifact_bytes(candidate: Candidate) -> int | None:
+    """What ``candidate``'s backend writes into an artifact, in bytes (None when it cannot say)."""
+    directory = Path(tempfile.mkdtemp(prefix="aitune-size-"))
+    try:
+        candidate.backend.save(directory)
+        return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+    except Exception:
+        return None
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _extra_size(routes: list[Route], single: Candidate | None) -> str:
+    """The memory and artifact size per-batch routing costs beyond one winner."""
+    kept = list(dict.fromkeys(r.candidate for r in routes if r.candidate is not None))
+    sizes = {c: _artifact_bytes(c) for c in dict.fromkeys([*kept, *([single] if single is not None else [])])}
+    names = ", ".join(c.name for c in kept)
+    if any(sizes[c] is None for c in kept):
+        return f"routing keeps {len(kept)} backends loaded ({names}); their artifact size is unknown"
+    total = sum(sizes[c] or 0 for c in kept)
+    base = (sizes[single] or 0) if single is not None else 0
+    listed = ", ".join(f"{c.name} {(sizes[c] or 0) / 1e6:.2f} MB" for c in kept)
+    return (
+        f"routing keeps {len(kept)} backends loaded ({listed}): about {max(total - base, 0) / 1e6:.2f} MB more "
+        "artifact size and memory than one winner"
+    )
+
+
+def _routes(low: int, high: int, winners: list[tuple[int, Candidate | None, str]]) -> list[Route]:
+    """Batch ranges from per-size winners: split at the geometric mean of neighbours, merge equal ones."""
+    routes: list[Route] = []
+    start = low
+    for i, (size, candidate, _) in enumerate(winners):
+        end = high if i == len(winners) - 1 else max(start, math.isqrt(size * winners[i + 1][0]))
+        if routes and routes[-1].candidate is candidate:
+            routes[-1] = Route(routes[-1].batch_min, end, candidate)
+        else:
+            routes.append(Route(start, end, candidate))
+        start = end + 1
+    return [r for r in routes if r.batch_min <= r.batch_max]
+
+
+class MinLatencyStrategy(_ProfilingStrategy):
+    """Profiles every backend at batch size 1 and keeps the lowest latency that beats eager.
+
+    A graph without a batch axis (one recorded batch size, no ``batch_sizes``) can only run at
+    its recorded size: it is profiled there and the report says so.
+    """
+
+    def _batch_sizes(self, tuning: GraphTuning) -> list[int]:
+        batch = tuning.graph.batch
+        if batch is None:
+            size = tuning.default_batch_sizes(self.profiling_config)
+            tuning.note(
+                f"MinLatencyStrategy profiles at batch size 1, but this graph has no batch axis (every call had "
+                f"leading size {size[0]}), so it was profiled at the recorded size; record calls of several batch "
+                "sizes or pass batch_sizes=[1, ...] to ait.tune to tune for batch 1"
+            )
+            return size
+        if 1 not in batch:
+            raise TuningError(
+                f"{tuning.module_name}: MinLatencyStrategy profiles at batch size 1, but the graph was tuned "
+                f"for batch sizes {batch.min}..{batch.max}; record a batch of 1 or pass batch_sizes=[1, ...]"
+            )
+        return [1]
+
+    def _score(self, candidate: Candidate, batch: int) -> float:
+        p = candidate.profile_at(batch)
+        return -p.p50_ms if p else float("-inf")
+
+
+class LatencyBudgetStrategy(_ProfilingStrategy):
+    """The highest throughput (backend, batch size) whose p50 latency stays within the budget.
+
+    Raises when no user-provided backend meets the budget. When eager is kept (no backend beats
+    it) but eager itself is over the budget at that batch size, the fastest backend within the
+    budget is chosen instead and the report says why.
+    """
+
+    raises_on_failure = True
+
+    def __init__(
+        self,
+        latency_budget_ms: float,
+        backends: Sequence[Backend] | None = None,
+        profiling_config: ProfilingConfig | None = None,
+        performance_validation: bool | PerformanceValidationMode = True,
+    ) -> None:
+        if latency_budget_ms <= 0:
+            raise ValueError("latency_budget_ms must be > 0")
+        super().__init__(backends, profiling_config, performance_validation)
+        self.latency_budget_ms = latency_budget_ms
+
+    def _allowed(self, tuning: GraphTuning, candidate: Candidate, batch: int) -> bool:
+        p = candidate.profile_at(batch)
+        return p is not None and p.p50_ms <= self.latency_budget_ms
+
+    def _profile(self, tuning: GraphTuning, correct: list[Candidate]) -> list[int]:
+        """Always profile: even a lone backend must be shown to meet the budget."""
+        if not correct:
+            return []
+        return tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
+
+    def _score(self, candidate: Candidate, batch: int) -> float:
+        p = candidate.profile_at(batch)
+        return p.throughput if p else float("-inf")
+
+    def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
+        correct = self._correct(tuning, default_backends)
+        measured = self._profile(tuning, correct)
+        ok = [c for c in correct if c.ok]
+        within = [(c, b) for b in measured for c in ok if self._allowed(tuning, c, b)]
+        if not within:
+            raise TuningError(
+                f"{tuning.module_name}: no backend stays within the latency budget of {self.latency_budget_ms} ms "
+                f"at the profiled batch sizes; best p50 per backend: "
+                + (
+                    ", ".join(
+                        f"{c.backend} {min(p.p50_ms for p in c.profiles):.3g} ms"
+                        for c in tuning.report.candidates
+                        if c.profiles
+                    )
+                    or "none measured"
+                )
+                + ". Raise the budget or profile smaller batch sizes."
+            )
+        result = self._decide(tuning, correct, measured)
+        batch = tuning.report.selected_batch_size
+        eager = tuning.eager_profile(batch) if batch is not None else None
+        if result is None and within and eager is not None and eager.p50_ms > self.latency_budget_ms:
+            c, b = max(within, key=lambda p: self._score(*p))
+            tuning.annotate(b)
+            tuning.finish(
+                c,
+                f"eager is over the latency budget at batch {batch} (p50 {eager.p50_ms:.3g} ms > "
+                f"{self.latency_budget_ms} ms), so the fastest backend within it is kept: {describe(tuning, c, b)}",
+                b,
+            )
+            return c
+        return result

@@ -1,0 +1,442 @@
+"""``ait.tune``: run the pipeline, record every wrapped module, tune each one, report.
+
+A module that fails to tune stays eager and the others go on (``fail_fast=True`` raises
+instead). Strategies whose documented behaviour is to raise (``raises_on_failure``: OneBackend's
+original error, LatencyBudget's unmet budget) always propagate.
+
+Why one long module: ``ait.tune``'s flow (record, agree across ranks, tune each module, report)
+reads top to bottom here; each step it calls lives in its own module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__, distributed
+from ..backend import Backend, Tolerance
+from ..builds.queue import build_session
+from ..errors import AituneError, DistributedTuneError, InputError
+from ..plugins import get_manager
+from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
+from ..session import Session
+from . import fanout, ranks, recording, settings
+from .install import winners_of
+from .module import Module, wrapped_modules
+from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
+from .progress import TuneProgress
+
+logger = logging.getLogger("aitune")
+
+
+def _call(fn: Callable[..., Any], sample: Any) -> Any:
+    """Call ``fn`` with a dataset item: a tensor, a tuple, a dict, or ``(args, kwargs)``."""
+    if (
+        isinstance(sample, tuple)
+        and len(sample) == 2
+        and isinstance(sample[0], (tuple, list))
+        and isinstance(sample[1], dict)
+    ):
+        return fn(*sample[0], **sample[1])
+    if isinstance(sample, (tuple, list)):
+        return fn(*sample)
+    if isinstance(sample, dict):
+        return fn(**sample)
+    return fn(sample)
+
+
+def _device_of(modules: Sequence[Module]) -> torch.device:
+    """The device of the first wrapped module that has weights; CPU when none has."""
+    found = (weights_device(m.module) for m in modules)
+    return next((d for d in found if d is not None), torch.device("cpu"))
+
+
+def tune(
+    model_or_callable: Any,
+    dataset: Iterable[Any],
+    batch_sizes: Sequence[int] | None = None,
+    device: str | torch.device | None = None,
+    *,
+    max_samples: int | None = None,
+    fail_fast: bool | None = None,
+    report_path: str | Path | None = None,
+    tolerances: Mapping[str, Tolerance] | None = None,
+    show_progress: bool | None = None,
+    ignore_failing_modules: bool | None = None,
+    dry_run: bool = False,
+    max_num_batches_per_batch_size: int | None = None,
+    set_eval: bool = False,
+    executor: str | None = None,
+    rank_decision: str | None = None,
+) -> TuneReport:
+    """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
+
+    A dataset item is one call of ``model_or_callable``. ``batch_sizes`` are the batch sizes to
+    build for and profile; a batch of each size is formed by concatenating recorded items along
+    their batch axis, so a list of batch-1 samples with ``batch_sizes=[1, 2, 4, 8]`` tunes for
+    batches 1..8. Left None, items that all have batch 1 are tuned for AITune's default ``[1, 2]``,
+    and other items for the batch sizes they have. ``device`` defaults to the device of the
+    model's weights. ``ignore_failing_modules`` (AITune's name) is ``not fail_fast``;
+    ``dry_run=True`` records and reports the graphs without building anything. Returns the
+    tuning report (also written to ``report_path`` when given). ``show_progress`` (default: when
+    stderr is a terminal) shows each step live; every step is logged on the ``aitune`` logger
+    either way. ``executor`` names where isolated builds run (``"local"``, ``"ray"``; default
+    ``AITUNE_EXECUTOR``, else local). ``rank_decision`` says who decides when the ranks of a
+    ``torch.distributed`` job tune together: ``"rank0"`` (default; ``AITUNE_RANK_DECISION``) or
+    ``"slowest"`` (every rank times its own builds; the slowest rank's figures count). Arguments
+    left as None take their value from :mod:`aitune.torch.config`.
+
+    Tuning is for inference: a wrapped module in training mode whose code reads ``self.training``
+    (Dropout, BatchNorm, ...) is refused, or with ``set_eval=True`` switched to eval mode (logged).
+    """
+    samples = settings.max_samples if max_samples is None else max_samples
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise InputError(f"max_samples must be an int >= 1, got {samples!r}")
+    if max_num_batches_per_batch_size is not None:
+        raise InputError(
+            "ait.tune(max_num_batches_per_batch_size=...) is not supported: aitune forms each batch size "
+            "from the recorded dataset items; bound how many are recorded with max_samples=N instead"
+        )
+    if ignore_failing_modules is not None:
+        if fail_fast is not None and fail_fast == ignore_failing_modules:
+            raise InputError(
+                f"ait.tune(fail_fast={fail_fast}, ignore_failing_modules={ignore_failing_modules}) contradict "
+                "each other: give only one of them"
+            )
+        fail_fast = not ignore_failing_modules
+    fail = settings.fail_fast if fail_fast is None else fail_fast
+    decide_by = distributed.rank_decision(rank_decision)
+    _inference_mode(wrapped_modules(model_or_callable), set_eval)
+    kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
+    progress = TuneProgress(settings.show_progress if show_progress is None else show_progress)
+    manager = get_manager()
+    with progress, kept, build_session(manager.executors, manager.registry, executor) as builds:
+        return _tune(
+            manager.session(builds),
+            progress,
+            model_or_callable,
+            dataset,
+            batch_sizes,
+            device,
+            samples,
+            fail,
+            report_path,
+            tolerances,
+            dry_run,
+            decide_by,
+        )
+
+
+@contextlib.contextmanager
+def _kept_as_they_are(obj: Any) -> Iterator[None]:
+    """A dry run records through every wrapper; afterwards each one routes calls as before."""
+    before = [(m, m.state, list(m.tuned_graphs), m.report) for m in wrapped_modules(obj)]
+    try:
+        yield
+    finally:
+        for module, state, graphs, report in before:
+            if state != "recording":
+                module._install(graphs, report)
+
+
+def _inference_mode(modules: Sequence[Module], set_eval: bool) -> None:
+    """Refuse (or switch to eval) wrapped modules whose outputs depend on training mode."""
+    from ..module_code import reads_training
+
+    training = [m for m in modules if any(s.training for s in m.module.modules()) and reads_training(m.module)]
+    if not training:
+        return
+    names = ", ".join(m.name for m in training)
+    if not set_eval:
+        raise InputError(
+            f"{names}: in training mode, and its code reads self.training (Dropout, BatchNorm, ...): recording, "
+            "validation and profiling would see training-mode outputs and update running statistics. Tuning is "
+            "for inference: call model.eval() before ait.tune, or pass set_eval=True"
+        )
+    for module in training:
+        module.eval()
+    logger.warning("ait.tune switched %s to eval mode (set_eval=True): tuned modules serve inference", names)
+
+
+def _tune(
+    session: Session,
+    progress: TuneProgress,
+    model_or_callable: Any,
+    dataset: Iterable[Any],
+    batch_sizes: Sequence[int] | None,
+    device: str | torch.device | None,
+    max_samples: int,
+    fail_fast: bool,
+    report_path: str | Path | None,
+    tolerances: Mapping[str, Tolerance] | None,
+    dry_run: bool = False,
+    decide_by: str = "rank0",
+) -> TuneReport:
+    started = time.perf_counter()
+    group = distributed.coordinator()  # None in a single process
+    with distributed.step(group, "recording") as outbox:
+        recorded = _record(model_or_callable, dataset, max_samples, progress)
+        modules = [rec.module for rec in recorded.modules.values()]
+        tune_device = torch.device(device) if device is not None else _device_of(modules)
+        run = TuneRun(
+            session,
+            tune_device,
+            default_backends(session.registry, tune_device),
+            batch_sizes,
+            tolerances,
+            fail_fast=fail_fast,
+            dry_run=dry_run,
+            shared=ranks.SlowestRank(group) if group is not None and decide_by == "slowest" else None,
+            progress=progress,
+        )
+        if group is not None:
+            outbox["plan"] = ranks.plan(list(recorded.modules.values()), run)
+    if group is not None:
+        ranks.agree(group)
+    report = TuneReport(
+        aitune_version=__version__,
+        device=str(tune_device),
+        started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        environment=environment(tune_device),
+    )
+    if report_path is not None:
+        report_path = distributed.per_rank_path(report_path)
+    session.hook.aitune_tune_started(
+        report=report, report_path=Path(report_path) if report_path is not None else None, session=session
+    )
+    env = report.environment
+    logger.info(
+        "timing with %s intra-op and %s inter-op threads, OMP_WAIT_POLICY %s",
+        env["threads"],
+        env["interop_threads"],
+        env["omp_wait_policy"],
+    )
+
+    def tune_all() -> None:
+        if not dry_run:
+            fanout.submit_ahead(list(recorded.modules.values()), run)
+        for rec in recorded.modules.values():
+            module_report = tune_recorded(run, rec)
+            report.modules.append(module_report)
+            logger.info("%s", module_report.summary)
+
+    try:
+        if group is None:
+            tune_all()
+        else:
+            ranks.tune_together(group, tune_all, list(recorded.modules.values()), report, run)
+    except BaseException as exc:
+        report.duration_s = time.perf_counter() - started
+        session.hook.aitune_tune_failed(report=report, error=exc, session=session)
+        raise
+    report.duration_s = time.perf_counter() - started
+    session.hook.aitune_tune_finished(report=report, session=session)
+    if report_path is not None:
+        report.save(report_path)
+    return report
+
+
+def _record(
+    model_or_callable: Any, dataset: Iterable[Any], max_samples: int, progress: TuneProgress
+) -> recording.RecordingSession[Module]:
+    """Run the dataset through the model, recording every ait.Module it calls."""
+    known = wrapped_modules(model_or_callable)
+    if isinstance(model_or_callable, torch.nn.Module) and not known:
+        raise InputError(
+            "the model contains no ait.Module: wrap the modules to tune, e.g. "
+            "model = ait.Module(model, 'model') or ait.wrap(model, ['encoder'])"
+        )
+    for module in known:
+        check_devices(module)
+        module._reset()
+    samples_seen = 0
+    first: Any = None
+    with progress.step("recording calls"), torch.no_grad(), recording.recording(max_samples) as session:
+        for sample in dataset:
+            first = sample if samples_seen == 0 else first
+            try:
+                _call(model_or_callable, sample)
+            except AituneError:
+                raise
+            except Exception as exc:
+                raise _item_error(samples_seen, sample, first, exc) from exc
+            samples_seen += 1
+    if samples_seen == 0:
+        raise InputError("the dataset is empty: give ait.tune at least one input batch")
+    if not session.modules:
+        raise InputError(
+            "no ait.Module was called while running the dataset through the model: wrap the modules "
+            "that the pipeline calls, or check that the dataset reaches them"
+        )
+    return session
+
+
+def check_devices(module: Module) -> None:
+    """Refuse a module whose weights are split across devices or not materialized (meta)."""
+    devices = {str(t.device) for t in (*module.module.parameters(), *module.module.buffers())}
+    if "meta" in devices:
+        raise InputError(
+            f"{module.name}: some weights are on the meta device (not loaded yet): load the weights "
+            "(e.g. load_state_dict(..., assign=True) or .to_empty(device=...) then load) before ait.tune"
+        )
+    if len(devices) > 1:
+        raise InputError(
+            f"{module.name}: its weights are split across devices ({', '.join(sorted(devices))}); aitune tunes "
+            "a module on one device: move it with .to(device), or wrap the part on each device as its own ait.Module"
+        )
+
+
+def _item_error(index: int, item: Any, first: Any, exc: Exception) -> Exception:
+    """The model failed on dataset item ``index``: say which, and whether it looks unlike item 0."""
+    from .. import tree
+
+    hint = ""
+    if index > 0:
+        try:
+            differs = tree.flatten(item)[1] != tree.flatten(first)[1]
+        except AituneError:
+            differs = True
+        if differs:
+            hint = " It has another structure than item 0; give every item the structure the model takes."
+    return InputError(
+        f"the model raised on dataset item {index} ({type(exc).__name__}: {exc}).{hint} "
+        "Check that each item is what the model's forward takes: a tensor, a tuple of arguments, "
+        "a dict of keyword arguments, or (args, kwargs)"
+    )
+
+
+def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module]) -> ModuleReport:
+    """Tune one recorded module graph by graph and install the winners (also the JIT's entry point).
+
+    With ``run.dry_run`` it stops after the graphs are known, installing nothing.
+    """
+    fail_fast = run.fail_fast
+    module = rec.module
+    report = ModuleReport(name=module.name, strategy=repr(strategy_for(module, 0, "")))
+    winners: list[tuple[Any, Backend]] = []
+    try:
+        for index, graph_rec in enumerate(rec.graphs.values()):
+            if graph_rec.error:
+                raise InputError(f"{module.name}: a recorded call cannot be tuned: {graph_rec.error}")
+            if graph_rec.eager_reason:  # calls like these run eager; the other graphs still tune
+                reason = f"runs eager: {graph_rec.eager_reason}"
+                digest = hashlib.sha256(graph_rec.eager_reason.encode()).hexdigest()[:12]
+                report.graphs.append(
+                    GraphReport(graph_key=f"eager-{digest}", graph={}, decision="torch_eager", reason=reason)
+                )
+                continue
+            sizes = run.sizes_for(graph_rec)
+            graph = graph_of(module, graph_rec, sizes)
+            strategy = strategy_for(module, index, graph.key)
+            graph_report = GraphReport(graph_key=graph.key, graph=_graph_json(graph))
+            report.graphs.append(graph_report)
+            if run.dry_run:
+                continue
+            tuning = graph_tuning(run, module, graph, graph_rec.samples, sizes, graph_report)
+            try:
+                decision = strategy.tune(tuning, run.defaults)
+            except Exception:
+                if strategy.raises_on_failure:
+                    fail_fast = True
+                raise
+            winners.extend(winners_of(graph, decision, tuning.eager.backend))
+    except Exception as exc:
+        module._install([], report)
+        report.status, report.error = ModuleStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        report.summary = f"{module.name}: tuning failed, running eager: {report.error}"
+        if fail_fast or isinstance(exc, DistributedTuneError):  # ranks out of step end the tune on every rank
+            raise
+        if not isinstance(exc, AituneError):
+            logger.exception("%s: unexpected error while tuning", module.name)
+        return report
+    if run.dry_run:
+        report.status = ModuleStatus.DRY_RUN
+        report.summary = f"{module.name}: dry run, {len(report.graphs)} graph(s), nothing built"
+        return report
+    module._install(winners, report)
+    report.status = ModuleStatus.TUNED if module.state == "tuned" else ModuleStatus.EAGER
+    report.summary = summarize(report)
+    return report
+
+
+def summarize(report: ModuleReport) -> str:
+    """One line a person can read, e.g. ``encoder: onnxruntime, 1.72x [1.65-1.80] eager at batch 8 (p50 1.04 ms vs 1.79 ms), max rel err 2e-07``."""
+    parts = []
+    for g in report.graphs:
+        if g.routes:
+            parts.append(", ".join(f"{r.backend} for batch {r.batch_min}..{r.batch_max}" for r in g.routes))
+            continue
+        chosen = next((c for c in g.candidates if c.status == "selected"), None)
+        if chosen is None:
+            parts.append(f"eager ({g.reason})" if g.reason else "eager")
+            continue
+        text = chosen.backend
+        batch = g.selected_batch_size
+        mine = next((p for p in chosen.profiles if p.batch_size == batch), None) if batch else None
+        eager = next((p for p in g.eager_profiles if p.batch_size == batch), None) if batch else None
+        if chosen.speedup is not None and mine is not None and eager is not None:
+            base = mine.baseline_p50_ms if mine.baseline_p50_ms is not None else eager.p50_ms
+            interval = (
+                f" [{chosen.speedup_low:.2f}-{chosen.speedup_high:.2f}]"
+                if chosen.speedup_low is not None and chosen.speedup_high is not None
+                else ""
+            )
+            text += (
+                f", {chosen.speedup:.2f}x{interval} eager at batch {batch} (p50 {mine.p50_ms:.3g} ms vs {base:.3g} ms)"
+            )
+        if chosen.validation is not None:
+            text += f", max rel err {chosen.validation.max_rel_error:.1g}"
+        parts.append(text)
+    if len(parts) == 1:
+        return f"{report.name}: {parts[0]}"
+    return f"{report.name}: " + " | ".join(f"graph {i}: {p}" for i, p in enumerate(parts))
+
+
+def _graph_json(graph: Any) -> dict[str, Any]:
+    from ..converter import unstructure
+
+    return unstructure(graph)  # type: ignore[no-any-return]
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What the figures were measured on."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (the OpenMP runtime's default)"),
+        "thread_settings": {k: os.environ[k] for k in _THREAD_VARS if k in os.environ},
+        "cuda": torch.version.cuda,
+    }
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        env["gpu"] = torch.cuda.get_device_name(index)
+        env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
+    return env
+
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "KMP_BLOCKTIME", "OPENBLAS_NUM_THREADS")
+"""Settings that change CPU timings a lot (a busy 2-core machine swings eager latency 5x without them)."""
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

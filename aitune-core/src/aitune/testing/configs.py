@@ -1,0 +1,21 @@
+"""Backend configs to and from JSON with the process's plugins, as an artifact or a cache stores them.
+
+For tests and scripts: code that runs inside aitune is handed a session and uses
+``session.registry.config_to_json`` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..plugins import get_manager
+
+
+def config_to_json(config: Any, backend: str | None = None) -> dict[str, Any]:
+    """:meth:`aitune.registry.BackendRegistry.config_to_json` with the process's plugins."""
+    return get_manager().registry.config_to_json(config, backend)
+
+
+def config_from_json(data: Any, what: str = "$") -> Any:
+    """:meth:`aitune.registry.BackendRegistry.config_from_json` with the process's plugins."""
+    return get_manager().registry.config_from_json(data, what)
