@@ -38,7 +38,7 @@ def cold_start(kind: str, spec: dict) -> dict:
             from .tuning import wrap
 
             model = wrap(case, model, None)
-            ait.load(model, spec["artifact"])
+            ait.load(model, spec["artifact"], trust_native_code=True)  # this run built it
         else:
             model.load_state_dict(load_file(spec["weights"]))
             if kind == "compile":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -81,13 +82,14 @@ def test_every_backend_round_trips_through_an_artifact(available, tmp_path: Path
     torch.testing.assert_close(tuned, eager, rtol=0.05, atol=0.05)
 
     artifact = ait.save(pipe, tmp_path / "pipeline.ait")
+    pinned = hashlib.sha256(artifact.read_bytes()).hexdigest()  # AOTInductor and TensorRT run only when trusted
     torch.save(x, tmp_path / "x.pt")
     code = textwrap.dedent(
         f"""
         import json, sys, torch
         sys.path.insert(0, {str(tmp_path)!r})
         import aitune.torch as ait, pipeline_mod
-        pipe = ait.load(pipeline_mod.build({available!r}), {str(artifact)!r})
+        pipe = ait.load(pipeline_mod.build({available!r}), {str(artifact)!r}, expected_sha256={pinned!r})
         with torch.no_grad():
             y = pipeline_mod.run(pipe, torch.load({str(tmp_path / "x.pt")!r}, weights_only=True))
         states = {{n: m.state for n, m in pipe.items()}}

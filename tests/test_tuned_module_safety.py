@@ -40,7 +40,7 @@ def tune(name: str) -> ait.Module:
     registry = get_manager().registry
     backend = registry.backend_class(name)(registry.config_class(name)(**CANDIDATES[name]))
     model = ait.Module(mlp(), name, strategy=ait.FirstWinsStrategy([backend], performance_validation=False))
-    ait.tune(model, [torch.randn(4, 16), torch.randn(8, 16)])
+    ait.tune(model, [torch.randn(4, 16), torch.randn(8, 16)], freeze=False)  # the guard's cases need grads
     assert model.state == "tuned", model.report.summary
     return model
 

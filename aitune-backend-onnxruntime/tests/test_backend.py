@@ -432,3 +432,53 @@ def test_the_gpu_extra_floor_is_the_one_the_probe_enforces():
     ]
     floor = ".".join(map(str, plugin.MIN_GPU_VERSION))
     assert len(gpu) == 1 and gpu[0].specifier.contains(f"{floor}.0") and not gpu[0].specifier.contains("1.17.3")
+
+
+def test_a_payload_naming_a_model_outside_it_is_refused(tmp_path):
+    """Metadata and graphs come from a file: what ONNX Runtime opens must be one of the payload's files."""
+    module = MLP(width=128).eval()
+    samples = _samples(lambda g, b: torch.randn(b, 128, generator=g), [(2,), (4,)])
+    config = ONNXRuntimeBackendConfig(export=ONNXExportConfig(external_data=True))
+    backend, graph = _build(module, samples, ["x"], tmp_path, config)
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    metadata = backend.save(payload)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other, _ = _build(MLP(width=128).eval(), samples, ["x"], tmp_path / "other", config)
+    other.save(elsewhere)
+
+    def load(meta):
+        ONNXRuntimeBackend(config).load(module, payload, LoadContext(graph, CPU, meta, tmp_path / "cache"))
+
+    for name in (str(elsewhere / "model.onnx"), "../elsewhere/model.onnx"):
+        with pytest.raises(SerializationError, match="not one of its files"):
+            load({**metadata, "model": name})
+    with pytest.raises(SerializationError, match="not a plain path"):
+        load({**metadata, "files": [*metadata["files"], "/etc/hostname"]})
+
+    # the graph itself names its external data: pointed outside the payload, it is refused too
+    import onnx
+
+    proto = onnx.load(str(payload / "model.onnx"), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = str(elsewhere / "model.onnx.data")
+    onnx.save(proto, str(payload / "model.onnx"))
+    with pytest.raises(SerializationError, match="keeps tensor data in"):
+        load(metadata)
+
+
+def test_provider_options_from_a_file_are_allow_listed():
+    safe = {"backend": "onnxruntime", "provider_options": {"trt_fp16_enable": "True", "device_id": "0"}}
+    assert config_from_json(safe).provider_options == safe["provider_options"]
+    from aitune.plugins import get_manager
+
+    registry = get_manager().registry
+    assert registry.config_from_json(safe, from_file=True).provider_options == safe["provider_options"]
+    for key in ("trt_extra_plugin_lib_paths", "trt_engine_cache_path", "trt_dump_ep_context_model"):
+        data = {"backend": "onnxruntime", "provider_options": {key: "/tmp/x"}}
+        assert config_from_json(data).provider_options == {key: "/tmp/x"}, "your own code may set it"
+        with pytest.raises(ConfigError, match=key):
+            registry.config_from_json(data, from_file=True)

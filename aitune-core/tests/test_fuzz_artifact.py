@@ -1,9 +1,10 @@
 """The artifact loader against hostile files: every mutation ends in an aitune error, never another.
 
 Valid artifacts are mutated (flipped bytes, truncation, reordered, renamed, dropped, duplicated or
-compressed members, lying zip headers, hostile manifests and digest lists whose sums are
-recomputed so the loader reads deep into them) and both ``ait.load`` and ``verify`` must either
-succeed or raise an :class:`~aitune.errors.AituneError`, within a deadline. The suite runs a fast
+compressed members, lying zip headers, overlapping members, hostile manifests, type paths and
+backend configs, and digest lists whose sums are recomputed so the loader reads deep into them)
+and both ``ait.load`` and ``verify`` must either succeed or raise an
+:class:`~aitune.errors.AituneError`, within a deadline, importing no module the file names. The suite runs a fast
 slice; ``nox -s fuzz`` runs ``AITUNE_FUZZ_EXAMPLES`` examples per strategy.
 """
 
@@ -31,7 +32,7 @@ from hypothesis import strategies as st
 
 import aitune.torch as ait
 from aitune.artifact.reader import verify
-from aitune.errors import AituneError
+from aitune.errors import AituneError, ConfigError
 from aitune.plugins import AituneManager, set_manager
 from aitune.testing import backends
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
@@ -291,6 +292,115 @@ def test_a_zip_bomb_is_refused_without_inflating_it(valid, scratch):
     finally:
         tracemalloc.stop()
     assert peak < 64 * 1024 * 1024, f"loading took {peak >> 20} MB for a {len(data) >> 10} kB file"
+
+
+type_paths = st.one_of(
+    st.sampled_from(
+        [
+            "this:X",
+            "antigravity:X",
+            "unittest.__main__:main",
+            "aitune_testkit.imported_by_name:Anything",
+            "os:system",
+            "subprocess:Popen",
+            "builtins:eval",
+            "builtins:object",
+            "collections:defaultdict",
+            "collections:OrderedDict",
+            "torch:Tensor",
+            "aitune.testing.backends:ToyBackend",
+            "os.path:join",
+        ]
+    ),
+    st.text(max_size=30),
+)
+structure_nodes = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["namedtuple", "dataclass", "mapping", "pytree", "enum", "tuple", "tensor", "x"]),
+        "type": type_paths,
+        "keys": st.lists(st.text(max_size=5), max_size=3),
+        "items": st.lists(st.just({"kind": "tensor"}), max_size=3),
+        "name": st.one_of(st.text(max_size=5), st.integers()),
+        "context": st.one_of(st.none(), st.lists(st.text(max_size=8), max_size=2), st.just(["os.abort", ["a"]])),
+    }
+)
+
+
+@FUZZ
+@given(node=structure_nodes, where=st.sampled_from(["structure", "output_structure"]))
+def test_hostile_type_paths(valid, scratch, node, where):
+    """A structure naming any type: refused or rebuilt as data, and no module imported for it."""
+    before = set(sys.modules)
+    items = members(valid)
+    manifest = json.loads(dict(items)[MANIFEST])
+    manifest["modules"][0]["graphs"][0]["graph"][where] = node
+    body = json.dumps(manifest).encode()
+    must_end_cleanly(pack(with_sums([(n, body if n == MANIFEST else b) for n, b in items])), scratch)
+    assert not {"this", "antigravity", "aitune_testkit.imported_by_name", "unittest.__main__"} & (
+        set(sys.modules) - before
+    ), "a module was imported because the file named it"
+
+
+configs = st.fixed_dictionaries(
+    # not torch_inductor_jit here: it compiles on load, which outlasts the deadline (its options are
+    # fuzzed on their own below)
+    {"backend": st.sampled_from(["toy", "torch_inductor_aot", "onnxruntime", "nope", 3])},
+    optional={
+        "speed": st.one_of(st.floats(allow_nan=True), st.text(max_size=4)),
+        "options": st.dictionaries(
+            st.sampled_from(["cpp.cxx", "cpp.inject_relu_bug_TESTING_ONLY", "max_autotune", "epilogue_fusion"]),
+            st.one_of(st.booleans(), st.text(max_size=10), st.integers()),
+            max_size=2,
+        ),
+        "provider_options": st.dictionaries(
+            st.sampled_from(["trt_extra_plugin_lib_paths", "device_id", "trt_engine_cache_path"]),
+            st.text(max_size=10),
+            max_size=2,
+        ),
+        "mode": st.sampled_from(["default", "x"]),
+    },
+)
+
+
+@FUZZ
+@given(config=configs)
+def test_hostile_backend_configs(valid, scratch, config):
+    items = members(valid)
+    manifest = json.loads(dict(items)[MANIFEST])
+    graph = manifest["modules"][0]["graphs"][0]
+    graph["config"] = config
+    if isinstance(config["backend"], str):
+        graph["backend"] = config["backend"]
+    body = json.dumps(manifest).encode()
+    must_end_cleanly(pack(with_sums([(n, body if n == MANIFEST else b) for n, b in items])), scratch)
+
+
+@FUZZ
+@given(config=configs)
+def test_hostile_configs_read_as_from_a_file(manager, config):
+    """Every backend's config, read as an artifact's: a config or a ConfigError naming what it refuses."""
+    for backend in ("torch_inductor_jit", "torch_inductor_aot", "onnxruntime", "toy"):
+        data = {**config, "backend": backend}
+        try:
+            manager.registry.config_from_json(data, "config", from_file=True)
+        except ConfigError:
+            continue
+        options = data.get("options") or {}
+        assert not {"cpp.cxx", "cpp.inject_relu_bug_TESTING_ONLY"} & set(options), f"{backend} took {options}"
+        assert "trt_extra_plugin_lib_paths" not in (data.get("provider_options") or {}) or backend != "onnxruntime"
+
+
+@FUZZ
+@given(moves=st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99)), min_size=1, max_size=3))
+def test_overlapping_members(valid, scratch, moves):
+    """Directory entries pointed at another member's bytes (the same bytes read many times over)."""
+    data = bytearray(valid)
+    starts = [i for i in range(len(data) - 4) if data[i : i + 4] == b"PK\x01\x02"]
+    offsets = [struct.unpack("<I", data[s + 42 : s + 46])[0] for s in starts]
+    for target, source in moves:
+        s = starts[target % len(starts)]
+        data[s + 42 : s + 46] = struct.pack("<I", offsets[source % len(offsets)])
+    must_end_cleanly(bytes(data), scratch)
 
 
 def _raises_aitune_error(fn: Callable[[], Any]) -> str:

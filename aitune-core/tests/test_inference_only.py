@@ -28,10 +28,11 @@ def mlp() -> torch.nn.Module:
     ).eval()
 
 
-def tuned(strict: bool = False) -> ait.Module:
+def tuned(strict: bool = False, freeze: bool = False) -> ait.Module:
+    """Tuned, its parameters left trainable (``freeze=False``) unless asked: the guard's cases need them."""
     strategy = ait.FirstWinsStrategy([ToyBackend()], performance_validation=False)
     model = ait.Module(mlp(), "mlp", strategy=strategy, strict=strict)
-    ait.tune(model, [torch.randn(4, 8), torch.randn(6, 8)])
+    ait.tune(model, [torch.randn(4, 8), torch.randn(6, 8)], freeze=freeze)
     assert model.state == "tuned"
     return model
 
@@ -68,6 +69,35 @@ def test_frozen_parameters_and_no_grad_run_the_winner(toy_backends) -> None:
         warnings.simplefilter("error")
         model(torch.randn(5, 8))
     assert routed(model) == before + 2
+
+
+def test_plain_calls_run_the_winner_because_tune_freezes_the_parameters(toy_backends, tmp_path) -> None:
+    """The usual first script: parameters from from_pretrained require grad, and no torch.no_grad()."""
+    model = tuned(freeze=True)
+    assert not any(p.requires_grad for p in model.parameters())
+    assert model.report.frozen == [name for name, _ in mlp().named_parameters()]
+    before = routed(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "running this call eager"
+        model(torch.randn(5, 8))
+    assert routed(model) == before + 1
+    path = ait.save(model, tmp_path / "mlp.ait")
+    loaded = ait.load(ait.Module(mlp(), "mlp"), path)
+    assert not any(p.requires_grad for p in loaded.parameters()), "ait.load freezes as ait.tune does"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded(torch.randn(5, 8))
+    kept = ait.load(ait.Module(mlp(), "mlp"), path, freeze=False)
+    assert all(p.requires_grad for p in kept.parameters())
+    # fine-tuning again: a parameter that requires grad sends calls eager, with the warning
+    model.module[0].weight.requires_grad_(True)
+    with pytest.warns(RuntimeWarning, match="grad mode is on"):
+        model(torch.randn(5, 8))
+
+
+def test_freeze_false_keeps_the_parameters_trainable(toy_backends) -> None:
+    model = tuned(freeze=False)
+    assert all(p.requires_grad for p in model.parameters()) and model.report.frozen == []
 
 
 def test_training_mode_gives_eagers_training_outputs(toy_backends) -> None:

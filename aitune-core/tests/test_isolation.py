@@ -142,6 +142,8 @@ def test_a_worker_that_dies_costs_one_candidate(fault_backends, register_plugin,
     assert isinstance(error, BuildError) and error.cause == cause
     if cause == "crash":
         assert "last lines of the worker's log" in failed.reason
+        if backend is faults.AbortBackend:  # the cause, printed long before the log's last lines, is kept
+            assert "what():  index out of bounds" in failed.reason and "frame #39" in failed.reason
         assert error.exit_code == -(signal.SIGSEGV if backend is faults.SegfaultBackend else signal.SIGABRT)
     assert model.state == "tuned"
 
@@ -253,3 +255,21 @@ def test_worker_never_receives_a_pickle(fault_backends, tmp_path, monkeypatch):
     assert seen["files"] == ["module.txt"]
     assert seen["job"]["backend"] == "toy_isolated" and seen["job"]["config"]["speed"] == 0.0
     assert seen["job"]["memory_mb"] > 0 and os.path.isabs(seen["job"]["payload"])
+
+
+def test_the_build_worker_never_runs_the_jit(fault_backends, monkeypatch):
+    """A worker inherits the environment: with AITUNE_JIT=1 it would tune its own modules and log about it."""
+    import subprocess
+
+    seen = {}
+    real = subprocess.Popen
+
+    def spy(*args, **kwargs):
+        seen["env"] = kwargs.get("env")
+        return real(*args, **kwargs)
+
+    monkeypatch.setenv("AITUNE_JIT", "1")
+    monkeypatch.setattr(subprocess, "Popen", spy)
+    _, report = _tune(faults.IsolatedToyBackend())
+    assert _candidates(report)["toy_isolated"].status == "selected"
+    assert seen["env"]["AITUNE_JIT"] == "0"

@@ -162,10 +162,12 @@ def test_deferred_mode_tunes_only_after_deferred(jit_on: None) -> None:
 
 
 def test_skips_small_excluded_and_training_modules(jit_on: None, caplog: pytest.LogCaptureFixture) -> None:
-    with jit_config.patch(min_parameters=10_000):
+    with jit_config.patch(min_parameters=10_000), caplog.at_level(logging.INFO, logger="aitune"):
         run_and_compare(Block().eval(), [2, 3, 2])
-    with jit_config.patch(exclude=("Bl",)):
+    assert "not tuning Block: 72 parameters, fewer than min_parameters=10000" in caplog.text, "said at INFO"
+    with jit_config.patch(exclude=("Bl",)), caplog.at_level(logging.INFO, logger="aitune"):
         run_and_compare(Block().eval(), [2, 3, 2])
+    assert "excluded by 'Bl'" in caplog.text
     training = Block()
     with caplog.at_level(logging.WARNING, logger="aitune"):
         run_and_compare(training, [2, 3, 2])
@@ -337,3 +339,29 @@ def test_hook_imports_nothing_when_aitune_jit_is_unset() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_tampered_remembered_decision_is_forgotten_and_tuned_again(
+    jit_on: None, builds: Builds, _isolated_cache: Path
+) -> None:
+    """The JIT store is read as data: changed payload files, or a payload path outside the entry,
+    and the decision is dropped (never loaded) and the module tuned again."""
+    torch.manual_seed(0)
+    model = Block().eval()
+    run_and_compare(model, [2, 3, 2])
+    [decision] = (_isolated_cache / "jit").rglob("decision.json")
+    [payload] = decision.parent.rglob("toy.txt")
+    payload.write_text("0.0 ")  # someone changed the stored payload
+    jit.disable()
+    jit.enable()
+    run_and_compare(model, [2, 3, 2])
+    assert outcomes() == [("Block", "tuned", False)] and builds.count == 2
+
+    [decision] = (_isolated_cache / "jit").rglob("decision.json")
+    record = json.loads(decision.read_text())
+    record["graphs"][0]["payload"] = str(decision.parent / "0")  # absolute: outside the entry's own names
+    decision.write_text(json.dumps(record))
+    jit.disable()
+    jit.enable()
+    run_and_compare(model, [2, 3, 2])
+    assert outcomes() == [("Block", "tuned", False)] and builds.count == 3

@@ -184,12 +184,18 @@ def test_an_unsupported_operator_is_named_by_both_exporters(tmp_path):
     assert "dynamo exporter" in message and "torchscript exporter" in message
 
 
-def test_torchscript_fallback_runs_when_dynamo_fails_and_records_why(tmp_path):
+def test_the_torchscript_fallback_never_freezes_a_data_dependent_branch_unless_asked(tmp_path):
+    """The tracer keeps only the branch its sample took: refused, unless the user opts in."""
     samples = [Sample((torch.rand(3, 4) + 0.1,))]
     graph = _graph(DataDependent(), samples, ["x"])
-    export = export_onnx(DataDependent(), graph, samples[0], tmp_path)
+    with pytest.raises(BuildError, match="TorchScript tracer reports data-dependent control flow") as refused:
+        export_onnx(DataDependent(), graph, samples[0], tmp_path)
+    assert "trace_control_flow=True" in str(refused.value)
+
+    opted = ONNXExportConfig(trace_control_flow=True)
+    export = export_onnx(DataDependent(), graph, samples[0], tmp_path, opted)
     assert export.exporter == "torchscript"
-    assert "data-dependent" in (export.fallback_reason or "")
+    assert "data-dependent" in (export.fallback_reason or ""), "the report says why dynamo was not used"
 
     with pytest.raises(BuildError, match="data-dependent control flow"):
         export_onnx(DataDependent(), graph, samples[0], tmp_path, ONNXExportConfig(fallback_to_torchscript=False))

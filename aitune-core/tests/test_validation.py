@@ -39,8 +39,12 @@ def test_a_correct_backend_passes_and_reports_figures():
     module, samples, graph = setup()
     report = validate(built(ToyBackend(), module), module, samples, graph)
     assert report.passed, report.reason
-    assert report.samples_checked == 4  # two samples + batch min + batch max
-    assert report.checks == ["min shapes (batch=2)", "max shapes (batch=4)"]
+    assert report.samples_checked == 5  # two samples + batch min + batch max + batch 3, never recorded
+    assert report.checks == [
+        "min shapes (batch=2)",
+        "max shapes (batch=4)",
+        "unrecorded batch sizes [3] (others at opt)",
+    ]
     [out] = report.outputs
     assert out.max_abs_error == 0.0 and out.cosine_similarity > 0.9999
 

@@ -87,7 +87,9 @@ def round_trip(
             assert_same(call(model, item), expected, f"tuned, item {i}")
     path = ait.save(model, tmp_path / "model.ait")
     torch.manual_seed(0)  # the same weights, as from_pretrained would give (an artifact holds only wrapped modules)
-    fresh = ait.load(wrap(build()), path)
+    from aitune.artifact.archive import file_sha256
+
+    fresh = ait.load(wrap(build()), path, expected_sha256=file_sha256(path))  # pinned: native payloads may run
     with torch.no_grad():
         for i, (item, expected) in enumerate(zip([*data, *unseen], reference)):
             assert_same(call(fresh, item), expected, f"loaded, item {i}")

@@ -1,8 +1,10 @@
-"""The examples of docs/huggingface.md, run as they are written (in a scratch folder)."""
+"""The examples of docs/huggingface.md, run as they are written (in a scratch folder), served by
+the tuned backends: a call that ran eager would have warned, and none may."""
 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,11 @@ class QuickMaxThroughput(ait.MaxThroughputStrategy):
 def test_example_runs(index, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ait, "MaxThroughputStrategy", QuickMaxThroughput)
-    exec(compile(EXAMPLES[index], f"{PAGE.name}[{index}]", "exec"), {"__name__": f"docs_example_{index}"})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        exec(compile(EXAMPLES[index], f"{PAGE.name}[{index}]", "exec"), {"__name__": f"docs_example_{index}"})
+    eager = [str(w.message) for w in seen if "running this call eager" in str(w.message)]
+    assert not eager, f"the example's calls ran eager, not the tuned backend: {eager}"
     printed = capsys.readouterr().out
     expected = ["BaseModelOutputWithPoolingAndCrossAttentions", "torch.Size([2, 3, 8, 8])"][index]
     assert expected in printed

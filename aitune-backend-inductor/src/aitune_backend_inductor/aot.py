@@ -39,6 +39,7 @@ class TorchInductorAotBackend(Backend):
     config_class = TorchInductorAotBackendConfig
     config: TorchInductorAotBackendConfig
     native_build = True
+    native_payload = True  # the package holds a shared library that load() runs
 
     def __init__(self, config: TorchInductorAotBackendConfig | None = None) -> None:
         super().__init__(config)

@@ -19,6 +19,51 @@ def _check_mode(instance: Any, attribute: attrs.Attribute, value: str | None) ->
         raise ConfigError(f"{attribute.name}={value!r} is not a torch.compile mode; use None or one of {list(MODES)}")
 
 
+FILE_SAFE_OPTIONS = frozenset(
+    {
+        "aggressive_fusion",
+        "benchmark_kernel",
+        "comprehensive_padding",
+        "conv_1x1_as_mm",
+        "coordinate_descent_tuning",
+        "cpp.simdlen",
+        "cpp.threads",
+        "cpp.weight_prepack",
+        "cpp_wrapper",
+        "epilogue_fusion",
+        "freezing",
+        "keep_output_stride",
+        "layout_optimization",
+        "max_autotune",
+        "max_autotune_gemm",
+        "max_autotune_pointwise",
+        "max_fusion_size",
+        "pattern_matcher",
+        "permute_fusion",
+        "shape_padding",
+        "split_reductions",
+        "triton.cudagraph_trees",
+        "triton.cudagraphs",
+        "triton.max_tiles",
+        "triton.unique_kernel_names",
+        "unroll_reductions_threshold",
+    }
+)
+"""Inductor options a file (an artifact, a cache entry) may set: switches and sizes of its passes,
+with a bool or number value. The rest can name a compiler or a command (``cpp.cxx``), load a
+library, or break results on purpose (``*_TESTING_ONLY``), so only the user's own code sets them."""
+
+
+def _file_refusals(options: dict[str, Any] | None) -> list[str]:
+    refused = []
+    for key, value in (options or {}).items():
+        if key not in FILE_SAFE_OPTIONS:
+            refused.append(f"options[{key!r}] (not an Inductor option a file may set)")
+        elif isinstance(value, str) or not isinstance(value, (bool, int, float)):
+            refused.append(f"options[{key!r}]={value!r} (a file may give it a bool or a number only)")
+    return refused
+
+
 def _check_options(instance: Any, attribute: attrs.Attribute, value: dict[str, Any] | None) -> None:
     """Inductor options live in the manifest, so they must be a JSON object with string keys."""
     if value is None:
@@ -45,6 +90,9 @@ class TorchInductorJitBackendConfig(BackendConfig):
     fullgraph: bool = False
     """True: a graph break fails the build instead of splitting the module into several graphs."""
 
+    def untrusted_settings(self) -> list[str]:
+        return _file_refusals(self.options)
+
     def __attrs_post_init__(self) -> None:
         if self.mode is not None and self.options:
             raise ConfigError(
@@ -61,3 +109,6 @@ class TorchInductorAotBackendConfig(BackendConfig):
     """Inductor options for ``aoti_compile_and_package`` (``inductor_configs``)."""
     strict: bool = False
     """Export with TorchDynamo tracing (``torch.export.export(strict=True)``) instead of the default."""
+
+    def untrusted_settings(self) -> list[str]:
+        return _file_refusals(self.options)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from aitune import tree
-from aitune.backend import Backend, BuildContext, LoadContext
+from aitune.backend import Backend, BuildContext, LoadContext, payload_file
 from aitune.errors import BackendUnavailableError, BuildError, SerializationError
 from aitune.graph import GraphSpec
 from aitune.onnx_export import MODEL_FILE, ONNXExport, export_onnx, model_files
@@ -324,16 +324,22 @@ class ONNXRuntimeBackend(Backend):
         except (KeyError, TypeError) as exc:
             raise SerializationError(f"onnxruntime payload metadata lacks {exc}; re-tune and save again") from exc
         for name in files:
-            if Path(name).is_absolute() or ".." in Path(name).parts or not (Path(directory) / name).is_file():
+            if not payload_file(directory, name).is_file():
                 raise SerializationError(
                     f"onnxruntime payload misses the file {name!r} it lists; the artifact is incomplete"
+                )
+        for key in ("model", "optimized_model"):  # the graph ONNX Runtime opens is one of those files
+            if meta.get(key) is not None and meta[key] not in files:
+                raise SerializationError(
+                    f"onnxruntime payload names {key} {meta[key]!r}, which is not one of its files; the artifact "
+                    "is corrupt or hostile"
                 )
         reason = self.unsupported_reason(context.graph, context.device)
         if reason:
             raise BackendUnavailableError(f"cannot load the onnxruntime payload here: {reason}")
         folder = self._own_folder()
         for name in files:
-            _link_or_copy(Path(directory) / name, folder / name)
+            _link_or_copy(payload_file(directory, name), payload_file(folder, name))
         provider = self.provider_for(context.device)
         preoptimized = bool(meta.get("optimized_model")) and meta.get("provider") == provider.value
         self._input_names, self._output_names = input_names, output_names
@@ -341,7 +347,13 @@ class ONNXRuntimeBackend(Backend):
         self._files = [f for f in files if f != meta.get("optimized_model")]
         self._optimized = files if meta.get("optimized_model") else []  # a superset of what it references
         self._meta = {k: meta.get(k) for k in ("exporter", "opset", "provider", "fallback_reason")}
-        model = folder / (meta["optimized_model"] if preoptimized else meta.get("model", MODEL_FILE))
+        model = payload_file(folder, meta["optimized_model"] if preoptimized else meta.get("model", MODEL_FILE))
+        outside = external_data_outside(model, files)
+        if outside:
+            raise SerializationError(
+                f"the onnxruntime payload's graph keeps tensor data in {outside!r}, which is not one of its files; "
+                "the artifact is corrupt or hostile"
+            )
         start = time.perf_counter()
         try:
             self._open(model, context.graph, context.device, provider, context.cache_dir, preoptimized=preoptimized)
@@ -447,6 +459,25 @@ def _from_ort(value: Any, device: torch.device) -> torch.Tensor:
     if to_dlpack is not None:
         return torch.from_dlpack(to_dlpack())
     return torch.from_numpy(value.numpy()).to(device)
+
+
+def external_data_outside(model: Path, files: Sequence[str]) -> str | None:
+    """The first external-data location of ``model`` that is not one of the payload's ``files``, or None.
+
+    An ONNX graph may keep tensors in other files, named inside the graph: from an artifact, such a
+    name could point anywhere on the machine, so every one must be a file the payload carries.
+    """
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    proto = onnx.load(str(model), load_external_data=False)
+    for tensor in _get_all_tensors(proto):
+        if not uses_external_data(tensor):
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if location not in files:
+            return location
+    return None
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -74,6 +74,40 @@ def _export(instance: Any, attribute: Any, value: Any) -> None:
         raise ConfigError(f"ONNXRuntimeBackendConfig.export must be an ONNXExportConfig, got {value!r}")
 
 
+FILE_SAFE_PROVIDER_OPTIONS = frozenset(
+    {
+        "device_id",
+        "arena_extend_strategy",
+        "gpu_mem_limit",
+        "cudnn_conv_algo_search",
+        "cudnn_conv_use_max_workspace",
+        "cudnn_conv1d_pad_to_nc1d",
+        "do_copy_in_default_stream",
+        "enable_cuda_graph",
+        "tunable_op_enable",
+        "tunable_op_tuning_enable",
+        "prefer_nhwc",
+        "use_tf32",
+        "trt_fp16_enable",
+        "trt_bf16_enable",
+        "trt_int8_enable",
+        "trt_max_workspace_size",
+        "trt_builder_optimization_level",
+        "trt_max_partition_iterations",
+        "trt_min_subgraph_size",
+        "trt_force_sequential_engine_build",
+        "trt_cuda_graph_enable",
+        "trt_layer_norm_fp32_fallback",
+        "trt_auxiliary_streams",
+        "trt_detailed_build_log",
+        "trt_sparsity_enable",
+    }
+)
+"""Provider options a file may set: numbers and switches of the CUDA and TensorRT providers. The
+rest can load a library (``trt_extra_plugin_lib_paths``), point at files (cache and profile paths,
+which aitune sets itself) or dump a model somewhere, so only the user's own code sets them."""
+
+
 @attrs.frozen(kw_only=True)
 class ONNXRuntimeBackendConfig(BackendConfig):
     """Settings of ONNXRuntimeBackend."""
@@ -90,3 +124,10 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     export: ONNXExportConfig = attrs.field(factory=ONNXExportConfig, validator=_export)
     save_optimized_model: bool = attrs.field(default=False, validator=_bool)
     """Also save ONNX Runtime's optimized graph so a load skips graph optimization."""
+
+    def untrusted_settings(self) -> list[str]:
+        return [
+            f"provider_options[{key!r}] (not a provider option a file may set)"
+            for key in self.provider_options
+            if key not in FILE_SAFE_PROVIDER_OPTIONS
+        ]

@@ -28,6 +28,7 @@ class TensorRTBackend(Backend):
     name = "tensorrt"
     config_class = TensorRTBackendConfig
     native_build = True
+    native_payload = True  # a serialized engine (plan) the TensorRT runtime executes
     config: TensorRTBackendConfig
 
     def __init__(self, config: TensorRTBackendConfig | None = None) -> None:

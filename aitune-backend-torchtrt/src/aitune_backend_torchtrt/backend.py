@@ -209,6 +209,7 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
     name = "torch_tensorrt_aot"
     config_class = TorchTensorRTAotBackendConfig
     native_build = True
+    native_payload = True  # the exported program carries serialized TensorRT engines
 
     def __init__(self, config: TorchTensorRTAotBackendConfig | None = None) -> None:
         super().__init__(config)

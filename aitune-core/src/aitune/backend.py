@@ -9,7 +9,7 @@ cloning the object the user handed to a strategy, so user-facing objects stay re
 from __future__ import annotations
 
 import abc
-from pathlib import Path, PurePath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, ClassVar
 
 import attrs
@@ -22,6 +22,15 @@ from .graph import GraphSpec, Sample
 @attrs.frozen(kw_only=True)
 class BackendConfig:
     """Base class of every backend's configuration: frozen attrs, validated, JSON through cattrs."""
+
+    def untrusted_settings(self) -> list[str]:
+        """The settings of this config that must not come from a file, each with why.
+
+        A config read from an artifact, a cache entry or the JIT store is refused when this names
+        anything: a compiler path, a library to load, a testing switch. The default trusts every
+        setting; a backend whose runtime takes such options allow-lists what a file may say.
+        """
+        return []
 
 
 @attrs.frozen(kw_only=True)
@@ -65,6 +74,24 @@ class LoadContext:
     module_name: str = ""
 
 
+def payload_file(directory: Path, name: Any) -> Path:
+    """``directory / name`` for a file name a payload's metadata gives, refused unless it stays inside.
+
+    Metadata comes from a file: a name that is absolute, climbs out (``..``) or is not a plain
+    relative path would let an artifact load something from elsewhere on the machine.
+    """
+    path = PurePosixPath(name) if isinstance(name, str) else None
+    if (
+        path is None
+        or not path.parts
+        or path.is_absolute()
+        or "\\" in name
+        or any(p in ("", ".", "..") for p in path.parts)
+    ):
+        raise SerializationError(f"the payload names the file {name!r}, which is not a plain path inside the payload")
+    return Path(directory).joinpath(*path.parts)
+
+
 class Backend(abc.ABC):
     """One way to run a module for one graph.
 
@@ -81,6 +108,10 @@ class Backend(abc.ABC):
     """Device types this backend runs on; a device the machine lacks is reported unavailable."""
     native_build: ClassVar[bool] = False
     """True when building compiles native code that may crash the process (isolated by default)."""
+    native_payload: ClassVar[bool] = False
+    """True when the saved payload is native code the runtime executes (an AOTInductor package's
+    shared library, a TensorRT plan): ``ait.load`` runs it only from a trusted artifact (pinned,
+    signed by a trusted key, or ``trust_native_code=True``)."""
     compiles_anything: ClassVar[bool] = False
     """True for a backend that builds almost any module (a tracing JIT compiler): strategies that try
     backends in turn, like JIT mode's default, try it after the exporting ones."""

@@ -189,22 +189,42 @@ def executors(as_json: bool = typer.Option(False, "--json", help="Print JSON for
 def verify(
     artifact: Path = typer.Argument(..., help="The .ait file."),
     sha256: str | None = typer.Option(None, "--sha256", help="Expected SHA-256 of the whole file."),
+    key: list[Path] = typer.Option([], "--key", help="A public key (PEM) you trust; the signature is ARTIFACT.sig."),
+    signature: Path | None = typer.Option(None, "--signature", help="The signature, if not beside the artifact."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
-    """Check an artifact's integrity and whether it can run on this machine (exit 1 if not)."""
+    """Check an artifact's digests, its signature (--key), and whether it can run here (exit 1 if not)."""
     from .artifact import verify as verify_artifact
 
-    result = verify_artifact(artifact, sha256)
+    result = verify_artifact(artifact, sha256, trusted_keys=key or None, signature=signature)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
-        typer.echo(f"{artifact}: integrity ok")
+        typer.echo(f"{artifact}: integrity ok (the file is whole; its digests alone do not prove who wrote it)")
+        typer.echo(f"trust: {result['trust']}")
+        for where in result["native_payloads"]:
+            typer.echo(f"native code: {where}")
         for problem in result["problems"]:
             typer.echo(f"cannot run here: {problem}")
         if result["runnable_here"]:
             typer.echo("every payload can run here")
     if not result["runnable_here"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def sign(
+    artifact: Path = typer.Argument(..., help="The .ait file."),
+    key: Path = typer.Option(..., "--key", help="Your private key (PEM, elliptic curve)."),
+    certificate: Path | None = typer.Option(None, "--certificate", help="The signing certificate (PEM), if any."),
+    chain: list[Path] = typer.Option([], "--chain", help="Certificates of its chain (PEM)."),
+    signature: Path | None = typer.Option(None, "--signature", help="Where to write the signature (ARTIFACT.sig)."),
+) -> None:
+    """Sign an artifact (OpenSSF model-signing, offline) so ait.load(..., trusted_keys=[...]) can trust it."""
+    from .artifact.signing import sign as sign_artifact
+
+    out = sign_artifact(artifact, key, certificate=certificate, chain=chain, signature=signature)
+    typer.echo(f"signed {artifact}: {out}")
 
 
 @app.command()

@@ -71,6 +71,10 @@ class StaleWeightsError(UnsupportedCallError):
     """A tuned module in strict mode was called after its weights changed, and its backend baked the old ones."""
 
 
+class HooksChangedError(UnsupportedCallError):
+    """Strict mode: hooks were added to the tuned module or a submodule after tuning (tuned backends do not run them)."""
+
+
 class ArtifactError(AituneError):
     """An artifact cannot be written or read (corrupt, tampered, incompatible...)."""
 

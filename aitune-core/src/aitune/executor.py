@@ -291,6 +291,7 @@ def run_job(job: dict[str, Any], folder: Path) -> dict[str, Any]:
     with open(log, "wb") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "aitune.builds.worker", str(job_path)],
+            env={**os.environ, "AITUNE_JIT": "0"},  # a build worker builds; it never tunes modules itself
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -368,12 +369,25 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+KEY_LINES = ("what():", "terminate called", "Error:", "error:", "Assertion", "Aborted")
+"""Lines worth keeping wherever they are in a worker's log: a native crash prints its cause (a C++
+exception's ``what():``) long before the interpreter's stack dump that ends the log."""
+
+
 def _tail(log: Path) -> str:
+    """The log's last lines, after the key lines that came before them (at most ``LOG_LINES`` of those)."""
     try:
         with open(log, errors="replace") as f:
-            return "".join(deque(f, maxlen=LOG_LINES)).rstrip()
+            last: deque[str] = deque(maxlen=LOG_LINES)
+            key: deque[str] = deque(maxlen=LOG_LINES)
+            for line in f:
+                if len(last) == LOG_LINES and any(k in last[0] for k in KEY_LINES):
+                    key.append(last[0])
+                last.append(line)
     except OSError:
         return ""
+    earlier = "".join(key)
+    return (f"{earlier}[...]\n" if earlier else "") + "".join(last).rstrip()
 
 
 def _tail_text(log: Path) -> str:

@@ -89,11 +89,14 @@ def aitune_validate(
     samples: Sequence[Sample],
     graph: GraphSpec,
     tolerances: Mapping[str, Any] | None,
+    masked_by: str | None,
     session: Session,
 ) -> ValidationReport | None:
     """Compare ``backend``'s outputs with ``reference`` (eager) on ``samples`` and report.
 
-    ``tolerances`` maps a dtype name (``"float16"``) to a user override of the bound. Return None
+    ``tolerances`` maps a dtype name (``"float16"``) to a user override of the bound; ``masked_by``
+    names the input holding an attention mask when only unmasked positions are to be compared
+    (``ait.Module(..., compare="unmasked")``), else None. Return None
     to leave validation to the next implementation. Stops at the first non-None result. The
     default checks structure, shape, dtype, NaN/Inf, closeness, input mutation and the min/max of
     every dynamic axis.

@@ -85,6 +85,10 @@ class ONNXExportConfig:
     """Weights in a separate ``.onnx.data`` file; None decides by weight size (>= 1 GiB)."""
     check: bool = attrs.field(default=True, validator=_bool)
     """Run ``onnx.checker`` on the result (path based, so large models work)."""
+    trace_control_flow: bool = attrs.field(default=False, validator=_bool)
+    """Accept a TorchScript trace whose tracer warned of data-dependent control flow (a tensor turned
+    into a Python bool or number). Such a trace keeps only the branches the export sample took, so
+    by default it is refused and the candidate fails with that reason."""
 
 
 @attrs.frozen(kw_only=True)
@@ -163,9 +167,11 @@ def export_onnx(
     failures: list[tuple[str, str]] = []
     for exporter in order:
         try:
-            run = _dynamo if exporter == "dynamo" else _torchscript
             with _quiet():
-                run(wrapper, flat_inputs, graph, input_names, output_names, path, config.opset, external)
+                if exporter == "dynamo":
+                    _dynamo(wrapper, flat_inputs, graph, input_names, output_names, path, config.opset, external)
+                else:
+                    _torchscript(wrapper, flat_inputs, graph, input_names, output_names, path, config, external)
             _check_dynamic_axes(path, graph, input_names)
         except BuildError as exc:
             failures.append((exporter, str(exc)))
@@ -310,6 +316,11 @@ def _dynamo(
     program.save(str(path), external_data=external)
 
 
+TRACE_BRANCHES = "might cause the trace to be incorrect"
+"""What the TorchScript tracer says when a tensor became a Python bool, number or index: the
+trace froze the branch or the size this one sample gave."""
+
+
 def _torchscript(
     wrapper: torch.nn.Module,
     inputs: tuple[torch.Tensor, ...],
@@ -317,7 +328,7 @@ def _torchscript(
     input_names: list[str],
     output_names: list[str],
     path: Path,
-    opset: int | None,
+    config: ONNXExportConfig,
     external: bool,
 ) -> None:
     import onnx
@@ -328,7 +339,8 @@ def _torchscript(
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             torch.onnx.export(
                 wrapper,
                 inputs,
@@ -336,8 +348,16 @@ def _torchscript(
                 dynamo=False,
                 input_names=input_names,
                 output_names=output_names,
-                opset_version=opset,
+                opset_version=config.opset,
                 dynamic_axes=dynamic_axes or None,
+            )
+        frozen = next((str(w.message) for w in caught if TRACE_BRANCHES in str(w.message)), None)
+        if frozen is not None and not config.trace_control_flow:
+            raise BuildError(
+                "the TorchScript tracer reports data-dependent control flow (a tensor turned into a Python "
+                f"value: {frozen.splitlines()[0][:200]}), so its graph keeps only the branch this sample took and "
+                "would answer other inputs wrongly; it is refused (ONNXExportConfig(trace_control_flow=True) "
+                "accepts it when that branch is the only one your inputs take)"
             )
         model = onnx.load(str(scratch / path.name))
     finally:

@@ -219,7 +219,7 @@ class BackendRegistry:
         if reason:
             raise BackendUnavailableError(f"backend {name!r} cannot run on {device}: {reason}")
 
-    def backend_class(self, name: str) -> type:
+    def backend_class(self, name: str) -> type[Backend]:
         return _import_path(self.spec(name).backend_class)  # type: ignore[no-any-return]
 
     def config_class(self, name: str) -> type:
@@ -252,15 +252,27 @@ class BackendRegistry:
                 return data
         raise ConfigError(f"{type(config).__name__} belongs to no registered backend; is its plugin installed?")
 
-    def config_from_json(self, data: Any, what: str = "$") -> Any:
-        """The backend config that :meth:`config_to_json` wrote; the ``backend`` tag picks the class."""
+    def config_from_json(self, data: Any, what: str = "$", *, from_file: bool = False) -> Any:
+        """The backend config that :meth:`config_to_json` wrote; the ``backend`` tag picks the class.
+
+        ``from_file``: the JSON came from an artifact, a cache entry or the JIT store, so a setting
+        the config does not trust from a file (:meth:`BackendConfig.untrusted_settings`) is refused
+        by name before anything uses the config.
+        """
         if not isinstance(data, dict) or "backend" not in data:
             raise ConfigError(f"{what}: a backend config must be an object with a 'backend' key, got {data!r}")
         fields = dict(data)
         name = fields.pop("backend")
-        if name not in self:
+        if not isinstance(name, str) or name not in self:
             raise ConfigError(f"{what}.backend: unknown backend {name!r}; installed: {sorted(self.names())}")
-        return structure(fields, self.config_class(name), what)
+        config: BackendConfig = structure(fields, self.config_class(name), what)
+        refused = config.untrusted_settings() if from_file else []
+        if refused:
+            raise ConfigError(
+                f"{what}: the {name} config sets what aitune does not take from a file: {'; '.join(refused)}. "
+                "Set such options in your own code (they run on your machine), never through a saved file"
+            )
+        return config
 
 
 def _complete(spec: BackendSpec, distribution: str) -> BackendSpec:

@@ -164,6 +164,9 @@ class ModuleReport:
     error: str | None = None
     graphs: list[GraphReport] = attrs.field(factory=list)
     summary: str = ""
+    frozen: list[str] = attrs.field(factory=list)
+    """Parameters ``ait.tune`` made inference-only (``requires_grad_(False)``) so plain calls run the
+    winner; empty when none required grad or with ``freeze=False``."""
 
 
 @attrs.define

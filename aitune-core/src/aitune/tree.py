@@ -4,8 +4,11 @@ A module call is ``(args, kwargs)`` with tensors nested in containers, next to p
 (ints, strings, None, enum members...). Backends such as ONNX or TensorRT see only a flat list of
 tensors; the structure says how to put them back, in the very types the module used: a tuned
 module returns a ``NamedTuple``, a dataclass or a ``transformers`` ``ModelOutput`` where eager did.
-The structure is plain JSON so it can live in a manifest; a type is named by its import path
-(``module:QualName``) and rebuilt by importing it, never by unpickling.
+The structure is plain JSON so it can live in a manifest; a type is named by its path
+(``module:QualName``). A structure may come from a file, so it is data only: a type resolves only
+among modules this process has already imported (never by importing what a file names), and a
+value is rebuilt without calling the type's own constructor (fields set on a bare instance, a
+named tuple made as a tuple); a registered pytree node gets its JSON context as it is.
 
 Structure nodes::
 
@@ -27,8 +30,9 @@ import collections
 import dataclasses
 import enum
 import functools
-import importlib
 import json
+import re
+import sys
 from typing import Any
 
 import torch
@@ -98,10 +102,8 @@ def _typed(kind: str, cls: type, keys: list[str], values: list[Any], leaves: lis
 def _pytree_node(obj: Any, leaves: list[torch.Tensor], path: str) -> dict[str, Any]:
     cls = type(obj)
     children, context = pytree.SUPPORTED_NODES[cls].flatten_fn(obj)
-    serial = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls)
-    dumpable = serial.to_dumpable_context(context) if serial and serial.to_dumpable_context else context
     try:
-        ok = json.loads(json.dumps(dumpable)) == dumpable
+        ok = _json_context(cls) and json.loads(json.dumps(context)) == context
     except (TypeError, ValueError):
         ok = False
     if not ok:
@@ -110,7 +112,7 @@ def _pytree_node(obj: Any, leaves: list[torch.Tensor], path: str) -> dict[str, A
             "so it cannot be described in an artifact"
         )
     items = [_flatten(v, leaves, f"{path}.{i}") for i, v in enumerate(children)]
-    return {"kind": "pytree", "type": type_path(cls, path), "context": dumpable, "items": items}
+    return {"kind": "pytree", "type": type_path(cls, path), "context": context, "items": items}
 
 
 def type_path(cls: type, path: str = "") -> str:
@@ -128,19 +130,33 @@ def type_path(cls: type, path: str = "") -> str:
     return name
 
 
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
 @functools.lru_cache(maxsize=512)
 def resolve(name: str) -> type:
-    """The class a structure names, by importing its module (nothing is unpickled)."""
+    """The class a structure names, found among the modules already imported; nothing is imported.
+
+    A structure can come from a file: importing what it names would run that module's code (a
+    ``__main__`` that runs tests, a module that opens a browser). The program that built the model
+    has imported the types its outputs use, so looking them up is enough.
+    """
     module_name, _, qualname = name.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except Exception as exc:
+    if not module_name or any(c.isspace() for c in module_name) or not _NAME.match(qualname):
+        raise InputError(f"{name!r} is not a type path (module:QualName)")
+    module = sys.modules.get(module_name)
+    if module is None:
         raise InputError(
-            f"the type {name!r} named in the output or input structure cannot be imported here "
-            f"({type(exc).__name__}: {exc}); install the package that defines it"
-        ) from None
+            f"the type {name!r} named in the output or input structure is not loaded in this process, and aitune "
+            f"never imports a module because a file names it: import {module_name.split('.')[0]} (the library "
+            "that defines it) before loading, as building the model usually does"
+        )
+    obj: Any = module
+    for part in qualname.split("."):
+        found = vars(obj).get(part) if hasattr(obj, "__dict__") else None  # no __getattr__: nothing runs
+        if found is None:
+            raise InputError(f"the type {name!r} named in the structure does not exist in {module_name}")
+        obj = found
     if not isinstance(obj, type):
         raise InputError(f"{name!r} names {type(obj).__name__}, not a class")
     return obj
@@ -170,11 +186,18 @@ def _checked(kind: str, name: str) -> type:
         "namedtuple": issubclass(cls, tuple) and hasattr(cls, "_fields"),
         "mapping": issubclass(cls, dict),
         "dataclass": dataclasses.is_dataclass(cls),
-        "pytree": cls in pytree.SUPPORTED_NODES,
+        "pytree": cls in pytree.SUPPORTED_NODES and _json_context(cls),
     }.get(kind, False)
     if not ok:
         raise InputError(f"the structure names {name!r} as a {kind}, but it is not one; the structure is corrupt")
     return cls
+
+
+def _json_context(cls: type) -> bool:
+    """A pytree node whose context is used as the JSON it is; one that decodes its context (a
+    ``defaultdict`` names its factory, which decoding would look up and the node would call) is refused."""
+    serial = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls)
+    return not (serial and serial.from_dumpable_context)
 
 
 def unflatten(structure: dict[str, Any], leaves: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> Any:
@@ -196,23 +219,42 @@ def _unflatten(node: dict[str, Any], it: Any) -> Any:
     if kind == "dict":
         return {k: _unflatten(n, it) for k, n in zip(node["keys"], node["items"])}
     if kind == "enum":
-        return _checked(kind, node["type"])[node["name"]]  # type: ignore[index]
+        name = node["name"]
+        member = vars(_checked(kind, node["type"]))["_member_map_"].get(name) if isinstance(name, str) else None
+        if member is None:
+            raise InputError(f"{node['type']} has no member {node['name']!r}; the structure is corrupt")
+        return member
     if kind in _TYPED:
         cls = _checked(kind, node["type"])
-        values = [_unflatten(n, it) for n in node["items"]]
-        if kind == "namedtuple":
-            return cls(*values)
-        if kind == "mapping" and not dataclasses.is_dataclass(cls):
-            return cls(zip(node["keys"], values))
-        return cls(**dict(zip(node["keys"], values)))
+        return _rebuild(kind, cls, node["keys"], [_unflatten(n, it) for n in node["items"]])
     if kind == "pytree":
         cls = _checked(kind, node["type"])
-        serial = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls)
-        context = node["context"]
-        if serial and serial.from_dumpable_context:
-            context = serial.from_dumpable_context(context)
-        return pytree.SUPPORTED_NODES[cls].unflatten_fn([_unflatten(n, it) for n in node["items"]], context)
+        return pytree.SUPPORTED_NODES[cls].unflatten_fn([_unflatten(n, it) for n in node["items"]], node["context"])
     raise InputError(f"unknown structure node kind {kind!r}")
+
+
+def _rebuild(kind: str, cls: type, keys: list[str], values: list[Any]) -> Any:
+    """An instance of ``cls`` holding ``values``, made without running ``cls``'s own code.
+
+    A named tuple is made as the tuple it is; a dataclass as a bare instance whose fields are set
+    (they hold what the eager call returned, after its ``__post_init__``); a dict subclass
+    (``ModelOutput``) the same, its items filled as ``dict`` (or ``OrderedDict``) fills them.
+    """
+    if kind == "namedtuple":
+        return tuple.__new__(cls, values)  # type: ignore[type-var]
+    obj: Any
+    if kind == "mapping":
+        obj = dict.__new__(cls)  # type: ignore[call-overload]
+        # an OrderedDict (ModelOutput is one) keeps its order beside the dict: fill it as OrderedDict does
+        put = collections.OrderedDict.__setitem__ if issubclass(cls, collections.OrderedDict) else dict.__setitem__
+        for key, value in zip(keys, values):
+            put(obj, key, value)
+    else:
+        obj = object.__new__(cls)
+    if dataclasses.is_dataclass(cls):
+        for key, value in zip(keys, values):
+            object.__setattr__(obj, key, value)
+    return obj
 
 
 def leaf_paths(structure: dict[str, Any], prefix: str = "") -> list[str]:

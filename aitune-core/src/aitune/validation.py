@@ -3,7 +3,9 @@
 A backend that returns finite garbage must fail, so beyond NaN/Inf and shapes every output is
 compared numerically against eager, with a bound chosen by dtype (or by the backend, when it
 quantizes, or by the user). Inputs must come back unchanged, and each dynamic axis is also run at
-its min and max.
+its min and max and at sizes no recorded call had (:func:`interior_sizes`): an exported graph may
+have dropped a branch the model takes on a shape (``if x.shape[1] == 6``) that the recorded calls
+never hit, and only running that shape shows it.
 """
 
 from __future__ import annotations
@@ -48,20 +50,44 @@ def validate(
     samples: Sequence[Sample],
     graph: GraphSpec,
     tolerances: Mapping[str, Any] | None = None,
+    masked_by: str | None = None,
 ) -> ValidationReport:
-    """Run ``backend`` and ``reference`` on every sample (and the dynamic extremes) and compare."""
+    """Run ``backend`` and ``reference`` on every sample (and the dynamic extremes) and compare.
+
+    ``masked_by`` names the input holding an attention mask (``[batch, seq]``, nonzero where a
+    position counts): outputs whose leading axes are ``[batch, seq]`` are then compared at the
+    unmasked positions only, since padded positions carry no meaning and backends fill them
+    differently (``ait.Module(..., compare="unmasked")``).
+    """
     report = ValidationReport(passed=True)
     comparisons: dict[str, OutputComparison] = {}
     cases: list[tuple[str, Sample]] = [(f"sample {i}", s) for i, s in enumerate(samples)]
+    if masked_by is not None:
+        report.checks.append(f"unmasked positions only (mask: {masked_by})")
     if samples and graph.dims:
         for which in ("min", "max"):
             sizes = {name: getattr(rng, which) for name, rng in graph.dims.items()}
             label = ", ".join(f"{n}={v}" for n, v in sizes.items())
             cases.append((f"{which} shapes ({label})", assemble(graph, samples, sizes)))
             report.checks.append(f"{which} shapes ({label})")
+        for name, values in interior_sizes(graph, samples).items():
+            others = {n: rng.opt for n, rng in graph.dims.items() if n != name}
+            for value in values:
+                cases.append((f"{name}={value}", assemble(graph, samples, {**others, name: value})))
+            report.checks.append(f"unrecorded {name} sizes {values} (others at opt)")
+    recorded = len(samples)
     try:
-        for label, sample in cases:
-            _check_one(backend, reference, sample, tolerances, comparisons, label)
+        for index, (label, sample) in enumerate(cases):
+            try:
+                expected = reference(*copy.deepcopy(sample.args), **copy.deepcopy(sample.kwargs))
+            except Exception as exc:
+                if index < recorded:
+                    raise
+                # a size the model itself refuses (a patch size, a divisor): nothing to compare there
+                report.checks.append(f"{label}: skipped, eager raises {type(exc).__name__}")
+                continue
+            mask = _mask_of(graph, sample, masked_by) if masked_by is not None else None
+            _check_one(backend, expected, sample, tolerances, comparisons, label, mask)
             report.samples_checked += 1
     except _Mismatch as exc:
         report.passed = False
@@ -73,15 +99,47 @@ def validate(
     return report
 
 
+MAX_INTERIOR = 16
+"""Sizes of one dynamic axis checked beyond what was recorded: every size of a range up to this
+wide, else this many spread over it. Bounds what validation costs."""
+
+
+def interior_sizes(graph: GraphSpec, samples: Sequence[Sample]) -> dict[str, list[int]]:
+    """Per dynamic axis, the sizes inside its range that no recorded call had (ends excluded: they
+    are checked already): all of them for a range of at most :data:`MAX_INTERIOR` sizes, else that
+    many spread evenly over the range."""
+    recorded: dict[str, set[int]] = {name: set() for name in graph.dims}
+    for sample in samples:
+        try:
+            tensors = graph.flatten(sample.args, sample.kwargs)
+        except Exception:
+            continue
+        for tensor, spec in zip(tensors, graph.inputs):
+            for axis, name in enumerate(spec.dims):
+                if name in recorded and axis < tensor.dim():
+                    recorded[name].add(int(tensor.shape[axis]))
+    out: dict[str, list[int]] = {}
+    for name, rng in graph.dims.items():
+        if rng.max - rng.min - 1 > MAX_INTERIOR:
+            step = (rng.max - rng.min) / (MAX_INTERIOR + 1)
+            picked = sorted({round(rng.min + step * (i + 1)) for i in range(MAX_INTERIOR)})
+        else:
+            picked = list(range(rng.min + 1, rng.max))
+        values = [v for v in picked if v not in recorded[name] and rng.min < v < rng.max]
+        if values:
+            out[name] = values
+    return out
+
+
 def _check_one(
     backend: Backend,
-    reference: Callable[..., Any],
+    expected: Any,
     sample: Sample,
     tolerances: Mapping[str, Any] | None,
     comparisons: dict[str, OutputComparison],
     label: str,
+    mask: torch.Tensor | None = None,
 ) -> None:
-    expected = reference(*copy.deepcopy(sample.args), **copy.deepcopy(sample.kwargs))
     args, kwargs = copy.deepcopy(sample.args), copy.deepcopy(sample.kwargs)
     actual = backend.infer(*args, **kwargs)
     before = tree.flatten((sample.args, sample.kwargs))[0]
@@ -102,7 +160,20 @@ def _check_one(
         if act.dtype != exp.dtype:
             raise _Mismatch(f"{label}: output {path} has dtype {act.dtype}, eager {exp.dtype}")
         cmp = comparisons.setdefault(path, OutputComparison(path))
-        _compare(label, path, exp, act.to(exp.device), tolerance_for(exp.dtype, backend, tolerances), cmp)
+        act = act.to(exp.device)
+        if mask is not None and exp.dim() >= 2 and tuple(exp.shape[:2]) == tuple(mask.shape):
+            keep = mask.to(exp.device) != 0
+            exp, act = exp[keep], act[keep]
+        _compare(label, path, exp, act, tolerance_for(exp.dtype, backend, tolerances), cmp)
+
+
+def _mask_of(graph: GraphSpec, sample: Sample, name: str) -> torch.Tensor | None:
+    """The mask input ``name`` of ``sample`` (a keyword, or the positional argument of that name)."""
+    value = sample.kwargs.get(name)
+    if value is None and name in graph.arg_names:
+        index = graph.arg_names.index(name)
+        value = sample.args[index] if index < len(sample.args) else None
+    return value if isinstance(value, torch.Tensor) and value.dim() == 2 else None
 
 
 def _compare(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -60,12 +61,18 @@ class SegfaultBackend(IsolatedToyBackend):
 
 
 class AbortBackend(IsolatedToyBackend):
-    """Aborts the worker (SIGABRT), as a failed C++ assertion does."""
+    """Aborts the worker (SIGABRT) as an uncaught C++ exception does: its ``what():`` line first,
+    then a long stack dump, as torch's compiled kernels print them."""
 
     name = "fault_abort"
 
     @staticmethod
     def fault() -> None:
+        print("terminate called after throwing an instance of 'c10::Error'", file=sys.stderr)
+        print("  what():  index out of bounds: 0 <= tmp2 < 256L", file=sys.stderr)
+        for frame in range(40):
+            print(f"frame #{frame}: 0x{frame:012x} in libtorch_cpu.so", file=sys.stderr)
+        sys.stderr.flush()
         os.abort()
 
 

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeVar
 
+from ..cachedir import file_sha256
 from ..errors import ArtifactError, ArtifactIntegrityError
 
 T = TypeVar("T")
@@ -30,14 +31,6 @@ REPORT = "report.json"
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 _CHUNK = 1 << 20
 _SAFE = re.compile(r"^[A-Za-z0-9._\-]+$")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def check_member_name(name: str) -> None:
@@ -137,6 +130,7 @@ class Reader:
                     f"{path}: member {info.filename!r} is compressed or larger than the file; aitune writes "
                     "uncompressed members, so the file was altered or is not an aitune artifact"
                 )
+        self._check_layout(infos, size)
         self.infos = {i.filename: i for i in infos}
         if SUMS not in self.infos:
             raise ArtifactError(f"{path} has no {SUMS} member: it is not an aitune artifact or it is truncated")
@@ -148,6 +142,33 @@ class Reader:
                 f"{path} does not match its digest list (unlisted: {extra[:5]}, missing: {missing[:5]}); "
                 "the file was altered or truncated"
             )
+
+    def _check_layout(self, infos: list[zipfile.ZipInfo], size: int) -> None:
+        """Members one after the other, as aitune writes them: no member's bytes inside another's.
+
+        Overlapping entries let a small file list many large members that share the same bytes (a
+        4 MB file read as gigabytes); all of them together can be no larger than the file.
+        """
+        if sum(i.file_size for i in infos) > size:
+            raise ArtifactError(f"{self.path}: its members add up to more than the file; it is corrupt or hostile")
+        end = 0
+        fp = self.zip.fp
+        for info in infos:
+            if info.flag_bits & 0x08 or info.header_offset < end:
+                raise ArtifactError(
+                    f"{self.path}: member {info.filename!r} overlaps the one before it or is not laid out in order; "
+                    "aitune writes members one after the other, so the file was altered"
+                )
+            if fp is None:
+                raise ArtifactError(f"{self.path}: cannot be read")
+            fp.seek(info.header_offset)
+            header = fp.read(30)
+            if len(header) != 30 or header[:4] != b"PK\x03\x04":
+                raise ArtifactError(f"{self.path}: member {info.filename!r} has no local header; the file is corrupt")
+            name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+            end = info.header_offset + 30 + name_len + extra_len + info.compress_size
+        if end > getattr(self.zip, "start_dir", size):
+            raise ArtifactError(f"{self.path}: the last member runs into the directory; the file is corrupt or hostile")
 
     def _read_sums(self) -> dict[str, str]:
         info = self.infos[SUMS]

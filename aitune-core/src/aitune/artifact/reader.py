@@ -14,24 +14,30 @@ from __future__ import annotations
 import json
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import attrs
 import torch
 
 from .. import tree
 from ..backend import Backend, LoadContext
 from ..converter import structure
+from ..engine import settings
 from ..engine.module import Module, wrapped_modules
+from ..engine.tuner import freeze_tuned
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..plugins import get_manager
 from ..registry import BackendRegistry, missing_requirements
 from ..session import Session
 from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, REPORT, Reader, open_artifact
 from .format import GraphEntry, Manifest, ModuleEntry
+from .signing import verify_signature
 
 DeviceMap = str | torch.device | Mapping[str, str | torch.device] | None
+FILE_DEVICES = ("cpu", "cuda")
+"""The device types a manifest may name; ``meta`` and the rest would move the user's weights away."""
 
 
 def read_manifest(reader: Reader) -> Manifest:
@@ -63,11 +69,17 @@ def _device_for(entry: ModuleEntry, chosen: torch.device | None) -> torch.device
     saved = {spec.device for g in entry.graphs for spec in g.graph.inputs}
     device = saved.pop() if len(saved) == 1 else "cpu"
     try:
-        return torch.device(device)
+        found = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise ArtifactError(
             f"{entry.name}: the manifest names an unknown device {device!r}; the file is corrupt"
         ) from exc
+    if found.type not in FILE_DEVICES:
+        raise ArtifactError(
+            f"{entry.name}: the manifest names the device {device!r}; a file may only say "
+            f"{' or '.join(FILE_DEVICES)} (pass device_map to choose another)"
+        )
+    return found
 
 
 def _as_device(value: Any, where: str) -> torch.device:
@@ -131,6 +143,31 @@ def _incompatible(entry: GraphEntry, device: torch.device, registry: BackendRegi
     return missing_requirements(registry.spec(entry.backend).requirements)
 
 
+@attrs.frozen
+class Trust:
+    """Whether native code from this artifact may run, and why."""
+
+    native: bool
+    why: str
+
+
+def trust_of(
+    path: Path,
+    expected_sha256: str | None,
+    trusted_keys: Sequence[str | Path] | None,
+    trust_native_code: bool,
+    signature: str | Path | None = None,
+) -> Trust:
+    """How far the user trusts the artifact at ``path``; a signature that does not check raises."""
+    if trusted_keys:
+        return Trust(True, verify_signature(path, trusted_keys, signature=signature))
+    if expected_sha256 is not None:
+        return Trust(True, "pinned by expected_sha256")
+    if trust_native_code:
+        return Trust(True, "trust_native_code=True")
+    return Trust(False, "")
+
+
 def load(
     obj: Any,
     path: str | Path,
@@ -138,6 +175,10 @@ def load(
     *,
     fallback: str | None = None,
     expected_sha256: str | None = None,
+    trusted_keys: Sequence[str | Path] | None = None,
+    signature: str | Path | None = None,
+    trust_native_code: bool = False,
+    freeze: bool | None = None,
 ) -> Any:
     """Load the artifact at ``path`` into ``obj`` and return it tuned, with no build.
 
@@ -149,12 +190,39 @@ def load(
     path, every parameter and buffer shape) before anything in it changes. ``device_map`` is one
     device or ``{"<attr or child name>": device}``. ``fallback="eager"`` keeps a module whose
     payload cannot run here eager (with a warning) instead of raising.
-    """
-    from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
 
+    Loading is data only: no module is imported because the file names it, no constructor runs on
+    the file's values, runtime options come from an allow-list. A payload that is native code
+    (AOTInductor, TensorRT) runs only from a trusted artifact: pinned (``expected_sha256``), signed
+    by one of ``trusted_keys`` (its ``.sig`` beside it, or ``signature``), or with
+    ``trust_native_code=True``; otherwise it is refused, or runs eager with ``fallback="eager"``.
+    Whatever goes wrong ends in an :class:`ArtifactError` (Ctrl-C excepted). ``freeze`` (default
+    ``ait.config.freeze``, True) makes the tuned modules' parameters inference-only, as ``ait.tune``
+    does, so plain calls run the loaded backends.
+    """
     if fallback not in (None, "eager"):
         raise ValueError("fallback must be None or 'eager'")
     path = Path(path)
+    try:
+        trust = trust_of(path, expected_sha256, trusted_keys, trust_native_code, signature)
+        obj = _load(obj, path, device_map, fallback, expected_sha256, trust)
+    except (AituneError, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # SystemExit or anything else a runtime raised: never past ait.load
+        raise ArtifactError(
+            f"{path}: loading stopped with {type(exc).__name__}: {exc}; the artifact is corrupt or hostile, or a "
+            "runtime failed: tune and save again, or load it with fallback='eager'"
+        ) from exc
+    if settings.freeze if freeze is None else freeze:
+        freeze_tuned(obj)
+    return obj
+
+
+def _load(
+    obj: Any, path: Path, device_map: DeviceMap, fallback: str | None, expected_sha256: str | None, trust: Trust
+) -> Any:
+    from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
+
     session = get_manager().session()
     with open_artifact(path, expected_sha256) as reader:
         reader.verify_all()
@@ -173,7 +241,9 @@ def load(
         with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
             for entry in manifest.modules:
                 try:
-                    _load_module(reader, entry, targets[entry.name], devices[entry.name], fallback, Path(tmp), session)
+                    _load_module(
+                        reader, entry, targets[entry.name], devices[entry.name], fallback, Path(tmp), session, trust
+                    )
                 except AituneError:
                     raise
                 except Exception as exc:  # an inconsistent manifest that passed its schema (found by fuzzing)
@@ -291,6 +361,7 @@ def _load_module(
     fallback: str | None,
     tmp: Path,
     session: Session,
+    trust: Trust,
 ) -> None:
     from safetensors.torch import load as load_tensors  # imported on use: it costs ~75 ms at import
 
@@ -323,8 +394,17 @@ def _load_module(
             reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry)
             if reason:
                 raise ArtifactError(f"{entry.name} graph {index}: {reason}")
-            config = registry.config_from_json(graph_entry.config, f"{entry.name}.graphs[{index}].config")
-            backend = registry.backend_class(graph_entry.backend)(config)
+            config = registry.config_from_json(
+                graph_entry.config, f"{entry.name}.graphs[{index}].config", from_file=True
+            )
+            backend_class = registry.backend_class(graph_entry.backend)
+            if backend_class.native_payload and not trust.native:
+                raise ArtifactError(
+                    f"{entry.name} graph {index}: its {graph_entry.backend} payload is native code, which aitune runs "
+                    "only from an artifact you trust: pass expected_sha256='<its SHA-256>', trusted_keys=[public key] "
+                    "(the artifact signed with aitune sign), or trust_native_code=True"
+                )
+            backend = backend_class(config)
             folder = tmp / f"{entry.name}-{index}".replace("/", "_")
             folder.mkdir()
             reader.extract(graph_entry.payload, folder)
@@ -338,7 +418,9 @@ def _load_module(
             if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
                 raise
             warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=3)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a runtime's SystemExit too: fallback="eager" keeps serving
             message = f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}) cannot be loaded here: {type(exc).__name__}: {exc}"
             if fallback != "eager":
                 raise ArtifactError(message) from exc
@@ -347,7 +429,7 @@ def _load_module(
 
 
 def _unimportable(entry: GraphEntry) -> str | None:
-    """Why a type the graph's calls or outputs use cannot be imported here (they are rebuilt by import)."""
+    """Why a type the graph's calls or outputs name is not loaded here (types are looked up, never imported)."""
     try:
         tree.check_types(entry.graph.structure)
         if entry.graph.output_structure is not None:
@@ -378,18 +460,61 @@ def read_report(path: str | Path) -> Any:
         raise ArtifactError(f"{path}: the tuning report is malformed: {exc}") from exc
 
 
-def verify(path: str | Path, expected_sha256: str | None = None) -> dict[str, Any]:
-    """Check every digest and whether each payload can run here; returns what ``aitune verify`` prints."""
+def verify(
+    path: str | Path,
+    expected_sha256: str | None = None,
+    trusted_keys: Sequence[str | Path] | None = None,
+    signature: str | Path | None = None,
+) -> dict[str, Any]:
+    """Check every digest, the signature when keys are given, and whether each payload can run here
+    (configs checked as ``ait.load`` checks them, native payloads named); what ``aitune verify`` prints.
+
+    The digests inside the file prove it is whole, not who wrote it: ``integrity`` says the former,
+    ``trust`` the latter (pinned, signed by a trusted key, or not established).
+    """
     path = Path(path)
+    try:
+        return _verify(path, expected_sha256, trusted_keys, signature)
+    except (AituneError, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise ArtifactError(f"{path}: checking stopped with {type(exc).__name__}: {exc}") from exc
+
+
+def _verify(
+    path: Path,
+    expected_sha256: str | None,
+    trusted_keys: Sequence[str | Path] | None,
+    signature: str | Path | None,
+) -> dict[str, Any]:
+    trust = trust_of(path, expected_sha256, trusted_keys, False, signature)
     registry = get_manager().registry
     with open_artifact(path, expected_sha256) as reader:
         reader.verify_all()
         manifest = read_manifest(reader)
-    problems = []
+    problems, native = [], []
     for entry in manifest.modules:
         device = _device_for(entry, None)
         for index, graph_entry in enumerate(entry.graphs):
+            where = f"{entry.name} graph {index} ({graph_entry.backend})"
             reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry)
+            if reason is None:
+                try:
+                    registry.config_from_json(graph_entry.config, f"{where} config", from_file=True)
+                except AituneError as exc:
+                    reason = str(exc)
             if reason:
-                problems.append(f"{entry.name} graph {index} ({graph_entry.backend}): {reason}")
-    return {"path": str(path), "integrity": "ok", "runnable_here": not problems, "problems": problems}
+                problems.append(f"{where}: {reason}")
+            elif registry.backend_class(graph_entry.backend).native_payload:
+                native.append(where)
+    return {
+        "path": str(path),
+        "integrity": "ok",
+        "trust": trust.why or "not established (no expected_sha256 and no trusted key)",
+        "native_payloads": native,
+        "runnable_here": not problems and (trust.native or not native),
+        "problems": problems
+        + (
+            [f"{len(native)} native payload(s) run only from a trusted artifact"] if native and not trust.native else []
+        ),
+    }

@@ -62,11 +62,12 @@ def _weights_bytes(module: torch.nn.Module) -> bytes:
     return save_tensors(tensors)
 
 
-def save(obj: Any, path: str | Path) -> Path:
+def save(obj: Any, path: str | Path, *, signing_key: str | Path | None = None) -> Path:
     """Write every ``ait.Module`` reachable from ``obj`` to one ``.ait`` file; returns its path.
 
     The file is written beside ``path`` and renamed into place, so an interrupted save leaves
-    any previous artifact intact.
+    any previous artifact intact. ``signing_key`` (a private key, PEM) signs it as it is written:
+    ``<path>.sig`` beside it, checked by ``ait.load(..., trusted_keys=[public key])``.
     """
     path = Path(path)
     named = named_wrapped_modules(obj)
@@ -144,4 +145,8 @@ def save(obj: Any, path: str | Path) -> Path:
     except BaseException:
         writer.abort()
         raise
+    if signing_key is not None:
+        from .signing import sign
+
+        sign(path, signing_key)
     return path

@@ -28,6 +28,7 @@ import torch
 
 from .. import __version__, hookimpl
 from ..backend import Backend, BuildContext, LoadContext
+from ..cachedir import changed, digests
 from ..converter import unstructure
 from ..errors import SerializationError
 from ..module_code import code_digest
@@ -85,6 +86,9 @@ def _load_hit(
 ) -> Backend | None:
     try:
         meta = json.loads((entry / "meta.json").read_text())
+        why = changed(entry / "payload", meta.get("files"))
+        if why:
+            raise SerializationError(f"the entry is not as it was stored: {why}")
         load_ctx = LoadContext(context.graph, context.device, meta["metadata"], context.cache_dir, context.module_name)
         start = time.perf_counter()
         loaded = session.hook.aitune_deserialize(
@@ -96,8 +100,15 @@ def _load_hit(
         return None
     loaded.build_info.update(meta.get("build_info", {}))
     loaded.build_info["from_cache"] = True
+    loaded.build_info["cache_key"] = entry.name
     loaded.build_info["cache_load_s"] = time.perf_counter() - start
     return loaded  # type: ignore[no-any-return]
+
+
+def evict(key: str | None) -> None:
+    """Drop the entry ``key`` (a cached build that failed validation is rebuilt next time)."""
+    if key and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
+        shutil.rmtree(builds_dir() / key[:2] / key, ignore_errors=True)
 
 
 def _store(entry: Path, backend: Backend, session: Session) -> None:
@@ -106,10 +117,10 @@ def _store(entry: Path, backend: Backend, session: Session) -> None:
     try:
         (staging / "payload").mkdir()
         metadata = session.hook.aitune_serialize(backend=backend, directory=staging / "payload", session=session)
-        info = {k: v for k, v in backend.build_info.items() if k != "from_cache"}
-        (staging / "meta.json").write_text(
-            json.dumps({"backend": backend.name, "metadata": metadata or {}, "build_info": info}, default=str)
-        )
+        info = {k: v for k, v in backend.build_info.items() if k not in ("from_cache", "cache_key")}
+        files = digests(staging / "payload")
+        record = {"backend": backend.name, "metadata": metadata or {}, "build_info": info, "files": files}
+        (staging / "meta.json").write_text(json.dumps(record, default=str))
         os.replace(staging, entry)
     except (SerializationError, OSError) as exc:
         logger.debug("build of %s not cached: %s", backend.name, exc)

@@ -31,10 +31,11 @@ def aitune_validate(
     samples: Sequence[Sample],
     graph: GraphSpec,
     tolerances: Mapping[str, Any] | None,
+    masked_by: str | None,
 ) -> ValidationReport:
     from ..validation import validate
 
-    return validate(backend, reference, samples, graph, tolerances)
+    return validate(backend, reference, samples, graph, tolerances, masked_by)
 
 
 @hookimpl(trylast=True)

@@ -27,6 +27,7 @@ import attrs
 import torch
 
 from ..backend import Backend, BuildContext, Tolerance
+from ..builtin import buildcache
 from ..builtin.eager import TorchEagerBackend
 from ..errors import ConfigError, SerializationError
 from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
@@ -103,6 +104,7 @@ class GraphTuning:
         report: GraphReport,
         shared: SharedFigures | None = None,
         progress: TuneProgress | None = None,
+        masked_by: str | None = None,
     ) -> None:
         self.module_name = module_name
         self.module = module
@@ -115,6 +117,8 @@ class GraphTuning:
         self.progress = progress if progress is not None else TuneProgress(False)
         self.batch_sizes = tuple(batch_sizes) if batch_sizes else None
         self.tolerances = tolerances
+        self.masked_by = masked_by
+        """The input holding the attention mask when only unmasked positions are compared, else None."""
         self.report = report
         self.shared = shared
         """Several ranks deciding on shared figures, or None: this process's figures are the ones."""
@@ -170,10 +174,13 @@ class GraphTuning:
                 samples=self.samples,
                 graph=self.graph,
                 tolerances=self.tolerances,
+                masked_by=self.masked_by,
                 session=self.session,
             )
         candidate.report.validation = result
         if not result.passed:
+            # a cached build that no longer matches eager is dropped, so the next tune builds it afresh
+            buildcache.evict(candidate.backend.build_info.get("cache_key"))
             self._fail(candidate, "validate", result.reason or "outputs differ from eager", None)
             return False
         return True

@@ -8,17 +8,24 @@ own forward instead. The per-call check is ordered cheapest first: under ``torch
 Changed weights are noticed when they change through ``load_state_dict`` (on the module or any
 parent), ``.to()``/``.half()``/``.cuda()`` and a switch back to eval mode (after training);
 checking every tensor's version counter on every call would cost more than the dispatch itself.
+The stamp those checks compare includes a checksum of every weight's bytes, so an edit through
+``.data`` (which has a version counter of its own) or a newly assigned tensor is seen too.
+
+Hooks added after tuning to a module a tuned backend replaces (the wrapped module, any submodule)
+would not run: :class:`HookWatch` sees each change to those modules' hook dicts as it is made, so
+the per-call check is one attribute read, and such calls run eager until the hooks are removed.
 """
 
 from __future__ import annotations
 
+import collections
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-from ..errors import InferenceOnlyError, StaleWeightsError
+from ..errors import HooksChangedError, InferenceOnlyError, StaleWeightsError
 from ..module_code import reads_training
 
 TRAINING = (
@@ -31,9 +38,84 @@ NEEDS_GRAD = (
 )
 
 
-def weights_stamp(module: torch.nn.Module) -> tuple[tuple[int, int], ...]:
-    """Where each weight lives and how often it was written in place: changes when any weight does."""
-    return tuple((t.data_ptr(), t._version) for t in module.state_dict(keep_vars=True).values())
+HOOKS = (
+    "hooks were added to it or to a submodule after tuning (or hooks it had were removed), and a tuned backend "
+    "does not run the module's own forward; it runs eager until the hooks are as they were when it was tuned"
+)
+HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def weights_stamp(module: torch.nn.Module) -> tuple[tuple[int, int, int], ...]:
+    """Where each weight lives, how often it was written in place, and a checksum of its bytes.
+
+    The checksum catches what the other two cannot: ``p.data.mul_(2)`` writes through a tensor
+    with its own version counter. It is the sum of the raw bytes read as integers, one pass over
+    the weights, taken only when something asks to look at them again (never per call).
+    """
+    return tuple((t.data_ptr(), t._version, _checksum(t.detach())) for t in module.state_dict(keep_vars=True).values())
+
+
+def _checksum(t: torch.Tensor) -> int:
+    if t.device.type == "meta" or t.numel() == 0 or t.is_sparse:
+        return 0
+    flat = t.contiguous().view(-1)
+    for width, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8)):
+        if flat.element_size() % width == 0:
+            return int(flat.view(dtype).sum(dtype=torch.int64))
+    return 0
+
+
+class _WatchedHooks(collections.OrderedDict):  # type: ignore[type-arg]
+    """A module's hook dict that tells its watches when a hook is added or removed."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.watches: weakref.WeakSet[HookWatch] = weakref.WeakSet()
+
+    def _changed(self) -> None:
+        for watch in list(self.watches):
+            watch.recheck()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self._changed()
+
+    def pop(self, *args: Any) -> Any:
+        out = super().pop(*args)
+        self._changed()
+        return out
+
+    def clear(self) -> None:
+        super().clear()
+        self._changed()
+
+    def __reduce__(self) -> Any:  # a pickled or deep-copied module gets plain hook dicts
+        return (collections.OrderedDict, (list(self.items()),))
+
+
+class HookWatch:
+    """Whether the hooks of ``modules`` still are what they were when the watch began (``changed``)."""
+
+    def __init__(self, modules: Iterable[torch.nn.Module]) -> None:
+        self._baseline: list[tuple[_WatchedHooks, frozenset[Any]]] = []
+        for module in modules:
+            for name in HOOK_DICTS:
+                hooks = module.__dict__.get(name)
+                if hooks is None:
+                    continue
+                if not isinstance(hooks, _WatchedHooks):
+                    hooks = _WatchedHooks(hooks)
+                    module.__dict__[name] = hooks
+                hooks.watches.add(self)
+                self._baseline.append((hooks, frozenset(hooks)))
+        self.changed = False
+
+    def recheck(self) -> None:
+        self.changed = any(frozenset(hooks) != keys for hooks, keys in self._baseline)
 
 
 class Guard:
@@ -43,8 +125,9 @@ class Guard:
     only those make the module stale (a backend that reads the live weights follows them).
     """
 
-    def __init__(self, module: torch.nn.Module, baked: Sequence[str]) -> None:
+    def __init__(self, module: torch.nn.Module, baked: Sequence[str], watched: Iterable[torch.nn.Module] = ()) -> None:
         self._module = weakref.ref(module)
+        self.hooks = HookWatch(watched)
         self.training_matters = reads_training(module)
         self.baked = tuple(dict.fromkeys(baked))
         self.params = tuple(module.parameters())
@@ -75,6 +158,8 @@ class Guard:
         """The reason this call must run eager and the error strict mode raises, or None."""
         if self.stale is not None:
             return self.stale, StaleWeightsError
+        if self.hooks.changed:
+            return HOOKS, HooksChangedError
         if self.training_matters:
             module = self._module()
             if module is not None and module.training:

@@ -9,7 +9,7 @@ front of the winners: ``ait.Module`` holds the result, and the JIT's ``TunedForw
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -51,12 +51,14 @@ def dispatcher_for(
     canonicalize: Canonicalizer,
     routes: Sequence[Winner],
     strict: bool = False,
+    watched: Iterable[torch.nn.Module] = (),
 ) -> Dispatcher:
     """The guard and the dispatcher that route ``module``'s inference calls to ``routes``.
 
     Eager routes call ``eager`` (no warning: eager won them); winners that baked the weights in
-    stop being used once the guard sees the weights change.
+    stop being used once the guard sees the weights change, and every winner once the hooks of a
+    ``watched`` module (those the tuned call skips) change.
     """
     runners = [(r.graph, eager if isinstance(r.backend, TorchEagerBackend) else r.backend.infer) for r in routes]
-    guard = Guard(module, [r.backend.name for r in routes if not r.backend.follows_weights()])
+    guard = Guard(module, [r.backend.name for r in routes if not r.backend.follows_weights()], watched)
     return Dispatcher(name, eager, canonicalize, runners, strict, guard=guard)

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from .strategies import TuneStrategy
 
 _INNER = "module"
+COMPARE = ("all", "unmasked")
+"""How candidates are compared with eager: every output element, or the unmasked positions only."""
 
 
 class Module(torch.nn.Module):
@@ -38,6 +40,9 @@ class Module(torch.nn.Module):
     states axes explicitly, per parameter one entry per axis as in AITune,
     ``{"x": (BatchDim("batch", 1, 8), DynamicDim("seq", 1, 512))}``, or ``{axis: dim}``. With
     ``strict=True`` a call outside what was tuned raises instead of running eager.
+    ``compare="unmasked"`` checks candidates against eager only at the positions the attention
+    mask keeps (the input named ``mask``): padded positions carry no meaning, and backends fill
+    them differently, so a left-padded decoder batch would reject them all with ``"all"``.
     """
 
     def __init__(
@@ -49,8 +54,12 @@ class Module(torch.nn.Module):
         dynamic_shapes: DynamicShapes | None = None,
         strict: bool = False,
         tolerances: Mapping[str, Tolerance] | None = None,
+        compare: str = "all",
+        mask: str = "attention_mask",
     ) -> None:
         super().__init__()
+        if compare not in COMPARE:
+            raise ValueError(f"compare must be one of {COMPARE}, got {compare!r}")
         if isinstance(module, Module):
             raise TypeError(f"{module.name!r} is already wrapped in ait.Module")
         setattr(self, _INNER, module)
@@ -60,6 +69,7 @@ class Module(torch.nn.Module):
         object.__setattr__(self, "dynamic_shapes", dynamic_shapes)
         object.__setattr__(self, "strict", strict)
         object.__setattr__(self, "tolerances", tolerances)
+        object.__setattr__(self, "masked_by", mask if compare == "unmasked" else None)
         object.__setattr__(self, "_canonicalize", Canonicalizer(module.forward))
         object.__setattr__(self, "_dispatcher", None)
         object.__setattr__(self, "_state", "recording")
@@ -134,7 +144,9 @@ class Module(torch.nn.Module):
             object.__setattr__(self, "_dispatcher", None)
             object.__setattr__(self, "_state", "passthrough")
             return
-        dispatcher = dispatcher_for(self.name, self.module, self.module, self._canonicalize, installed, self.strict)
+        dispatcher = dispatcher_for(
+            self.name, self.module, self.module, self._canonicalize, installed, self.strict, self.module.modules()
+        )
         object.__setattr__(self, "_dispatcher", dispatcher)
         object.__setattr__(self, "_state", "tuned")
 
@@ -192,6 +204,27 @@ def _add_prefix(
 def wrapped_modules(obj: Any) -> list[Module]:
     """Every ``ait.Module`` reachable from ``obj``: itself, its submodules, or a pipeline's attributes."""
     return [m for _, m in named_wrapped_modules(obj)]
+
+
+def top_modules(obj: Any) -> list[torch.nn.Module]:
+    """``obj`` when it is a module, else the modules a pipeline object holds (attributes, mappings, lists)."""
+    found: dict[int, torch.nn.Module] = {}
+
+    def visit(value: Any, depth: int) -> None:
+        if isinstance(value, torch.nn.Module):
+            found.setdefault(id(value), value)
+        elif depth < 2 and isinstance(value, Mapping):
+            for v in value.values():
+                visit(v, depth + 1)
+        elif depth < 2 and isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v, depth + 1)
+        elif depth < 1 and hasattr(value, "__dict__") and not isinstance(value, type):
+            for v in vars(value).values():
+                visit(v, depth + 1)
+
+    visit(obj, 0)
+    return list(found.values())
 
 
 def named_wrapped_modules(obj: Any) -> list[tuple[str, Module]]:

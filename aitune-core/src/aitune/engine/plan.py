@@ -147,6 +147,7 @@ def graph_tuning(
         graph_report,
         run.shared,
         run.progress,
+        module.masked_by,
     )
 
 

@@ -13,6 +13,9 @@ max_samples: int = 8
 """Samples kept per graph while recording (distinct shapes are preferred once it is full)."""
 fail_fast: bool = False
 """Raise the first error of any module instead of leaving that module eager and going on."""
+freeze: bool = True
+"""After tuning (and loading), make the parameters of tuned modules inference-only, so a plain
+``model(x)`` runs the winner instead of eager (parameters from ``from_pretrained`` require grad)."""
 show_progress: bool | None = None
 """Live progress lines; None shows them when stderr is a terminal."""
 default_strategy: Callable[[], Any] | None = None

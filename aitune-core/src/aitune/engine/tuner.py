@@ -32,7 +32,7 @@ from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
 from . import fanout, ranks, recording, settings
 from .install import winners_of
-from .module import Module, wrapped_modules
+from .module import Module, top_modules, wrapped_modules
 from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
 from .progress import TuneProgress
 
@@ -78,6 +78,7 @@ def tune(
     set_eval: bool = False,
     executor: str | None = None,
     rank_decision: str | None = None,
+    freeze: bool | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -98,6 +99,9 @@ def tune(
 
     Tuning is for inference: a wrapped module in training mode whose code reads ``self.training``
     (Dropout, BatchNorm, ...) is refused, or with ``set_eval=True`` switched to eval mode (logged).
+    ``freeze`` (default True) makes the parameters of every tuned module inference-only afterwards,
+    so a plain ``model(x)`` (no ``torch.no_grad()``) runs the winner; the report lists them, and
+    ``freeze=False`` keeps them trainable (such calls then run eager with a warning).
     """
     samples = settings.max_samples if max_samples is None else max_samples
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
@@ -121,7 +125,7 @@ def tune(
     progress = TuneProgress(settings.show_progress if show_progress is None else show_progress)
     manager = get_manager()
     with progress, kept, build_session(manager.executors, manager.registry, executor) as builds:
-        return _tune(
+        report = _tune(
             manager.session(builds),
             progress,
             model_or_callable,
@@ -134,6 +138,33 @@ def tune(
             tolerances,
             dry_run,
             decide_by,
+            settings.freeze if freeze is None else freeze,
+        )
+    return report
+
+
+def freeze_tuned(obj: Any, report: TuneReport | None = None) -> None:
+    """Make ``obj``'s parameters inference-only (``requires_grad_(False)``) once something in it is tuned.
+
+    All of them, not only the tuned modules': a module upstream whose parameters require grad
+    hands the tuned one an activation that requires grad, and that call would run eager. A
+    pipeline's modules are found as ``ait.wrap`` finds them (attributes, mappings, lists).
+    """
+    tuned = [m for m in wrapped_modules(obj) if m.state == "tuned"]
+    if not tuned:
+        return
+    entries = {m.name: m for m in report.modules} if report is not None else {}
+    for module in tuned:
+        if module.name in entries:
+            entries[module.name].frozen = [n for n, p in module.module.named_parameters() if p.requires_grad]
+    count = 0
+    for root in top_modules(obj):
+        for parameter in root.parameters():
+            count += parameter.requires_grad
+            parameter.requires_grad_(False)
+    if count:
+        logger.info(
+            "%d parameters made inference-only so plain calls run the tuned backends (freeze=False keeps them)", count
         )
 
 
@@ -181,6 +212,7 @@ def _tune(
     tolerances: Mapping[str, Tolerance] | None,
     dry_run: bool = False,
     decide_by: str = "rank0",
+    freeze: bool = False,
 ) -> TuneReport:
     started = time.perf_counter()
     group = distributed.coordinator()  # None in a single process
@@ -239,6 +271,8 @@ def _tune(
         report.duration_s = time.perf_counter() - started
         session.hook.aitune_tune_failed(report=report, error=exc, session=session)
         raise
+    if freeze and not dry_run:
+        freeze_tuned(model_or_callable, report)
     report.duration_s = time.perf_counter() - started
     session.hook.aitune_tune_finished(report=report, session=session)
     if report_path is not None:

@@ -63,7 +63,7 @@ def admit(module: torch.nn.Module, name: str, depth: int) -> ModuleState:
     """Start recording ``module`` as a candidate, or mark it skipped; returns its new state."""
     reason = skip_reason(module, name)
     if reason:
-        logger.debug("aitune jit: not tuning %s: %s", name, reason)
+        logger.info("aitune jit: not tuning %s: %s", name, reason)
         STATE.modules[module] = "skipped"
         return "skipped"
     shadow = twin(module)

@@ -115,7 +115,13 @@ def _stale_winner(
             continue
         samples = [s for s in recorded if graph.mismatch(s.tensors()) is None] or [graph.example("opt")]
         result = session.hook.aitune_validate(
-            backend=backend, reference=cand.twin, samples=samples, graph=graph, tolerances=None, session=session
+            backend=backend,
+            reference=cand.twin,
+            samples=samples,
+            graph=graph,
+            tolerances=None,
+            masked_by=None,
+            session=session,
         )
         if not result.passed:
             return f"{backend.name}: {result.reason}"

@@ -27,8 +27,9 @@ import attrs
 import torch
 
 from ... import __version__
-from ...backend import Backend, LoadContext
+from ...backend import Backend, LoadContext, payload_file
 from ...builtin.buildcache import module_digest
+from ...cachedir import changed, digests
 from ...converter import unstructure
 from ...errors import ConfigError, SerializationError
 from ...graph import GraphSpec
@@ -36,8 +37,10 @@ from ...registry import BackendRegistry
 from ..plan import TuneRun
 
 logger = logging.getLogger("aitune")
-FORMAT = 1
+FORMAT = 2
+"""2: entries record the digests of their payload files (format 1 entries are tuned again)."""
 EAGER = "torch_eager"
+DECISION = "decision.json"
 
 
 @attrs.define
@@ -121,8 +124,15 @@ def save(
                     payload=str(index),
                 )
             graphs.append(record)
-        decision = {"format": FORMAT, "name": name, "outcome": outcome, "reason": reason, "graphs": graphs}
-        (staging / "decision.json").write_text(json.dumps(decision, indent=1, default=str))
+        decision = {
+            "format": FORMAT,
+            "name": name,
+            "outcome": outcome,
+            "reason": reason,
+            "graphs": graphs,
+            "files": digests(staging),
+        }
+        (staging / DECISION).write_text(json.dumps(decision, indent=1, default=str))
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(staging, entry)
@@ -137,7 +147,7 @@ def save(
 def load(run: TuneRun, key: str, name: str, module: torch.nn.Module, graphs: Sequence[GraphSpec]) -> Remembered | None:
     """The remembered decision with its winners loaded (no build), or None when there is none or it is unusable."""
     entry = _entry(key)
-    path = entry / "decision.json"
+    path = entry / DECISION
     if not path.is_file():
         return None
     from ...cachedir import cache_dir
@@ -147,6 +157,9 @@ def load(run: TuneRun, key: str, name: str, module: torch.nn.Module, graphs: Seq
         decision = json.loads(path.read_text())
         if decision.get("format") != FORMAT:
             raise ValueError(f"format {decision.get('format')!r}, expected {FORMAT}")
+        why = changed(entry, decision.get("files"), exclude=(DECISION,))
+        if why:
+            raise ValueError(f"the entry is not as it was stored: {why}")
         winners: list[tuple[GraphSpec, Backend | None]] = []
         saved = decision["graphs"]
         if saved and len(saved) != len(graphs):
@@ -155,14 +168,14 @@ def load(run: TuneRun, key: str, name: str, module: torch.nn.Module, graphs: Seq
             if record["backend"] == EAGER:
                 winners.append((graph, None))
                 continue
-            config = registry.config_from_json(record["config"], f"{name}.config")
+            config = registry.config_from_json(record["config"], f"{name}.config", from_file=True)
             backend = registry.backend_class(record["backend"])(config)
             context = LoadContext(graph, device, dict(record.get("metadata") or {}), cache_dir(), name)
             with torch.no_grad():
                 loaded = hook.aitune_deserialize(
                     backend=backend,
                     module=module,
-                    directory=entry / record["payload"],
+                    directory=payload_file(entry, record["payload"]),
                     context=context,
                     session=run.session,
                 )

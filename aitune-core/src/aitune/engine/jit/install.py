@@ -43,7 +43,9 @@ class TunedForward:
         self._module = weakref.ref(module)
         self._forward = type(module).forward
         self.backends = backends
-        self.dispatcher = dispatcher_for(name, module, self._eager, canonicalize, routes)
+        # the module's own hooks run around this forward; its submodules' would not run at all
+        submodules = [m for m in module.modules() if m is not module]
+        self.dispatcher = dispatcher_for(name, module, self._eager, canonicalize, routes, watched=submodules)
         self.guard = self.dispatcher.guard
         self.hook = module.register_load_state_dict_post_hook(RecheckWeights(self.guard))
 

@@ -1,0 +1,412 @@
+"""What aitune trusts: a file it reads never imports, calls or runs what it names unless told to.
+
+Each test is one attack on an artifact, a cache entry or the JIT store (docs/security.md lists
+them with the promise each one checks). An attacked file ends in an ArtifactError, or a refusal
+that names the fix, and runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from aitune_testkit import hostile
+
+import aitune.torch as ait
+from aitune import tree
+from aitune.artifact import verify
+from aitune.cachedir import cache_dir
+from aitune.errors import ArtifactError, ConfigError, InputError, ValidationError
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+
+QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5))
+DATA = [torch.randn(2, 8), torch.randn(4, 8)]
+
+
+def _tuned(backend=None, name="m"):
+    torch.manual_seed(0)
+    strategy = ait.OneBackendStrategy(backend or ToyBackend(ToyConfig()), profiling_config=QUICK)
+    model = ait.Module(SlowModule(delay_s=0.0), name, strategy=strategy.enable_performance_validation(False))
+    ait.tune(model, DATA)
+    return model
+
+
+def _fresh(name="m"):
+    return ait.Module(SlowModule(delay_s=0.0), name)
+
+
+def _rewrite(src: Path, dst: Path, manifest_change=None, members_change=None) -> Path:
+    """Copy an artifact with an edited manifest or members, its digest list summed again (as an attacker would)."""
+    import hashlib
+
+    with zipfile.ZipFile(src) as z:
+        members = {n: z.read(n) for n in z.namelist() if n != "SHA256SUMS"}
+    if manifest_change is not None:
+        manifest = json.loads(members["manifest.json"])
+        manifest_change(manifest)
+        members["manifest.json"] = json.dumps(manifest).encode()
+    if members_change is not None:
+        members_change(members)
+    sums = "".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in sorted(members.items()))
+    with zipfile.ZipFile(dst, "w") as z:
+        for n, d in members.items():
+            z.writestr(n, d)
+        z.writestr("SHA256SUMS", sums)
+    return dst
+
+
+def _graph(manifest):
+    return manifest["modules"][0]["graphs"][0]
+
+
+@pytest.fixture
+def saved(toy_backends, tmp_path):
+    return ait.save(_tuned(), tmp_path / "model.ait")
+
+
+# -- imports and constructors a file names ----------------------------------------------------------
+
+
+def test_a_type_from_a_module_not_imported_is_refused_and_never_imported(saved, tmp_path):
+    def name_a_module(manifest):
+        _graph(manifest)["graph"]["output_structure"] = {
+            "kind": "namedtuple",
+            "type": "aitune_testkit.imported_by_name:Anything",
+            "keys": [],
+            "items": [],
+        }
+
+    bad = _rewrite(saved, tmp_path / "bad.ait", name_a_module)
+    code = textwrap.dedent(
+        f"""
+        import os, sys
+        import aitune.torch as ait
+        from aitune.artifact import verify
+        from aitune.errors import ArtifactError
+        from aitune.plugins import get_manager
+        import aitune.testing.backends as tb
+        from aitune.testing.backends import SlowModule
+        get_manager().register(tb, name="aitune.testing.backends", distribution="aitune-core")
+        for attempt in (
+            lambda: ait.load(ait.Module(SlowModule(), "m"), {str(bad)!r}),
+            lambda: ait.load(ait.Module(SlowModule(), "m"), {str(bad)!r}, fallback="eager"),
+        ):
+            try:
+                attempt()
+            except ArtifactError as exc:
+                print("refused:", exc)
+        result = verify({str(bad)!r})
+        print("runnable:", result["runnable_here"])
+        print("imported:", "aitune_testkit.imported_by_name" in sys.modules, os.environ.get("AITUNE_TESTKIT_IMPORTED_BY_NAME"))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused:" in out.stdout and "import aitune_testkit" in out.stdout, out.stdout
+    assert "runnable: False" in out.stdout
+    assert "imported: False None" in out.stdout, "a module was imported because the file named it"
+
+
+def test_type_paths_resolve_only_among_loaded_modules():
+    assert tree.resolve("collections:OrderedDict") is __import__("collections").OrderedDict
+    for name in ("this:Anything", "antigravity:X", "unittest.__main__:main", "os:system", "os.path:join"):
+        with pytest.raises(InputError):
+            tree.resolve(name)
+    assert "this" not in sys.modules and "antigravity" not in sys.modules
+    with pytest.raises(InputError, match="not a type path"):
+        tree.resolve("os; import this:X")
+
+
+def test_a_dataclass_is_rebuilt_without_running_its_constructor(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not leak")
+    structure = {
+        "kind": "dataclass",
+        "type": "aitune_testkit.hostile:ReadsFile",
+        "keys": ["path", "out"],
+        "items": [{"kind": "const", "value": str(secret)}, {"kind": "tensor"}],
+    }
+    tree.check_types(structure)
+    rebuilt = tree.unflatten(structure, [torch.ones(2)])
+    assert isinstance(rebuilt, hostile.ReadsFile) and rebuilt.path == str(secret)
+    assert rebuilt.contents is None, "the constructor ran on values a file gave"
+    # and what aitune recorded itself round-trips exactly, after the constructor ran once in eager
+    leaves, recorded = tree.flatten(hostile.ReadsFile(str(secret), torch.zeros(1)))
+    again = tree.unflatten(recorded, leaves)
+    assert again.contents == "do not leak" and again.path == str(secret)
+
+
+def test_named_tuples_and_model_outputs_are_rebuilt_as_data():
+    leaves, structure = tree.flatten(hostile.Pair(torch.ones(1), 3))
+    back = tree.unflatten(structure, leaves)
+    assert type(back) is hostile.Pair and back.b == 3 and torch.equal(back.a, torch.ones(1))
+    transformers = pytest.importorskip("transformers")
+    out = transformers.modeling_outputs.BaseModelOutput(last_hidden_state=torch.ones(2), hidden_states=None)
+    leaves, structure = tree.flatten(out)
+    back = tree.unflatten(structure, leaves)
+    assert type(back) is type(out) and list(back.keys()) == ["last_hidden_state"]
+    assert (
+        back.hidden_states is None
+        and torch.equal(back[0], torch.ones(2))
+        and torch.equal(back.last_hidden_state, back[0])
+    )
+
+
+def test_a_pytree_node_that_names_a_callable_is_refused(saved, tmp_path):
+    structure = {
+        "kind": "pytree",
+        "type": "collections:defaultdict",
+        "context": ["os.abort", ["a"]],
+        "items": [{"kind": "tensor"}],
+    }
+    with pytest.raises(InputError, match="not one"):
+        tree.check_types(structure)
+
+    def plant(manifest):
+        _graph(manifest)["graph"]["output_structure"] = structure
+
+    bad = _rewrite(saved, tmp_path / "bad.ait", plant)
+    with pytest.raises(ArtifactError):
+        ait.load(_fresh(), bad)
+    from collections import defaultdict
+
+    with pytest.raises(Exception, match="context"):
+        tree.flatten(defaultdict(list, a=torch.ones(1)))
+
+
+# -- settings, paths and devices a file gives ---------------------------------------------------------
+
+
+def test_inductor_options_from_a_file_are_allow_listed(saved, tmp_path, aitune_manager):
+    pytest.importorskip("aitune_backend_inductor")
+    registry = aitune_manager.registry
+    for options, named in (
+        ({"cpp.cxx": "/bin/false"}, "cpp.cxx"),
+        ({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}, "inject_relu_bug_TESTING_ONLY"),
+        ({"max_autotune": "/tmp/x"}, "max_autotune"),
+    ):
+        data = {"backend": "torch_inductor_jit", "options": options}
+        assert registry.config_from_json(data).options == options, "the user's own code may set anything"
+        with pytest.raises(ConfigError, match=named):
+            registry.config_from_json(data, from_file=True)
+    safe = {"backend": "torch_inductor_jit", "options": {"epilogue_fusion": True, "max_autotune": False}}
+    assert registry.config_from_json(safe, from_file=True).options == safe["options"]
+
+    def compiler(manifest):
+        graph = _graph(manifest)
+        graph["backend"], graph["config"] = (
+            "torch_inductor_jit",
+            {"backend": "torch_inductor_jit", "options": {"cpp.cxx": "/bin/false"}},
+        )
+
+    bad = _rewrite(saved, tmp_path / "bad.ait", compiler)
+    with pytest.raises(ArtifactError, match="cpp.cxx"):
+        ait.load(_fresh(), bad)
+    result = verify(bad)
+    assert not result["runnable_here"] and any("cpp.cxx" in p for p in result["problems"])
+
+
+def test_a_manifest_naming_the_meta_device_is_refused(saved, tmp_path):
+    def meta(manifest):
+        for spec in _graph(manifest)["graph"]["inputs"]:
+            spec["device"] = "meta"
+
+    bad = _rewrite(saved, tmp_path / "bad.ait", meta)
+    model = _fresh()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ArtifactError, match="meta"):
+        ait.load(model, bad)
+    assert all(v.device.type == "cpu" for v in model.state_dict().values()), "the weights left the CPU"
+    assert before.keys() == model.state_dict().keys()
+
+
+def test_overlapping_zip_entries_are_refused_before_anything_is_read(saved, tmp_path):
+    """Many directory entries sharing one member's bytes: a small file that reads as gigabytes."""
+    data = bytearray(saved.read_bytes())
+    with zipfile.ZipFile(saved) as z:
+        infos = z.infolist()
+    big = max(infos, key=lambda i: i.file_size)
+    starts = [i for i in range(len(data) - 4) if data[i : i + 4] == b"PK\x01\x02"]
+    victim = next(s for s, info in zip(starts, infos) if info.filename != big.filename)
+    data[victim + 42 : victim + 46] = struct.pack("<I", big.header_offset)  # point it at the big member
+    bad = tmp_path / "overlap.ait"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="overlaps|more than the file|order"):
+        ait.load(_fresh(), bad)
+    with pytest.raises(ArtifactError):
+        verify(bad)
+
+
+# -- SystemExit and friends never escape ---------------------------------------------------------------
+
+
+def test_a_systemexit_while_loading_ends_in_an_artifact_error(saved, monkeypatch):
+    def exits(self, module, directory, context):
+        raise SystemExit(3)
+
+    monkeypatch.setattr(ToyBackend, "load", exits)
+    with pytest.raises(ArtifactError, match="SystemExit"):
+        ait.load(_fresh(), saved)
+    with pytest.warns(RuntimeWarning, match="SystemExit"):
+        model = ait.load(_fresh(), saved, fallback="eager")
+    assert model.state == "passthrough", "with fallback='eager' the module keeps serving, eager"
+
+
+# -- native payloads run only when trusted --------------------------------------------------------------
+
+
+@pytest.fixture
+def native(toy_backends, register_plugin, tmp_path):
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    return ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "native.ait")
+
+
+def test_a_native_payload_needs_trust(native):
+    with pytest.raises(ArtifactError, match="native code") as refused:
+        ait.load(_fresh(), native)
+    assert "expected_sha256" in str(refused.value) and "trust_native_code" in str(refused.value)
+    with pytest.warns(RuntimeWarning, match="native code"):
+        assert ait.load(_fresh(), native, fallback="eager").state == "passthrough"
+    from aitune.artifact.archive import file_sha256
+
+    assert ait.load(_fresh(), native, expected_sha256=file_sha256(native)).state == "tuned"
+    assert ait.load(_fresh(), native, trust_native_code=True).state == "tuned"
+    result = verify(native)
+    assert result["native_payloads"] and not result["runnable_here"]
+    assert "not established" in result["trust"]
+    assert verify(native, file_sha256(native))["runnable_here"]
+
+
+def test_digests_catch_corruption_not_tampering(native, tmp_path):
+    """An edited, re-summed artifact is whole (integrity ok) but not trusted: native code stays refused."""
+    edited = _rewrite(native, tmp_path / "edited.ait", lambda m: m.update(created_at="then"))
+    result = verify(edited)
+    assert result["integrity"] == "ok" and not result["runnable_here"]
+    with pytest.raises(ArtifactError, match="native code"):
+        ait.load(_fresh(), edited)
+
+
+@pytest.fixture
+def keys(tmp_path):
+    pytest.importorskip("model_signing", reason="pip install 'aitune-core[signing]'")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    def pair(name):
+        key = ec.generate_private_key(ec.SECP256R1())
+        private, public = tmp_path / f"{name}.pem", tmp_path / f"{name}.pub.pem"
+        private.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        public.write_bytes(
+            key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
+        return private, public
+
+    return pair("mine"), pair("theirs")
+
+
+def test_a_signed_artifact_loads_with_the_trusted_key_only(toy_backends, register_plugin, tmp_path, keys):
+    from typer.testing import CliRunner
+
+    from aitune.cli import app
+
+    (mine, mine_public), (theirs, theirs_public) = keys
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    path = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "signed.ait", signing_key=mine)
+    assert (tmp_path / "signed.ait.sig").is_file()
+    assert ait.load(_fresh(), path, trusted_keys=[mine_public]).state == "tuned"
+    with pytest.raises(ArtifactError, match="not signed by a key you trust"):
+        ait.load(_fresh(), path, trusted_keys=[theirs_public])
+    assert verify(path, trusted_keys=[mine_public])["runnable_here"]
+    shown = CliRunner().invoke(app, ["verify", str(path), "--key", str(mine_public)])
+    assert shown.exit_code == 0 and "signed by the key" in shown.output, shown.output
+    # signed by the CLI, then changed: the signature no longer holds
+    other = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "cli.ait")
+    signed = CliRunner().invoke(app, ["sign", str(other), "--key", str(theirs)])
+    assert signed.exit_code == 0, signed.output
+    assert ait.load(_fresh(), other, trusted_keys=[theirs_public]).state == "tuned"
+    with open(other, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(ArtifactError):
+        ait.load(_fresh(), other, trusted_keys=[theirs_public])
+    (tmp_path / "cli.ait.sig").unlink()
+    with pytest.raises(ArtifactError, match="no signature"):
+        ait.load(_fresh(), path.with_name("cli.ait"), trusted_keys=[theirs_public])
+
+
+# -- the cache is the user's own ---------------------------------------------------------------------
+
+
+def test_the_cache_folder_is_created_private_and_a_shared_one_refused(tmp_path, monkeypatch):
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX owners and modes only")
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "new" / "cache"))
+    folder = cache_dir()
+    assert folder.stat().st_mode & 0o777 == 0o700
+    folder.chmod(0o777)
+    with pytest.raises(ConfigError, match="chmod 700") as refused:
+        cache_dir()
+    assert "AITUNE_CACHE_DIR" in str(refused.value)
+    folder.chmod(0o755)  # readable by others, writable by you alone: accepted
+    assert cache_dir() == folder
+    if os.getuid() == 0:
+        os.chown(folder, 4242, -1)
+        with pytest.raises(ConfigError, match="belongs to user id 4242"):
+            cache_dir()
+
+
+def test_a_planted_cache_payload_is_refused_and_rebuilt(toy_backends, _isolated_cache):
+    _tuned()
+    [payload] = (_isolated_cache / "builds").rglob("toy.txt")
+    payload.write_text("0.0\n# planted")  # another user's library, in the real attack
+    model = _tuned()
+    candidate = model.report.graphs[0].candidates[0]
+    assert not candidate.from_cache, "a changed cache entry was used"
+    assert model.state == "tuned"
+    assert payload.read_text() == "0.0", "the entry was rebuilt from a fresh build"
+
+
+def test_a_cached_build_that_fails_validation_is_evicted(toy_backends, register_plugin, _isolated_cache):
+    from aitune import hookimpl
+    from aitune.report import ValidationReport
+
+    _tuned()
+
+    class RejectCached:
+        @hookimpl
+        def aitune_validate(self, backend, reference, samples, graph, tolerances):
+            if backend.build_info.get("from_cache"):
+                return ValidationReport(passed=False, reason="stale build")
+            return None
+
+    register_plugin(RejectCached())
+    with pytest.raises(ValidationError, match="stale build"):  # OneBackend raises what failed
+        _tuned()
+    assert not list((_isolated_cache / "builds").rglob("meta.json")), "the failing entry is still cached"
+    third = _tuned()
+    assert not third.report.graphs[0].candidates[0].from_cache and third.state == "tuned"
+
+
+def test_a_jit_store_entry_naming_a_path_outside_it_is_forgotten(tmp_path):
+    from aitune.backend import payload_file
+    from aitune.errors import SerializationError
+
+    for name in ("/etc", "../x", "a/../../b", "", 3):
+        with pytest.raises(SerializationError):
+            payload_file(tmp_path, name)
+    assert payload_file(tmp_path, "0") == tmp_path / "0"

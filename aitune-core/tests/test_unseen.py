@@ -1,0 +1,232 @@
+"""What validation never saw: sizes no call had, hooks and weight edits after tuning, padded positions.
+
+Each test is a way a tuned module used to answer differently from eager without a word; now it
+gives eager's answer, runs eager with a warning, or says what it compared.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from aitune_testkit import unseen
+
+import aitune.torch as ait
+from aitune.errors import HooksChangedError
+from aitune.graph import DimRange, GraphSpec, Sample, infer_graph
+from aitune.testing import assert_matches_eager
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+from aitune.validation import MAX_INTERIOR, interior_sizes
+
+QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5))
+
+
+@pytest.fixture
+def unseen_backends(toy_backends, register_plugin):
+    return register_plugin(unseen, name="aitune_testkit.unseen", distribution="aitune-testkit")
+
+
+def _strategy(*backends):
+    return ait.FirstWinsStrategy(list(backends), performance_validation=False)
+
+
+class Sequence(torch.nn.Module):
+    """``[batch, length, 8]`` in and out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.norm(self.fc(x))
+
+
+# -- sizes inside a range that no recorded call had --------------------------------------------------
+
+
+def _graph(lengths, batch=2):
+    samples = [Sample((torch.randn(batch, n, 8),)) for n in lengths]
+    return infer_graph(samples, ["x"], outputs=[s.args[0] for s in samples]), samples
+
+
+def test_every_size_of_a_narrow_range_is_checked():
+    graph, samples = _graph([4, 8])
+    [name] = [n for n, r in graph.dims.items() if r.min == 4]
+    assert interior_sizes(graph, samples)[name] == [5, 6, 7]
+
+
+def test_a_wide_range_is_checked_at_a_bounded_spread():
+    graph, samples = _graph([4, 8])
+    [name] = [n for n, r in graph.dims.items() if r.min == 4]
+    wide = GraphSpec(graph.arg_names, graph.structure, graph.inputs, {name: DimRange(1, 64, 1000)})
+    values = interior_sizes(wide, samples)[name]
+    assert len(values) == MAX_INTERIOR and all(1 < v < 1000 for v in values)
+    assert values == sorted(set(values)) and values[0] < 100 and values[-1] > 900, "spread over the range"
+
+
+def test_a_backend_wrong_at_an_unrecorded_size_is_rejected(unseen_backends):
+    model = ait.Module(Sequence().eval(), "seq", strategy=_strategy(unseen.WrongAtSixBackend(), ToyBackend()))
+    report = ait.tune(model, [torch.randn(2, 4, 8), torch.randn(2, 8, 8)])
+    wrong, right = report.modules[0].graphs[0].candidates
+    assert wrong.status == "failed" and "=6" in (wrong.reason or ""), wrong.reason
+    assert any("unrecorded" in check for check in right.validation.checks), right.validation.checks
+    assert right.status == "selected"
+    x = torch.randn(2, 6, 8)
+    with torch.no_grad():
+        assert_matches_eager(model(x), model.module(x))
+
+
+def test_a_size_the_model_itself_refuses_is_skipped_not_failed(toy_backends):
+    class EvenOnly(Sequence):
+        def forward(self, x):
+            if x.shape[1] % 2:
+                raise ValueError("even lengths only")
+            return super().forward(x)
+
+    model = ait.Module(EvenOnly().eval(), "even", strategy=_strategy(ToyBackend()))
+    report = ait.tune(model, [torch.randn(2, 4, 8), torch.randn(2, 8, 8)])
+    candidate = report.modules[0].graphs[0].candidates[0]
+    assert candidate.status == "selected", candidate.reason
+    assert any("skipped, eager raises ValueError" in c for c in candidate.validation.checks)
+
+
+# -- hooks added after tuning ---------------------------------------------------------------------------
+
+
+def _tuned_slow(strict=False):
+    model = ait.Module(SlowModule(delay_s=0.0), "m", strategy=_strategy(ToyBackend(ToyConfig())), strict=strict)
+    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+    assert model.state == "tuned"
+    return model
+
+
+def test_a_hook_on_the_wrapper_runs_around_the_tuned_call(toy_backends):
+    model = _tuned_slow()
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    backend = model.tuned_graphs[0][1]
+    calls = backend.calls
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback, no warning
+        model(torch.randn(3, 8))
+    assert seen == [torch.Size([3, 8])] and backend.calls == calls + 1
+
+
+@pytest.mark.parametrize("where", ["wrapped", "submodule"])
+def test_a_hook_added_after_tuning_runs_eager_until_removed(toy_backends, where):
+    model = _tuned_slow()
+    target = model.module if where == "wrapped" else model.module.fc
+    seen = []
+
+    def double(module, args, out):
+        seen.append(1)
+        return out * 2
+
+    backend = model.tuned_graphs[0][1]
+    handle = target.register_forward_hook(double)
+    x = torch.randn(3, 8)
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="hooks were added"):
+        y = model(x)
+    with torch.no_grad():
+        expected = model.module(x)  # eager, with the hook
+    assert seen and torch.allclose(y, expected)
+    calls = backend.calls
+    handle.remove()
+    with torch.no_grad():
+        model(x)
+    assert backend.calls == calls + 1, "the tuned backend serves again once the hook is gone"
+
+
+def test_strict_mode_raises_on_a_hook_added_after_tuning(toy_backends):
+    model = _tuned_slow(strict=True)
+    model.module.fc.register_forward_pre_hook(lambda module, args: None)
+    with torch.no_grad(), pytest.raises(HooksChangedError, match="hooks were added"):
+        model(torch.randn(3, 8))
+
+
+def test_a_module_with_hooks_still_pickles_and_copies(toy_backends):
+    import copy
+    import pickle
+
+    model = _tuned_slow()
+    handle = model.module.fc.register_forward_hook(lambda *a: None)
+    handle.remove()
+    clone = copy.deepcopy(model.module)
+    assert type(clone.fc._forward_hooks) is type(torch.nn.Linear(1, 1)._forward_hooks)
+    assert pickle.loads(pickle.dumps(model.module.fc)).weight.shape == (8, 8)
+
+
+# -- weight edits through .data ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.fc.weight.data.mul_(2),
+        lambda m: setattr(m.fc.weight, "data", m.fc.weight.data * 2),
+        lambda m: setattr(m.fc, "weight", torch.nn.Parameter(m.fc.weight.detach() * 2)),
+    ],
+    ids=["data-in-place", "data-assigned", "new-parameter"],
+)
+def test_edits_through_data_are_seen_at_eval(toy_backends, edit):
+    model = _tuned_slow()
+    with torch.no_grad():
+        edit(model.module)
+    assert model.stale_reason is None, "nothing has looked yet"
+    model.eval()
+    assert model.stale_reason is not None and "weights changed" in model.stale_reason
+    x = torch.randn(3, 8)
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="weights changed"):
+        y = model(x)
+    with torch.no_grad():
+        assert_matches_eager(y, model.module(x))
+
+
+# -- padded positions -----------------------------------------------------------------------------
+
+
+def _padded(left: bool, lengths=(5, 3), width=6):
+    x = torch.randn(len(lengths), width, 8)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        if left:
+            mask[row, width - n :] = 1
+        else:
+            mask[row, :n] = 1
+    return {"x": x, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("left", [True, False], ids=["left-padded", "right-padded"])
+def test_padded_positions_are_compared_only_when_asked_not_to_be(unseen_backends, left):
+    data = [_padded(left), _padded(left, (4, 4, 2), 8)]
+    everything = ait.Module(unseen.MaskedEncoder().eval(), "all", strategy=_strategy(unseen.GarblesPaddingBackend()))
+    report = ait.tune(everything, data)
+    candidate = report.modules[0].graphs[0].candidates[0]
+    assert candidate.status == "failed" and "off by" in candidate.reason, "padded positions differ from eager"
+
+    unmasked = ait.Module(
+        unseen.MaskedEncoder().eval(),
+        "unmasked",
+        strategy=_strategy(unseen.GarblesPaddingBackend()),
+        compare="unmasked",
+    )
+    report = ait.tune(unmasked, data)
+    candidate = report.modules[0].graphs[0].candidates[0]
+    assert candidate.status == "selected", candidate.reason
+    assert any("unmasked positions only" in c for c in candidate.validation.checks)
+    batch = _padded(left, (6, 1), 6)
+    with torch.no_grad():
+        hidden, pooled = unmasked(**batch)
+        want_hidden, want_pooled = unmasked.module(**batch)
+    keep = batch["attention_mask"].bool()
+    assert_matches_eager(hidden[keep], want_hidden[keep])
+    assert_matches_eager(pooled, want_pooled)  # [batch, 8]: compared whole
+
+
+def test_compare_takes_only_known_modes():
+    with pytest.raises(ValueError, match="compare must be one of"):
+        ait.Module(SlowModule(), "m", compare="masked")
