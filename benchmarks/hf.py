@@ -1,6 +1,7 @@
 """Hugging Face cases next to the zoo: transformers models and a tiny diffusers pipeline.
 
-``python -m benchmarks.hf`` (``--models bert,vit``, ``--backends onnxruntime``, ``--out r.json``).
+``python -m benchmarks.hf`` (``--models bert,vit``, ``--backends onnxruntime``, ``--out r.json``);
+``--peers`` runs :mod:`benchmarks.peers` instead (aitune's pick against each runtime by hand).
 Per case, with an empty aitune cache: ``ait.tune`` with MaxThroughput over every backend (its wall
 time is the tune time, builds included), then each backend alone (``OneBackendStrategy``, kept
 whatever its speed; builds come from the cache), then eager, each backend and the pick timed in
@@ -266,6 +267,11 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--peers" in argv:
+        from . import peers
+
+        return peers.main([a for a in argv if a != "--peers"])
     p = argparse.ArgumentParser(prog="python -m benchmarks.hf", description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
     p.add_argument("--backends", default=None, help="comma-separated backend names (default: every CPU default)")

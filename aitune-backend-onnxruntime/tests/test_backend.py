@@ -482,3 +482,56 @@ def test_provider_options_from_a_file_are_allow_listed():
         assert config_from_json(data).provider_options == {key: "/tmp/x"}, "your own code may set it"
         with pytest.raises(ConfigError, match=key):
             registry.config_from_json(data, from_file=True)
+
+
+def test_the_session_runs_under_the_torch_thread_budget(tmp_path):
+    """One thread budget for eager and every candidate: ONNX Runtime's pool follows torch's count."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        module = MLP().eval()
+        backend, _ = _build(module, _samples(CASES["mlp"][1], [(2,), (6,)]), ["x"], tmp_path)
+        assert backend.build_info["threads"] == 1
+        assert backend._session.get_session_options().intra_op_num_threads == 1
+        pinned, _ = _build(
+            module,
+            _samples(CASES["mlp"][1], [(2,)]),
+            ["x"],
+            tmp_path / "p",
+            ONNXRuntimeBackendConfig(intra_op_num_threads=2),
+        )
+        assert pinned._session.get_session_options().intra_op_num_threads == 2, "a config's own count wins"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_both_exports_are_default_candidates_named_by_their_variant():
+    configs = ONNXRuntimeBackend.default_configs()
+    assert [c.export.exporter for c in configs] == ["dynamo", "torchscript"]
+    assert not configs[0].export.fallback_to_torchscript, "the dynamo candidate never duplicates the other"
+    assert [ONNXRuntimeBackend(c).variant() for c in configs] == [None, "torchscript export"]
+    quantized = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization="dynamic_int8"))
+    assert quantized.variant() == "dynamic int8"
+
+
+@pytest.mark.parametrize("quantization", ["dynamic_int8", "static_int8"])
+def test_int8_graphs_pass_under_their_declared_bound_and_round_trip(tmp_path, quantization):
+    from aitune.validation import validate
+
+    module = MLP(width=64).eval()
+    samples = _samples(lambda g, b: torch.randn(b, 64, generator=g), [(2,), (8,), (4,)])
+    config = ONNXRuntimeBackendConfig(quantization=quantization)
+    backend, graph = _build(module, samples, ["x"], tmp_path, config)
+    assert backend.build_info["quantize_s"] >= 0
+    report = validate(backend, module, samples, graph)
+    assert report.passed, report.reason
+    assert report.outputs[0].max_rel_error > 0, "an int8 graph is not the fp32 one"
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    metadata = backend.save(payload)
+    assert metadata["model"] == "model.int8.onnx" and metadata["model"] in metadata["files"]
+    loaded = ONNXRuntimeBackend(config)
+    loaded.load(module, payload, LoadContext(graph, CPU, metadata, tmp_path / "cache"))
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        assert_matches_eager(loaded.infer(x), backend.infer(x))  # the same int8 graph, loaded

@@ -35,3 +35,35 @@ def test_eight_threads_share_one_tuned_module(toy_backends) -> None:
     for t in threads:
         t.join()
     assert wrong == [] and backend.calls >= 8 * 200
+
+
+def test_one_thread_budget_for_every_candidate(toy_backends) -> None:
+    """ait.tune(threads=N): eager and every candidate run under N threads, and the report says so."""
+    import pytest
+
+    from aitune.errors import InputError
+
+    before = torch.get_num_threads()
+    try:
+        strategy = ait.FirstWinsStrategy([ToyBackend()], performance_validation=False)
+        model = ait.Module(torch.nn.Linear(8, 8).eval(), "m", strategy=strategy)
+        report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], threads=1)
+        assert torch.get_num_threads() == 1 and report.environment["threads"] == 1
+        with pytest.raises(InputError, match="threads must be an int >= 1"):
+            ait.tune(model, [torch.randn(2, 8)], threads=0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_backend_with_variants_is_one_candidate_per_variant(toy_backends, register_plugin) -> None:
+    """Backend.default_configs: each listed config is its own default candidate, named by its variant."""
+    from aitune.engine.plan import default_backends
+    from aitune.plugins import get_manager
+
+    registry = get_manager().registry
+    defaults = default_backends(registry, torch.device("cpu"))
+    names = [b.name for b in defaults]
+    if "onnxruntime" in registry and not registry.unavailable("onnxruntime", torch.device("cpu")):
+        variants = [b.variant() for b in defaults if b.name == "onnxruntime"]
+        assert variants == [None, "torchscript export"], variants
+    assert len(names) == sum(len(registry.backend_class(n).default_configs()) for n in dict.fromkeys(names))

@@ -25,15 +25,16 @@ from typing import Any
 import torch
 
 from aitune import tree
-from aitune.backend import Backend, BuildContext, LoadContext, payload_file
+from aitune.backend import Backend, BuildContext, LoadContext, Tolerance, payload_file
 from aitune.errors import BackendUnavailableError, BuildError, SerializationError
 from aitune.graph import GraphSpec
-from aitune.onnx_export import MODEL_FILE, ONNXExport, export_onnx, model_files
+from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
 
-from .config import ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from .config import INT8_TOLERANCE, ONNXExecutionProvider, ONNXRuntimeBackendConfig
 from .plugin import preload_tensorrt, provider_unavailable
 
 OPTIMIZED_FILE = "model.optimized.onnx"
+INT8_FILE = "model.int8.onnx"
 UNSUPPORTED_DTYPES = ("bfloat16", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
 MAX_KNOWN_SHAPES = 256
 """Input shapes whose output shapes are remembered (least recently used dropped first)."""
@@ -69,8 +70,28 @@ class ONNXRuntimeBackend(Backend):
         )
         self._files: list[str] = []
         self._optimized: list[str] = []
+        self._model = MODEL_FILE
         self._meta: dict[str, Any] = {}
         self._dir: Path | None = None
+
+    @classmethod
+    def default_configs(cls) -> list[ONNXRuntimeBackendConfig]:
+        """Both exports as candidates: which one ONNX Runtime runs faster depends on the model."""
+        return [
+            ONNXRuntimeBackendConfig(export=ONNXExportConfig(fallback_to_torchscript=False)),
+            ONNXRuntimeBackendConfig(export=ONNXExportConfig(exporter="torchscript")),
+        ]
+
+    def variant(self) -> str | None:
+        words = []
+        if self.config.export.exporter == "torchscript":
+            words.append("torchscript export")
+        if self.config.quantization is not None:
+            words.append(self.config.quantization.replace("_", " "))
+        return ", ".join(words) or None
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
+        return INT8_TOLERANCE if self.config.quantization is not None and dtype.is_floating_point else None
 
     # -- what the engine asks first -------------------------------------------------------------
 
@@ -116,9 +137,11 @@ class ONNXRuntimeBackend(Backend):
         export = export_onnx(module, context.graph, context.samples[0], folder, self.config.export)
         save_optimized = self.config.save_optimized_model and provider is not ONNXExecutionProvider.TENSORRT
         self._adopt(export, context.graph, provider)
+        if self.config.quantization is not None:
+            self._quantize(folder, context)
         start = time.perf_counter()
         self._open(
-            folder / MODEL_FILE,
+            folder / self._model,
             context.graph,
             context.device,
             provider,
@@ -145,6 +168,55 @@ class ONNXRuntimeBackend(Backend):
             fallback_reason=export.fallback_reason,
             optimized_model_saved=save_optimized,
         )
+
+    def _quantize(self, folder: Path, context: BuildContext) -> None:
+        """The exported graph quantized to int8 (dynamic, or static QDQ calibrated on the recorded samples)."""
+        from onnxruntime.quantization import (
+            CalibrationDataReader,
+            QuantFormat,
+            QuantType,
+            quantize_dynamic,
+            quantize_static,
+        )
+
+        source, target = folder / MODEL_FILE, folder / INT8_FILE
+        external = len(self._files) > 1
+        start = time.perf_counter()
+        try:
+            if self.config.quantization == "dynamic_int8":
+                quantize_dynamic(source, target, weight_type=QuantType.QInt8, use_external_data_format=external)
+            else:
+                feeds = [
+                    {
+                        name: t.detach().cpu().numpy()
+                        for name, t in zip(self._input_names, context.graph.flatten(s.args, s.kwargs))
+                    }
+                    for s in context.samples
+                ]
+
+                class Samples(CalibrationDataReader):
+                    def __init__(self) -> None:
+                        self.left = iter(feeds)
+
+                    def get_next(self) -> dict[str, Any] | None:
+                        return next(self.left, None)
+
+                quantize_static(
+                    source,
+                    target,
+                    Samples(),
+                    quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8,
+                    use_external_data_format=external,
+                )
+        except Exception as exc:
+            raise BuildError(
+                f"ONNX Runtime could not quantize the exported graph ({self.config.quantization}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        self._model, self._files = INT8_FILE, list(model_files(target))
+        self.build_info["quantize_s"] = round(time.perf_counter() - start, 3)
 
     def _adopt(self, export: ONNXExport, graph: GraphSpec, provider: ONNXExecutionProvider) -> None:
         self._files = list(export.files)
@@ -186,10 +258,11 @@ class ONNXRuntimeBackend(Backend):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[level]
-        if self.config.intra_op_num_threads:
-            options.intra_op_num_threads = self.config.intra_op_num_threads
-        if self.config.inter_op_num_threads:
-            options.inter_op_num_threads = self.config.inter_op_num_threads
+        # one thread budget for every candidate: torch's, unless the config names its own (0: ORT's default)
+        intra, inter = self.config.intra_op_num_threads, self.config.inter_op_num_threads
+        options.intra_op_num_threads = torch.get_num_threads() if intra is None else intra
+        options.inter_op_num_threads = 1 if inter is None else inter  # execution is sequential
+        self.build_info["threads"] = options.intra_op_num_threads or "onnxruntime's default"
         options.log_severity_level = 3
         if optimized_to is not None:
             options.optimized_model_filepath = str(optimized_to)
@@ -308,7 +381,7 @@ class ONNXRuntimeBackend(Backend):
             shutil.copy2(self._dir / name, Path(directory) / name)
         return {
             **self._meta,
-            "model": MODEL_FILE,
+            "model": self._model,
             "files": files,
             "optimized_model": OPTIMIZED_FILE if self._optimized else None,
             "input_names": list(self._input_names),
@@ -347,7 +420,8 @@ class ONNXRuntimeBackend(Backend):
         self._files = [f for f in files if f != meta.get("optimized_model")]
         self._optimized = files if meta.get("optimized_model") else []  # a superset of what it references
         self._meta = {k: meta.get(k) for k in ("exporter", "opset", "provider", "fallback_reason")}
-        model = payload_file(folder, meta["optimized_model"] if preoptimized else meta.get("model", MODEL_FILE))
+        self._model = str(meta.get("model", MODEL_FILE))
+        model = payload_file(folder, meta["optimized_model"] if preoptimized else self._model)
         outside = external_data_outside(model, files)
         if outside:
             raise SerializationError(

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from aitune.backend import BackendConfig
+from aitune.backend import BackendConfig, Tolerance
 from aitune.errors import ConfigError
 from aitune.onnx_export import ONNXExportConfig
 
@@ -29,6 +29,9 @@ class ONNXExecutionProvider(str, enum.Enum):
 
 
 OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
+QUANTIZATIONS = (None, "dynamic_int8", "static_int8")
+INT8_TOLERANCE = Tolerance(atol=1e-4, rtol=0.05, min_cosine=0.995)
+"""The bound a quantized ONNX Runtime candidate declares: int8 costs a few percent of the output's scale."""
 
 
 def _provider(value: Any) -> ONNXExecutionProvider | None:
@@ -60,7 +63,7 @@ def _threads(instance: Any, attribute: Any, value: Any) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
         raise ConfigError(
             f"ONNXRuntimeBackendConfig.{attribute.name} is {value!r}; give a thread count >= 1, "
-            "or None (or 0) for ONNX Runtime's default"
+            "None for torch's thread budget, or 0 for ONNX Runtime's own default"
         )
 
 
@@ -116,7 +119,10 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     """None: CUDA when tuning on a CUDA device, else CPU."""
     graph_optimization_level: str = attrs.field(default="all", validator=_level)
     intra_op_num_threads: int | None = attrs.field(default=None, validator=_threads)
+    """None: torch's thread count (one budget for every candidate, eager included); 0: ONNX Runtime's
+    own default (every core)."""
     inter_op_num_threads: int | None = attrs.field(default=None, validator=_threads)
+    """None: 1 (the session executes sequentially); 0: ONNX Runtime's own default."""
     provider_options: dict[str, str] = attrs.field(factory=dict, converter=_options, hash=False)
     """Passed to the execution provider as they are (e.g. ``{"trt_fp16_enable": "True"}``)."""
     use_io_binding: bool = attrs.field(default=True, validator=_bool)
@@ -124,6 +130,10 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     export: ONNXExportConfig = attrs.field(factory=ONNXExportConfig, validator=_export)
     save_optimized_model: bool = attrs.field(default=False, validator=_bool)
     """Also save ONNX Runtime's optimized graph so a load skips graph optimization."""
+    quantization: str | None = attrs.field(default=None, validator=attrs.validators.in_(QUANTIZATIONS))
+    """None, ``"dynamic_int8"`` (int8 weights, activations quantized at run time) or ``"static_int8"``
+    (QDQ int8 calibrated on the recorded samples), applied to the exported graph. Quantized
+    candidates are checked against eager under their own looser bound (:data:`INT8_TOLERANCE`)."""
 
     def untrusted_settings(self) -> list[str]:
         return [

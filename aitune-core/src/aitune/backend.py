@@ -135,6 +135,19 @@ class Backend(abc.ABC):
         """
         return None
 
+    @classmethod
+    def default_configs(cls) -> list[BackendConfig]:
+        """The configs this backend is tried with as a default candidate, each one its own candidate.
+
+        One by default. A backend whose best config depends on the model (which exporter, which
+        kernel) lists the cheap-to-build variants, so the tuner measures instead of guessing.
+        """
+        return [cls.config_class()]
+
+    def variant(self) -> str | None:
+        """A few words naming this config among the backend's variants (``"torchscript export"``), or None."""
+        return None
+
     def follows_weights(self) -> bool:
         """True when ``infer`` reads the module's own weight tensors at each call, so it follows
         ``load_state_dict`` and in-place updates; False (the default) when build or load copies the

@@ -127,6 +127,8 @@ class CandidateReport:
     """Lower end of the speedup's interval: the lower quartile of per-window ratios against eager."""
     speedup_high: float | None = None
     """Upper end of the speedup's interval: the upper quartile of those ratios."""
+    variant: str | None = None
+    """Which of the backend's variants this candidate is (``"torchscript export"``), when it has several."""
 
 
 @attrs.define

@@ -138,7 +138,7 @@ class GraphTuning:
             config = self.registry.config_to_json(backend.config, backend.name)
         except (ConfigError, SerializationError):
             config = {"backend": backend.name}
-        candidate = Candidate(backend, CandidateReport(backend.name, config))
+        candidate = Candidate(backend, CandidateReport(backend.name, config, variant=backend.variant()))
         self.report.candidates.append(candidate.report)
         self.built.append(candidate)
         reason = self.registry.unavailable(backend, self.device, self.graph)

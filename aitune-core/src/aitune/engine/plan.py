@@ -82,14 +82,16 @@ def weights_device(module: torch.nn.Module) -> torch.device | None:
 
 
 def default_backends(registry: BackendRegistry, device: torch.device) -> list[Backend]:
-    """Every installed backend that can run on ``device`` and is a default candidate, eager excluded."""
+    """Every installed backend that can run on ``device`` and is a default candidate, eager excluded,
+    once per config it lists as a default variant (:meth:`Backend.default_configs`)."""
     out: list[Backend] = []
     for name in registry.names():
         spec = registry.spec(name)
         if name == "torch_eager" or not spec.default_candidate or registry.unavailable(name, device):
             continue
         try:
-            out.append(registry.backend_class(name)())
+            cls = registry.backend_class(name)
+            out.extend(cls(config) for config in cls.default_configs())
         except Exception as exc:  # a plugin that cannot even construct its default is skipped, loudly
             logger.warning("backend %s skipped: %s: %s", name, type(exc).__name__, exc)
     return out

@@ -79,6 +79,7 @@ def tune(
     executor: str | None = None,
     rank_decision: str | None = None,
     freeze: bool | None = None,
+    threads: int | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -102,7 +103,17 @@ def tune(
     ``freeze`` (default True) makes the parameters of every tuned module inference-only afterwards,
     so a plain ``model(x)`` (no ``torch.no_grad()``) runs the winner; the report lists them, and
     ``freeze=False`` keeps them trainable (such calls then run eager with a warning).
+
+    Every candidate, eager included, runs under one thread budget: torch's intra-op thread count,
+    which ``threads=N`` sets for the process (``torch.set_num_threads``) before anything is timed.
+    Runtimes with pools of their own (ONNX Runtime) size them to it, in tuning and after load, so a
+    speed-up is always one at equal threads; the report's environment states it.
     """
+    if threads is not None:
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+            raise InputError(f"threads must be an int >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
+        logger.info("thread budget: %d (torch.set_num_threads) for eager and every candidate", threads)
     samples = settings.max_samples if max_samples is None else max_samples
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise InputError(f"max_samples must be an int >= 1, got {samples!r}")
@@ -414,7 +425,7 @@ def summarize(report: ModuleReport) -> str:
         if chosen is None:
             parts.append(f"eager ({g.reason})" if g.reason else "eager")
             continue
-        text = chosen.backend
+        text = f"{chosen.backend} ({chosen.variant})" if chosen.variant else chosen.backend
         batch = g.selected_batch_size
         mine = next((p for p in chosen.profiles if p.batch_size == batch), None) if batch else None
         eager = next((p for p in g.eager_profiles if p.batch_size == batch), None) if batch else None
