@@ -78,3 +78,26 @@ def test_a_pick_inside_the_spread_of_the_fastest_counts_as_met() -> None:
     }  # fmt: skip
     text = markdown(results)
     assert "within the spread (+2%)" in text and "- max_throughput: 1 of 1" in text
+
+
+def test_the_peers_table_shows_speedups_and_failures() -> None:
+    from benchmarks.hf import main as hf_main
+    from benchmarks.peers import markdown
+
+    stats = {"median": 2.0, "q1": 1.9, "q3": 2.1}
+    results = {
+        "cases": [
+            {
+                "case": "bert",
+                "contenders": {
+                    "ORT dynamo": {"pick": ["onnxruntime"], "max_rel_error": 1e-6},
+                    "ORT torchscript": {"error": "BuildError: x"},
+                },
+                "timing_ms": {"1": {"eager": {"median": 4.0, "q1": 3.9, "q3": 4.1}, "ORT dynamo": stats}},
+            }
+        ]
+    }
+    text = markdown(results)
+    assert "| bert | 1 | 4.00 | 2.00x [1.90-2.11] | failed |" in text
+    assert "BuildError: x" in text
+    assert callable(hf_main)

@@ -245,3 +245,19 @@ def test_importing_the_module_imports_no_onnx():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_export_leaves_the_modules_modes_as_they_were(tmp_path):
+    """The TorchScript exporter restores the mode of the wrapper it is handed; the user's model stays in eval."""
+    samples = [Sample((torch.rand(3, 4) + 0.1,))]
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1)).eval()
+    graph = _graph(module, samples, ["x"])
+    for config in (ONNXExportConfig(exporter="torchscript"), ONNXExportConfig()):
+        export_onnx(module, graph, samples[0], tmp_path, config)
+        assert not any(m.training for m in module.modules()), config.exporter
+    with pytest.raises(BuildError):
+        export_onnx(DataDependent().eval(), _graph(DataDependent(), samples, ["x"]), samples[0], tmp_path / "f")
+    branchy = DataDependent().eval()
+    with pytest.raises(BuildError):
+        export_onnx(branchy, graph, samples[0], tmp_path / "g", ONNXExportConfig(exporter="torchscript"))
+    assert not branchy.training, "a refused export leaves the mode as it was too"

@@ -137,7 +137,7 @@ def export_onnx(
     start = time.perf_counter()
     sample = resize(graph, sample, _export_sizes(graph))
     flat_inputs = tuple(graph.flatten(sample.args, sample.kwargs))
-    wrapper = FlatModule(module, graph)
+    wrapper = FlatModule(module, graph).train(module.training)  # a new module starts in training mode
     with torch.no_grad():
         out_leaves, out_structure = tree.flatten(module(*sample.args, **sample.kwargs))
     if not out_leaves:
@@ -167,7 +167,7 @@ def export_onnx(
     failures: list[tuple[str, str]] = []
     for exporter in order:
         try:
-            with _quiet():
+            with _quiet(), _modes_kept(module):
                 if exporter == "dynamo":
                     _dynamo(wrapper, flat_inputs, graph, input_names, output_names, path, config.opset, external)
                 else:
@@ -282,6 +282,18 @@ def _quiet() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _modes_kept(module: torch.nn.Module) -> Iterator[None]:
+    """Every submodule's train/eval mode as it was, whatever an exporter switched (the TorchScript
+    exporter restores the mode of the module it was handed, which is not the user's)."""
+    modes = [(m, m.training) for m in module.modules()]
+    try:
+        yield
+    finally:
+        for submodule, training in modes:
+            submodule.training = training
 
 
 def _dynamo(
