@@ -296,15 +296,29 @@ def main(argv: list[str] | None = None) -> int:
     wanted = args.backends.split(",") if args.backends else [b for b in usable if registry.spec(b).default_candidate]
     backends = [b for b in wanted if b in usable]
     results: dict[str, Any] = {"backends": backends, "threads": args.threads, "cases": []}
-    with tempfile.TemporaryDirectory(prefix="aitune-bench-hf-") as tmp:
-        for name in args.models.split(","):
-            print(f"[bench-hf {time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)
-            results["cases"].append(run_case(CASES[name], backends, args, Path(tmp)))
+    cases = args.models.split(",")
+    return run_all(
+        "bench-hf", cases, lambda name, tmp: run_case(CASES[name], backends, args, tmp), results, markdown, args.out
+    )
+
+
+def run_all(
+    prog: str,
+    names: list[str],
+    run_one: Callable[[str, Path], dict[str, Any]],
+    results: dict[str, Any],
+    render: Callable[[dict[str, Any]], str],
+    out: str | None,
+) -> int:
+    """Run every case in one scratch folder, print the table, and keep the JSON when asked."""
+    with tempfile.TemporaryDirectory(prefix=f"aitune-{prog}-") as tmp:
+        for name in names:
+            print(f"[{prog} {time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)
+            results["cases"].append(run_one(name, Path(tmp)))
     results["cpu"] = _cpu()
-    text = markdown(results)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+    print(render(results))
+    if out:
+        Path(out).write_text(json.dumps(results, indent=2, default=str))
     return 0
 
 

@@ -5,15 +5,15 @@ layers, sequence 128, padded masks) and ViT (64 px, patch 8, hidden 192) from sm
 contender is tuned alone (``OneBackendStrategy``, kept whatever its speed), then eager and every
 contender are timed interleaved at batch 1 and 8 on held-out inputs, under one thread budget
 (``--threads``, default 1: torch's count, which ONNX Runtime's sessions follow). Contenders:
-torch.compile, AOTInductor, ONNX Runtime on the dynamo and on the TorchScript export, ONNX Runtime
-dynamic int8, aitune's default pick (``MaxThroughputStrategy()`` over every default candidate, both
-ONNX exports included), and aitune's pick with ONNX Runtime int8 admitted.
+torch.compile, AOTInductor, ONNX Runtime on the dynamo and on the TorchScript export and with
+transformers' eager attention, ONNX Runtime dynamic int8, aitune's default pick (``MaxThroughputStrategy()`` over every default candidate, both
+ONNX exports included), and the same with an accuracy budget (``metric=cosine_similarity,
+accuracy_budget=0.01``), which admits ONNX Runtime int8 among the default candidates.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -87,19 +87,21 @@ def contenders() -> dict[str, Callable[[], Any]]:
         "ORT torchscript": one(
             ONNXRuntimeBackend(ONNXRuntimeBackendConfig(export=ONNXExportConfig(exporter="torchscript")))
         ),
+        "ORT eager attention": one(
+            ONNXRuntimeBackend(
+                ONNXRuntimeBackendConfig(export=ONNXExportConfig(fallback_to_torchscript=False), attention="eager")
+            )
+        ),
         "ORT int8": one(int8),
         "aitune default": lambda: ait.MaxThroughputStrategy(),
     }
 
-    def with_int8() -> Any:
-        import torch
-
-        from aitune.engine.plan import default_backends
-
-        return ait.MaxThroughputStrategy([*default_backends(registry, torch.device("cpu")), int8])
-
-    out["aitune + int8"] = with_int8
+    out["aitune + int8"] = lambda: ait.MaxThroughputStrategy()  # tuned with the accuracy budget below
     return out
+
+
+BUDGETED = {"aitune + int8": {"metric": "cosine_similarity", "accuracy_budget": 0.01}}
+"""Contenders tuned with a metric and an accuracy budget (which admits ONNX Runtime int8 by default)."""
 
 
 def run_case(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -118,8 +120,16 @@ def run_case(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         torch.manual_seed(0)
         model = ait.Module(build(), label, strategy=strategy())
         start = time.perf_counter()
+        from aitune import metrics
+
+        budget = BUDGETED.get(label, {})
+        kwargs = (
+            {"metric": getattr(metrics, budget["metric"]), "accuracy_budget": budget["accuracy_budget"]}
+            if budget
+            else {}
+        )
         try:
-            report = ait.tune(model, tune_items)
+            report = ait.tune(model, tune_items, **kwargs)
         except Exception as exc:
             out["contenders"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             continue
@@ -186,19 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from .hf import _cpu
+    from .hf import run_all
 
     results: dict[str, Any] = {"threads": args.threads, "cases": []}
-    with tempfile.TemporaryDirectory(prefix="aitune-bench-peers-") as tmp:
-        for name in args.models.split(","):
-            print(f"[bench-peers {time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)
-            results["cases"].append(run_case(name, args, Path(tmp)))
-    results["cpu"] = _cpu()
-    text = markdown(results)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
-    return 0
+    cases = args.models.split(",")
+    return run_all("bench-peers", cases, lambda name, tmp: run_case(name, args, tmp), results, markdown, args.out)
 
 
 if __name__ == "__main__":

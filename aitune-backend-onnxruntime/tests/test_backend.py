@@ -10,7 +10,7 @@ import torch
 from aitune import tree
 from aitune.backend import BuildContext, LoadContext
 from aitune.converter import unstructure
-from aitune.errors import BackendUnavailableError, ConfigError, SerializationError
+from aitune.errors import BackendUnavailableError, BuildError, ConfigError, SerializationError
 from aitune.graph import GraphSpec, Sample, infer_graph
 from aitune.onnx_export import ONNXExportConfig
 from aitune.testing import assert_matches_eager, config_from_json, config_to_json
@@ -507,9 +507,9 @@ def test_the_session_runs_under_the_torch_thread_budget(tmp_path):
 
 def test_both_exports_are_default_candidates_named_by_their_variant():
     configs = ONNXRuntimeBackend.default_configs()
-    assert [c.export.exporter for c in configs] == ["dynamo", "torchscript"]
+    assert [c.export.exporter for c in configs] == ["dynamo", "torchscript", "dynamo"]
     assert not configs[0].export.fallback_to_torchscript, "the dynamo candidate never duplicates the other"
-    assert [ONNXRuntimeBackend(c).variant() for c in configs] == [None, "torchscript export"]
+    assert [ONNXRuntimeBackend(c).variant() for c in configs] == [None, "torchscript export", "eager attention"]
     quantized = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization="dynamic_int8"))
     assert quantized.variant() == "dynamic int8"
 
@@ -535,3 +535,31 @@ def test_int8_graphs_pass_under_their_declared_bound_and_round_trip(tmp_path, qu
     x = torch.randn(3, 64)
     with torch.no_grad():
         assert_matches_eager(loaded.infer(x), backend.infer(x))  # the same int8 graph, loaded
+
+
+def test_the_attention_variant_exports_a_transformers_model_with_eager_attention_and_restores_it(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, vocab_size=50
+    )
+    model = transformers.BertModel(config).eval()
+    before = model.config._attn_implementation
+    g = torch.Generator().manual_seed(0)
+    samples = [Sample((), {"input_ids": torch.randint(0, 50, (b, 8), generator=g)}) for b in (1, 2)]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["input_ids"], outputs=[model(**s.kwargs) for s in samples])
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(attention="eager"))
+    context = BuildContext(graph, samples, CPU, tmp_path / "work", tmp_path / "cache")
+    context.workdir.mkdir(parents=True)
+    with torch.no_grad():
+        backend.build(model, context)
+    assert model.config._attn_implementation == before, "the model's own attention is restored"
+    assert validate(backend, model, samples, graph).passed
+    with pytest.raises(BuildError, match="transformers models only"):
+        _build(
+            MLP().eval(),
+            _samples(CASES["mlp"][1], [(2,)]),
+            ["x"],
+            tmp_path / "mlp",
+            ONNXRuntimeBackendConfig(attention="eager"),
+        )

@@ -65,5 +65,5 @@ def test_a_backend_with_variants_is_one_candidate_per_variant(toy_backends, regi
     names = [b.name for b in defaults]
     if "onnxruntime" in registry and not registry.unavailable("onnxruntime", torch.device("cpu")):
         variants = [b.variant() for b in defaults if b.name == "onnxruntime"]
-        assert variants == [None, "torchscript export"], variants
+        assert variants[:2] == [None, "torchscript export"], variants
     assert len(names) == sum(len(registry.backend_class(n).default_configs()) for n in dict.fromkeys(names))

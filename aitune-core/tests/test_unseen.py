@@ -230,3 +230,57 @@ def test_padded_positions_are_compared_only_when_asked_not_to_be(unseen_backends
 def test_compare_takes_only_known_modes():
     with pytest.raises(ValueError, match="compare must be one of"):
         ait.Module(SlowModule(), "m", compare="masked")
+
+
+# -- the user's metric ----------------------------------------------------------------------------
+
+
+def _classifier_tuned(**kwargs):
+    model = ait.Module(
+        SlowModule(delay_s=0.0),
+        "classifier",
+        strategy=_strategy(unseen.Int8LikeBackend(ToyConfig()), ToyBackend(ToyConfig())),
+    )
+    report = ait.tune(model, [torch.randn(4, 8), torch.randn(8, 8)], **kwargs)
+    return model, report.modules[0].graphs[0].candidates
+
+
+def test_a_metric_within_budget_accepts_an_int8_like_candidate_and_a_tighter_one_rejects_it(unseen_backends):
+    from aitune import metrics
+
+    model, candidates = _classifier_tuned()
+    assert candidates[0].status == "failed" and "off by" in candidates[0].reason, "outside the fp32 bound"
+
+    model, candidates = _classifier_tuned(metric=metrics.top1_agreement, accuracy_budget=0.01)
+    assert candidates[0].status == "selected" and candidates[0].metric == 1.0
+    assert any("accepted by the metric" in c for c in candidates[0].validation.checks)
+    assert "metric 1" in model.report.summary
+
+    model, candidates = _classifier_tuned(metric=metrics.relative_accuracy, accuracy_budget=0.01)
+    int8, fp32 = candidates
+    assert int8.status == "failed" and "below 0.99 (1 - accuracy_budget)" in int8.reason and int8.metric < 0.99
+    assert fp32.status == "selected" and fp32.metric == 1.0, "the next candidate serves"
+
+    model, candidates = _classifier_tuned(metric=metrics.relative_accuracy, accuracy_budget=0.05)
+    assert candidates[0].status == "selected" and 0.95 < candidates[0].metric < 0.99
+
+
+def test_a_budget_needs_a_metric_and_stays_in_range(toy_backends):
+    from aitune.errors import InputError
+
+    with pytest.raises(InputError, match="accuracy_budget needs a metric"):
+        ait.tune(ait.Module(SlowModule(), "m"), [torch.randn(2, 8)], accuracy_budget=0.01)
+    with pytest.raises(ValueError, match="accuracy_budget must be a number in"):
+        ait.Module(SlowModule(), "m", accuracy_budget=2)
+
+
+def test_quantizing_variants_join_the_defaults_only_with_a_budget():
+    from aitune.engine.plan import default_backends
+    from aitune.plugins import get_manager
+
+    registry = get_manager().registry
+    if "onnxruntime" not in registry or registry.unavailable("onnxruntime", torch.device("cpu")):
+        pytest.skip("onnxruntime cannot run here")
+    plain = [b.variant() for b in default_backends(registry, torch.device("cpu")) if b.name == "onnxruntime"]
+    budget = [b.variant() for b in default_backends(registry, torch.device("cpu"), True) if b.name == "onnxruntime"]
+    assert "dynamic int8" not in plain and "dynamic int8" in budget

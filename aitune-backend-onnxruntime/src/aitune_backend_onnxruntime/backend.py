@@ -13,12 +13,13 @@ CUDA events, with its end-of-run synchronisation off: no host synchronisation pe
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,16 +77,30 @@ class ONNXRuntimeBackend(Backend):
 
     @classmethod
     def default_configs(cls) -> list[ONNXRuntimeBackendConfig]:
-        """Both exports as candidates: which one ONNX Runtime runs faster depends on the model."""
+        """Both exports, and for a transformers model its eager attention, as candidates: which one
+        ONNX Runtime runs faster depends on the model."""
+        dynamo = ONNXExportConfig(fallback_to_torchscript=False)
         return [
-            ONNXRuntimeBackendConfig(export=ONNXExportConfig(fallback_to_torchscript=False)),
+            ONNXRuntimeBackendConfig(export=dynamo),
             ONNXRuntimeBackendConfig(export=ONNXExportConfig(exporter="torchscript")),
+            ONNXRuntimeBackendConfig(export=dynamo, attention="eager"),  # fails at once outside transformers
+        ]
+
+    @classmethod
+    def quantized_configs(cls) -> list[ONNXRuntimeBackendConfig]:
+        """Dynamic int8 on the dynamo export, tried by default when the user gave an accuracy budget."""
+        return [
+            ONNXRuntimeBackendConfig(
+                quantization="dynamic_int8", export=ONNXExportConfig(fallback_to_torchscript=False)
+            )
         ]
 
     def variant(self) -> str | None:
         words = []
         if self.config.export.exporter == "torchscript":
             words.append("torchscript export")
+        if self.config.attention is not None:
+            words.append(f"{self.config.attention} attention")
         if self.config.quantization is not None:
             words.append(self.config.quantization.replace("_", " "))
         return ", ".join(words) or None
@@ -134,7 +149,8 @@ class ONNXRuntimeBackend(Backend):
             raise BuildError("the onnxruntime backend needs at least one recorded sample to export the module")
         provider = self.provider_for(context.device)
         folder = self._own_folder()
-        export = export_onnx(module, context.graph, context.samples[0], folder, self.config.export)
+        with attention_implementation(module, self.config.attention):
+            export = export_onnx(module, context.graph, context.samples[0], folder, self.config.export)
         save_optimized = self.config.save_optimized_model and provider is not ONNXExecutionProvider.TENSORRT
         self._adopt(export, context.graph, provider)
         if self.config.quantization is not None:
@@ -533,6 +549,28 @@ def _from_ort(value: Any, device: torch.device) -> torch.Tensor:
     if to_dlpack is not None:
         return torch.from_dlpack(to_dlpack())
     return torch.from_numpy(value.numpy()).to(device)
+
+
+@contextlib.contextmanager
+def attention_implementation(module: torch.nn.Module, chosen: str | None) -> Iterator[None]:
+    """``module``'s transformers configs set to the attention implementation ``chosen`` while the block
+    runs, then restored; a module with no such config cannot take that variant (BuildError)."""
+    if chosen is None:
+        yield
+        return
+    configs = {id(c): c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")}
+    if not configs:
+        raise BuildError(
+            f"the {chosen} attention variant applies to transformers models only; this one has no attention config"
+        )
+    before = {key: config._attn_implementation for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config._attn_implementation = chosen
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation = before[key]
 
 
 def external_data_outside(model: Path, files: Sequence[str]) -> str | None:

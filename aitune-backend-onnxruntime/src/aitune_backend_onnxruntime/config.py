@@ -30,6 +30,7 @@ class ONNXExecutionProvider(str, enum.Enum):
 
 OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
 QUANTIZATIONS = (None, "dynamic_int8", "static_int8")
+ATTENTIONS = (None, "eager", "sdpa")
 INT8_TOLERANCE = Tolerance(atol=1e-4, rtol=0.05, min_cosine=0.995)
 """The bound a quantized ONNX Runtime candidate declares: int8 costs a few percent of the output's scale."""
 
@@ -130,6 +131,9 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     export: ONNXExportConfig = attrs.field(factory=ONNXExportConfig, validator=_export)
     save_optimized_model: bool = attrs.field(default=False, validator=_bool)
     """Also save ONNX Runtime's optimized graph so a load skips graph optimization."""
+    attention: str | None = attrs.field(default=None, validator=attrs.validators.in_(ATTENTIONS))
+    """For a transformers model: the attention implementation to export with (``"eager"``,
+    ``"sdpa"``); None exports the model as it is configured. The model is restored afterwards."""
     quantization: str | None = attrs.field(default=None, validator=attrs.validators.in_(QUANTIZATIONS))
     """None, ``"dynamic_int8"`` (int8 weights, activations quantized at run time) or ``"static_int8"``
     (QDQ int8 calibrated on the recorded samples), applied to the exported graph. Quantized

@@ -144,6 +144,12 @@ class Backend(abc.ABC):
         """
         return [cls.config_class()]
 
+    @classmethod
+    def quantized_configs(cls) -> list[BackendConfig]:
+        """Configs that trade accuracy for speed (int8), tried as default candidates only when the
+        user gave an accuracy budget (``ait.tune(..., metric=..., accuracy_budget=...)``). None by default."""
+        return []
+
     def variant(self) -> str | None:
         """A few words naming this config among the backend's variants (``"torchscript export"``), or None."""
         return None

@@ -38,6 +38,9 @@ class ValidationReport:
     outputs: list[OutputComparison] = attrs.field(factory=list)
     checks: list[str] = attrs.field(factory=list)
     """What was checked beyond the recorded samples, e.g. ``batch=min (1)``."""
+    closeness_only: bool = False
+    """Failed only on closeness: the outputs had eager's structure, shapes and dtypes and were finite
+    (the user's metric may still accept such a candidate)."""
 
     @property
     def max_rel_error(self) -> float:
@@ -129,6 +132,8 @@ class CandidateReport:
     """Upper end of the speedup's interval: the upper quartile of those ratios."""
     variant: str | None = None
     """Which of the backend's variants this candidate is (``"torchscript export"``), when it has several."""
+    metric: float | None = None
+    """The user's metric (``ait.tune(metric=...)``) over the recorded calls, 1.0 meaning eager's answers."""
 
 
 @attrs.define

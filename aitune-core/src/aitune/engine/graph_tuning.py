@@ -14,6 +14,7 @@ those sessions give (the speedup against eager, the dispatch cost) are :mod:`.fi
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import logging
 import shutil
@@ -32,7 +33,7 @@ from ..builtin.eager import TorchEagerBackend
 from ..errors import ConfigError, SerializationError
 from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
 from ..profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
-from ..report import CandidateReport, CandidateStatus, GraphReport, ProfileResult, RouteReport
+from ..report import CandidateReport, CandidateStatus, GraphReport, ProfileResult, RouteReport, ValidationReport
 from ..session import Session
 from . import recording
 from .figures import Comparison, ProfileOutcome, SharedFigures, compare, measure_dispatch_ms, with_dispatch
@@ -105,6 +106,8 @@ class GraphTuning:
         shared: SharedFigures | None = None,
         progress: TuneProgress | None = None,
         masked_by: str | None = None,
+        metric: Any = None,
+        accuracy_budget: float | None = None,
     ) -> None:
         self.module_name = module_name
         self.module = module
@@ -119,6 +122,8 @@ class GraphTuning:
         self.tolerances = tolerances
         self.masked_by = masked_by
         """The input holding the attention mask when only unmasked positions are compared, else None."""
+        self.metric = metric
+        self.accuracy_budget = accuracy_budget
         self.report = report
         self.shared = shared
         """Several ranks deciding on shared figures, or None: this process's figures are the ones."""
@@ -178,12 +183,39 @@ class GraphTuning:
                 session=self.session,
             )
         candidate.report.validation = result
-        if not result.passed:
+        if self.metric is not None and (result.passed or result.closeness_only):
+            reason = self._judge_by_metric(candidate, result)
+            if reason is not None:
+                self._fail(candidate, "validate", reason, None)
+                return False
+        elif not result.passed:
             # a cached build that no longer matches eager is dropped, so the next tune builds it afresh
             buildcache.evict(candidate.backend.build_info.get("cache_key"))
             self._fail(candidate, "validate", result.reason or "outputs differ from eager", None)
             return False
         return True
+
+    def _judge_by_metric(self, candidate: Candidate, result: ValidationReport) -> str | None:
+        """The user's metric over the recorded calls decides: why it rejects ``candidate``, or None.
+
+        A candidate outside the numeric bound whose outputs have eager's form (an int8 one) is
+        accepted when the metric holds, and its report says so.
+        """
+        floor = 1.0 - (self.accuracy_budget or 0.0)
+        values = []
+        with torch.no_grad(), recording.bypass():
+            for sample in self.samples:
+                eager = self.module(*copy.deepcopy(sample.args), **copy.deepcopy(sample.kwargs))
+                tuned = candidate.backend.infer(*copy.deepcopy(sample.args), **copy.deepcopy(sample.kwargs))
+                values.append(float(self.metric(tuned, eager, sample)))
+        value = sum(values) / len(values) if values else 1.0
+        candidate.report.metric = value
+        if value < floor:
+            return f"the metric is {value:.4g} over the recorded calls, below {floor:.4g} (1 - accuracy_budget)"
+        if not result.passed:
+            result.checks.append(f"outside the numeric bound ({result.reason}); accepted by the metric ({value:.4g})")
+            result.passed, result.reason = True, None
+        return None
 
     def profile(
         self, candidates: Sequence[Candidate], config: ProfilingConfig, with_eager: bool, batch_sizes: Sequence[int]

@@ -10,7 +10,7 @@ weights again: winners that baked the old weights in stop being used (see ``guar
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,6 +28,21 @@ if TYPE_CHECKING:
     from .strategies import TuneStrategy
 
 _INNER = "module"
+Metric = Callable[[Any, Any, Any], float]
+"""``fn(tuned_outputs, eager_outputs, batch) -> float``, 1.0 when the candidate answered as eager did."""
+
+
+def check_budget(budget: float | None) -> float | None:
+    """``budget`` checked: a number in [0, 1] (the metric may fall that far below 1.0), or None."""
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1
+    ):
+        raise ValueError(
+            f"accuracy_budget must be a number in [0, 1] (how far the metric may fall below 1), got {budget!r}"
+        )
+    return None if budget is None else float(budget)
+
+
 COMPARE = ("all", "unmasked")
 """How candidates are compared with eager: every output element, or the unmasked positions only."""
 
@@ -43,6 +58,8 @@ class Module(torch.nn.Module):
     ``compare="unmasked"`` checks candidates against eager only at the positions the attention
     mask keeps (the input named ``mask``): padded positions carry no meaning, and backends fill
     them differently, so a left-padded decoder batch would reject them all with ``"all"``.
+    ``metric`` and ``accuracy_budget`` judge candidates by the user's own measure (they win over
+    ``ait.tune``'s): see :mod:`aitune.metrics`.
     """
 
     def __init__(
@@ -56,6 +73,8 @@ class Module(torch.nn.Module):
         tolerances: Mapping[str, Tolerance] | None = None,
         compare: str = "all",
         mask: str = "attention_mask",
+        metric: Metric | None = None,
+        accuracy_budget: float | None = None,
     ) -> None:
         super().__init__()
         if compare not in COMPARE:
@@ -70,6 +89,8 @@ class Module(torch.nn.Module):
         object.__setattr__(self, "strict", strict)
         object.__setattr__(self, "tolerances", tolerances)
         object.__setattr__(self, "masked_by", mask if compare == "unmasked" else None)
+        object.__setattr__(self, "metric", metric)
+        object.__setattr__(self, "accuracy_budget", check_budget(accuracy_budget))
         object.__setattr__(self, "_canonicalize", Canonicalizer(module.forward))
         object.__setattr__(self, "_dispatcher", None)
         object.__setattr__(self, "_state", "recording")
@@ -132,7 +153,7 @@ class Module(torch.nn.Module):
     # -- used by the tuner and the artifact loader -------------------------------------------
 
     def _install(self, routes: Sequence[tuple[GraphSpec, Backend]], report: ModuleReport | None) -> None:
-        """Winner calls by ``routes`` (see :mod:`aitune.engine.install`); all eager needs no dispatcher.
+        """Route calls by ``routes`` (see :mod:`aitune.engine.install`); all eager needs no dispatcher.
 
         Graphs (or batch ranges) whose winner is eager keep a route to eager, so their calls run
         eager silently instead of counting as calls outside what was tuned.

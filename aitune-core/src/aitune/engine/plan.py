@@ -60,6 +60,10 @@ class TuneRun:
     """Ranks deciding on the slowest rank's figures (``rank_decision="slowest"``), else None."""
     progress: TuneProgress = attrs.field(factory=lambda: TuneProgress(False))
     """Where the steps of the run show (always logged)."""
+    metric: Any = None
+    """The user's accuracy metric for every module that names none (see :mod:`aitune.metrics`)."""
+    accuracy_budget: float | None = None
+    """How far the metric may fall below 1.0; with it, quantizing variants join the default candidates."""
 
     @property
     def hook(self) -> Any:
@@ -81,9 +85,10 @@ def weights_device(module: torch.nn.Module) -> torch.device | None:
     return None
 
 
-def default_backends(registry: BackendRegistry, device: torch.device) -> list[Backend]:
+def default_backends(registry: BackendRegistry, device: torch.device, quantized: bool = False) -> list[Backend]:
     """Every installed backend that can run on ``device`` and is a default candidate, eager excluded,
-    once per config it lists as a default variant (:meth:`Backend.default_configs`)."""
+    once per config it lists as a default variant (:meth:`Backend.default_configs`), and with
+    ``quantized`` (an accuracy budget was given) once per quantizing variant too."""
     out: list[Backend] = []
     for name in registry.names():
         spec = registry.spec(name)
@@ -91,7 +96,8 @@ def default_backends(registry: BackendRegistry, device: torch.device) -> list[Ba
             continue
         try:
             cls = registry.backend_class(name)
-            out.extend(cls(config) for config in cls.default_configs())
+            configs = [*cls.default_configs(), *(cls.quantized_configs() if quantized else [])]
+            out.extend(cls(config) for config in configs)
         except Exception as exc:  # a plugin that cannot even construct its default is skipped, loudly
             logger.warning("backend %s skipped: %s: %s", name, type(exc).__name__, exc)
     return out
@@ -150,6 +156,8 @@ def graph_tuning(
         run.shared,
         run.progress,
         module.masked_by,
+        module.metric or run.metric,
+        module.accuracy_budget if module.accuracy_budget is not None else run.accuracy_budget,
     )
 
 

@@ -32,7 +32,7 @@ from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
 from . import fanout, ranks, recording, settings
 from .install import winners_of
-from .module import Module, top_modules, wrapped_modules
+from .module import Module, check_budget, top_modules, wrapped_modules
 from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
 from .progress import TuneProgress
 
@@ -80,6 +80,8 @@ def tune(
     rank_decision: str | None = None,
     freeze: bool | None = None,
     threads: int | None = None,
+    metric: Callable[[Any, Any, Any], float] | None = None,
+    accuracy_budget: float | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -108,12 +110,25 @@ def tune(
     which ``threads=N`` sets for the process (``torch.set_num_threads``) before anything is timed.
     Runtimes with pools of their own (ONNX Runtime) size them to it, in tuning and after load, so a
     speed-up is always one at equal threads; the report's environment states it.
+
+    ``metric(tuned_outputs, eager_outputs, batch) -> float`` (1.0: eager's answers; ready-made ones
+    in :mod:`aitune.metrics`) judges candidates over the recorded calls: one is accepted when the
+    metric's mean is at least ``1 - accuracy_budget`` (default budget 0), also when it is outside
+    the numeric bound but has eager's structure, shapes and dtypes (int8). With a budget, backends'
+    quantizing variants (ONNX Runtime int8) join the default candidates. Each candidate's metric is
+    in the report; a module's own ``metric``/``accuracy_budget`` win.
     """
     if threads is not None:
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise InputError(f"threads must be an int >= 1, got {threads!r}")
         torch.set_num_threads(threads)
         logger.info("thread budget: %d (torch.set_num_threads) for eager and every candidate", threads)
+    budget = check_budget(accuracy_budget)
+    if budget is not None and metric is None:
+        raise InputError(
+            "accuracy_budget needs a metric to spend it on: pass metric=aitune.metrics.top1_agreement (or "
+            "cosine_similarity, relative_accuracy, or a function of your own)"
+        )
     samples = settings.max_samples if max_samples is None else max_samples
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise InputError(f"max_samples must be an int >= 1, got {samples!r}")
@@ -150,6 +165,8 @@ def tune(
             dry_run,
             decide_by,
             settings.freeze if freeze is None else freeze,
+            metric,
+            budget,
         )
     return report
 
@@ -224,6 +241,8 @@ def _tune(
     dry_run: bool = False,
     decide_by: str = "rank0",
     freeze: bool = False,
+    metric: Any = None,
+    accuracy_budget: float | None = None,
 ) -> TuneReport:
     started = time.perf_counter()
     group = distributed.coordinator()  # None in a single process
@@ -234,13 +253,15 @@ def _tune(
         run = TuneRun(
             session,
             tune_device,
-            default_backends(session.registry, tune_device),
+            default_backends(session.registry, tune_device, quantized=accuracy_budget is not None),
             batch_sizes,
             tolerances,
             fail_fast=fail_fast,
             dry_run=dry_run,
             shared=ranks.SlowestRank(group) if group is not None and decide_by == "slowest" else None,
             progress=progress,
+            metric=metric,
+            accuracy_budget=accuracy_budget,
         )
         if group is not None:
             outbox["plan"] = ranks.plan(list(recorded.modules.values()), run)
@@ -441,6 +462,8 @@ def summarize(report: ModuleReport) -> str:
             )
         if chosen.validation is not None:
             text += f", max rel err {chosen.validation.max_rel_error:.1g}"
+        if chosen.metric is not None:
+            text += f", metric {chosen.metric:.4g}"
         parts.append(text)
     if len(parts) == 1:
         return f"{report.name}: {parts[0]}"

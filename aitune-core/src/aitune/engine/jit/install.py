@@ -63,7 +63,7 @@ class TunedForward:
 def install(
     module: torch.nn.Module, cand: JitCandidate, winners: Sequence[tuple[GraphSpec, Backend]]
 ) -> tuple[str, ...]:
-    """Winner ``module``'s inference calls to ``winners`` (eager ones excepted); returns the backends used."""
+    """Route ``module``'s inference calls to ``winners`` (eager ones run its own forward); returns the backends used."""
     routes = [Winner(g, b) for g, b in winners]
     names = tuple(b.name for g, b in winners if b.name != decision_store.EAGER)
     module.forward = TunedForward(module, cand.name, cand.wrapper._canonicalize, routes, names)
