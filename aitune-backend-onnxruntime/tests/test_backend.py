@@ -307,8 +307,31 @@ def test_tensorrt_provider_gets_the_graph_shape_profile_and_an_engine_cache(tmp_
     assert tensorrt_profile(infer_graph([Sample((torch.zeros(2, 3),))], ["x"]), ["x"]) == {}
     assert provider_chain(ONNXExecutionProvider.CUDA, 0, graph, [], {}, tmp_path)[0] == (
         "CUDAExecutionProvider",
-        {"device_id": "0"},
+        {"device_id": "0", "use_tf32": "0"},
+    ), "CUDA computes fp32 as fp32, so the fp32 bound holds"
+    assert (
+        provider_chain(ONNXExecutionProvider.CUDA, 0, graph, [], {"use_tf32": "1"}, tmp_path)[0][1]["use_tf32"] == "1"
     )
+
+
+def test_each_payload_gets_tensorrt_engines_of_its_own(tmp_path):
+    """The provider keys its engine cache by names, not weights: a fine-tune and its base must not share one."""
+    from aitune_backend_onnxruntime.backend import _model_digest, session_config
+
+    graph = _dynamic_graph()
+    base, tuned = tmp_path / "base.onnx", tmp_path / "tuned.onnx"
+    base.write_bytes(b"graph with weights A")
+    tuned.write_bytes(b"graph with weights B")
+    prefixes = [
+        provider_chain(
+            ONNXExecutionProvider.TENSORRT, 0, graph, ["x"], {}, tmp_path, model_digest=_model_digest(m, [])
+        )[0][1]["trt_engine_cache_prefix"]
+        for m in (base, tuned, base)
+    ]
+    assert prefixes[0] != prefixes[1] and prefixes[0] == prefixes[2]
+    assert session_config(ONNXExecutionProvider.CUDA) == {"session.disable_cpu_ep_fallback": "1"}
+    assert session_config(ONNXExecutionProvider.TENSORRT) == {"session.disable_cpu_ep_fallback": "1"}
+    assert session_config(ONNXExecutionProvider.CPU) == {}
 
 
 def test_output_shapes_follow_from_named_input_dims():
@@ -563,3 +586,11 @@ def test_the_attention_variant_exports_a_transformers_model_with_eager_attention
             tmp_path / "mlp",
             ONNXRuntimeBackendConfig(attention="eager"),
         )
+
+
+def test_tf32_turned_on_by_the_user_gets_tf32s_bound():
+    from aitune_backend_onnxruntime.config import TF32_TOLERANCE
+
+    assert ONNXRuntimeBackend().tolerance(torch.float32) is None, "fp32 as fp32: the dtype's own bound"
+    tf32 = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(provider_options={"use_tf32": "1"}))
+    assert tf32.tolerance(torch.float32) == TF32_TOLERANCE and tf32.tolerance(torch.float16) is None

@@ -181,3 +181,28 @@ def test_reduced_precision_loosens_the_fp32_bound() -> None:
     assert TorchTensorRTAotBackend().tolerance(torch.float32) is None, "fp32 runs without TF32 by default"
     tf32 = TorchTensorRTAotBackend(TorchTensorRTAotBackendConfig(compile_config=TorchTensorRTConfig(tf32=True)))
     assert tf32.tolerance(torch.float32).atol > DEFAULT_TOLERANCES["float32"].atol, "TF32 declares its wider bound"
+
+
+def test_the_jit_path_raises_build_failures_instead_of_running_eager() -> None:
+    """Without pass_through_build_failures torch.compile hands back the original graph: eager under a TensorRT name."""
+    for version in ("2.9.0", "2.12.1", "2.13.0"):
+        assert to_torch_tensorrt_kwargs(TorchTensorRTConfig(), version, jit=True)["pass_through_build_failures"] is True
+        assert "pass_through_build_failures" not in to_torch_tensorrt_kwargs(TorchTensorRTConfig(), version)
+
+
+@pytest.mark.parametrize("version", ["2.10.0", "2.11.0+cu130", "2.12.1"])
+def test_fp16_on_2_10_to_2_12_turns_explicit_typing_off_so_the_fp16_flag_is_set(version) -> None:
+    fp16 = TorchTensorRTConfig(enabled_precisions=("fp16", "fp32"))
+    assert to_torch_tensorrt_kwargs(fp16, version)["use_explicit_typing"] is False
+    assert "use_explicit_typing" not in to_torch_tensorrt_kwargs(TorchTensorRTConfig(), version), "fp32 leaves it alone"
+    assert "use_explicit_typing" not in to_torch_tensorrt_kwargs(fp16, "2.9.0"), "before 2.10 it defaulted to False"
+    explicit = TorchTensorRTConfig(enabled_precisions=("fp16",), use_explicit_typing=True)
+    assert to_torch_tensorrt_kwargs(explicit, version)["use_explicit_typing"] is True, "the user's choice wins"
+
+
+def test_from_2_13_lower_precision_through_torch_compile_is_refused_not_built_fp32() -> None:
+    fp16 = TorchTensorRTConfig(enabled_precisions=("fp16",))
+    with pytest.raises(ConfigError, match="TorchTensorRTAotBackend for lower precision"):
+        to_torch_tensorrt_kwargs(fp16, "2.13.0", jit=True)
+    assert to_torch_tensorrt_kwargs(fp16, "2.13.0")["enable_autocast"] is True, "the AOT path autocasts"
+    assert "enable_autocast" not in to_torch_tensorrt_kwargs(TorchTensorRTConfig(), "2.14.0", jit=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -31,7 +32,7 @@ from aitune.errors import BackendUnavailableError, BuildError, SerializationErro
 from aitune.graph import GraphSpec
 from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
 
-from .config import INT8_TOLERANCE, ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from .config import INT8_TOLERANCE, TF32_TOLERANCE, ONNXExecutionProvider, ONNXRuntimeBackendConfig
 from .plugin import preload_tensorrt, provider_unavailable
 
 OPTIMIZED_FILE = "model.optimized.onnx"
@@ -106,7 +107,11 @@ class ONNXRuntimeBackend(Backend):
         return ", ".join(words) or None
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
-        return INT8_TOLERANCE if self.config.quantization is not None and dtype.is_floating_point else None
+        if self.config.quantization is not None and dtype.is_floating_point:
+            return INT8_TOLERANCE
+        if self.config.tf32 and dtype == torch.float32:
+            return TF32_TOLERANCE
+        return None
 
     # -- what the engine asks first -------------------------------------------------------------
 
@@ -280,6 +285,8 @@ class ONNXRuntimeBackend(Backend):
         options.inter_op_num_threads = 1 if inter is None else inter  # execution is sequential
         self.build_info["threads"] = options.intra_op_num_threads or "onnxruntime's default"
         options.log_severity_level = 3
+        for key, value in session_config(provider).items():
+            options.add_session_config_entry(key, value)
         if optimized_to is not None:
             options.optimized_model_filepath = str(optimized_to)
         available = ort.get_available_providers()
@@ -305,6 +312,7 @@ class ONNXRuntimeBackend(Backend):
             self.config.provider_options,
             cache_dir,
             stream=stream.cuda_stream if stream is not None else None,
+            model_digest=_model_digest(model, self._files) if provider is ONNXExecutionProvider.TENSORRT else "",
         )
         try:
             session = ort.InferenceSession(str(model), options, providers=chain)
@@ -465,18 +473,22 @@ def provider_chain(
     options: Mapping[str, str],
     cache_dir: Path,
     stream: int | None = None,
+    model_digest: str = "",
 ) -> list[tuple[str, dict[str, str]]]:
     """The ``providers`` list for the session: the asked-for provider first, its fallbacks after.
 
     For TensorRT, the graph's min/opt/max shapes become the engine's optimisation profile and
-    engines are cached under aitune's cache folder, so a load does not rebuild them. ``stream``
-    (a CUDA stream handle) is the stream the GPU providers run on.
+    engines are cached under aitune's cache folder, so a load does not rebuild them. The provider's
+    cache key hashes names, not weights, so each payload's engines get a prefix of their own from
+    ``model_digest``: a fine-tune never reuses its base model's engine. CUDA runs fp32 as fp32
+    (``use_tf32`` off, unless the options say otherwise), so fp32's bound holds. ``stream`` (a CUDA
+    stream handle) is the stream the GPU providers run on.
     """
     cpu: tuple[str, dict[str, str]] = ("CPUExecutionProvider", {})
     if provider is ONNXExecutionProvider.CPU:
         return [("CPUExecutionProvider", dict(options))]
     on_stream = {"user_compute_stream": str(stream)} if stream is not None else {}  # implies has_user_compute_stream
-    cuda = ("CUDAExecutionProvider", {"device_id": str(device_id), **on_stream})
+    cuda = ("CUDAExecutionProvider", {"device_id": str(device_id), "use_tf32": "0", **on_stream})
     if provider is ONNXExecutionProvider.CUDA:
         return [("CUDAExecutionProvider", {**cuda[1], **options}), cpu]
     trt = {
@@ -484,10 +496,30 @@ def provider_chain(
         **on_stream,
         "trt_engine_cache_enable": "True",
         "trt_engine_cache_path": str(Path(cache_dir) / "onnxruntime-tensorrt"),
+        "trt_engine_cache_prefix": f"aitune_{model_digest[:16]}" if model_digest else "aitune",
         **tensorrt_profile(graph, input_names),
         **options,
     }
     return [("TensorrtExecutionProvider", trt), cuda, cpu]
+
+
+def session_config(provider: ONNXExecutionProvider) -> dict[str, str]:
+    """Session config entries: on a GPU provider, a node that would fall back to the CPU fails the
+    session instead of running there unnoticed (only a whole-provider fallback used to be caught)."""
+    if provider is ONNXExecutionProvider.CPU:
+        return {}
+    return {"session.disable_cpu_ep_fallback": "1"}
+
+
+def _model_digest(model: Path, files: Sequence[str]) -> str:
+    """SHA-256 of the graph and the external-data files beside it: what its TensorRT engine is of."""
+    digest = hashlib.sha256()
+    for path in [model, *(model.parent / f for f in files if f != model.name)]:
+        if path.is_file():
+            with open(path, "rb") as f:
+                for block in iter(lambda f=f: f.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
 
 
 def tensorrt_profile(graph: GraphSpec, input_names: Sequence[str]) -> dict[str, str]:

@@ -33,6 +33,8 @@ QUANTIZATIONS = (None, "dynamic_int8", "static_int8")
 ATTENTIONS = (None, "eager", "sdpa")
 INT8_TOLERANCE = Tolerance(atol=1e-4, rtol=0.05, min_cosine=0.995)
 """The bound a quantized ONNX Runtime candidate declares: int8 costs a few percent of the output's scale."""
+TF32_TOLERANCE = Tolerance(atol=1e-4, rtol=5e-3, min_cosine=0.9999)
+"""fp32 outputs of the CUDA provider with ``provider_options={"use_tf32": "1"}`` (10 mantissa bits)."""
 
 
 def _provider(value: Any) -> ONNXExecutionProvider | None:
@@ -138,6 +140,11 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     """None, ``"dynamic_int8"`` (int8 weights, activations quantized at run time) or ``"static_int8"``
     (QDQ int8 calibrated on the recorded samples), applied to the exported graph. Quantized
     candidates are checked against eager under their own looser bound (:data:`INT8_TOLERANCE`)."""
+
+    @property
+    def tf32(self) -> bool:
+        """Whether the provider options turn TF32 on (aitune turns it off by default)."""
+        return self.provider_options.get("use_tf32", "0").strip().lower() in {"1", "true"}
 
     def untrusted_settings(self) -> list[str]:
         return [

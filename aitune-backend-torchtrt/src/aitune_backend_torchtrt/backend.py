@@ -116,10 +116,10 @@ def known_settings(torch_tensorrt: ModuleType) -> frozenset[str] | None:
         return None
 
 
-def compile_settings(torch_tensorrt: ModuleType, config: TorchTensorRTConfig) -> dict[str, Any]:
-    """The compile settings for the installed release, each one known to it."""
+def compile_settings(torch_tensorrt: ModuleType, config: TorchTensorRTConfig, jit: bool = False) -> dict[str, Any]:
+    """The compile settings for the installed release, each one known to it (``jit``: for torch.compile)."""
     version = str(torch_tensorrt.__version__)
-    kwargs = to_torch_tensorrt_kwargs(config, version)
+    kwargs = to_torch_tensorrt_kwargs(config, version, jit)
     check_known_settings(kwargs, known_settings(torch_tensorrt), version)
     return kwargs
 
@@ -173,7 +173,7 @@ class TorchTensorRTJitBackend(_TorchTensorRTBackend):
         self, module: torch.nn.Module, graph: GraphSpec, samples: list[Sample], device: torch.device, cache: Path
     ) -> None:
         torch_tensorrt = import_torch_tensorrt(self.name)
-        options = compile_settings(torch_tensorrt, self.compile_config)
+        options = compile_settings(torch_tensorrt, self.compile_config, jit=True)
         options.update(device=device, timing_cache_path=_timing_cache(cache))
         self._compiled = compile_and_warm(module, graph, samples, "torch_tensorrt", options)
         self.build_info.update(

@@ -90,7 +90,9 @@ class TorchTensorRTConfig:
         return torch.float32
 
 
-def to_torch_tensorrt_kwargs(config: TorchTensorRTConfig, torch_tensorrt_version: str) -> dict[str, Any]:
+def to_torch_tensorrt_kwargs(
+    config: TorchTensorRTConfig, torch_tensorrt_version: str, jit: bool = False
+) -> dict[str, Any]:
     """The keyword arguments of ``torch_tensorrt.dynamo.compile`` (and ``torch.compile`` options)
     for the installed Torch-TensorRT release.
 
@@ -98,10 +100,16 @@ def to_torch_tensorrt_kwargs(config: TorchTensorRTConfig, torch_tensorrt_version
     strongly typed engine takes its precision from the graph's dtypes), so fp16/bf16 become
     Torch-TensorRT's autocast of the graph to that type. Settings that only newer releases know are
     passed only when switched on, so a default config works with every supported release.
-    """
-    from .versions import STRONGLY_TYPED_FROM, minor
 
-    strongly_typed = minor(torch_tensorrt_version) >= STRONGLY_TYPED_FROM
+    ``jit``: the settings go to ``torch.compile(backend="torch_tensorrt")``. A build failure there
+    must raise (``pass_through_build_failures``), or the backend hands back the original graph and
+    the candidate runs eager under a TensorRT name; and from 2.13 autocast runs only in the
+    ahead-of-time path, so lower precision through ``torch.compile`` is refused rather than built fp32.
+    """
+    from .versions import EXPLICIT_TYPING_DEFAULT_FROM, STRONGLY_TYPED_FROM, minor
+
+    release = minor(torch_tensorrt_version)
+    strongly_typed = release >= STRONGLY_TYPED_FROM
     kwargs: dict[str, Any] = {
         "workspace_size": config.workspace_size,
         "min_block_size": config.min_block_size,
@@ -117,12 +125,23 @@ def to_torch_tensorrt_kwargs(config: TorchTensorRTConfig, torch_tensorrt_version
         kwargs["optimization_level"] = config.optimization_level
     if config.use_fp32_acc:
         kwargs["use_fp32_acc"] = True
+    if jit:
+        kwargs["pass_through_build_failures"] = True
+    lower = config.lowest_precision != torch.float32
     if not strongly_typed:
         kwargs["enabled_precisions"] = {PRECISIONS[p] for p in config.enabled_precisions}
         kwargs["use_python_runtime"] = config.use_python_runtime
         if config.use_explicit_typing:
             kwargs["use_explicit_typing"] = True
+        elif lower and release >= EXPLICIT_TYPING_DEFAULT_FROM:
+            kwargs["use_explicit_typing"] = False  # its default True would skip the FP16/BF16 flags
         return kwargs
+    if jit and lower:
+        raise ConfigError(
+            f"torch-tensorrt {torch_tensorrt_version} applies {config.lowest_precision} (its autocast) only when "
+            "compiling ahead of time, so torch.compile would build fp32 under an fp16 label: use "
+            "TorchTensorRTAotBackend for lower precision, or enabled_precisions=('fp32',) here"
+        )
     if config.use_python_runtime:
         raise ConfigError(
             f"TorchTensorRTConfig.use_python_runtime: torch-tensorrt {torch_tensorrt_version} removed the Python "

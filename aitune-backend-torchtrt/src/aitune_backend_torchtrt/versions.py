@@ -17,6 +17,9 @@ RUNTIME = "torch-tensorrt"
 TESTED = ((2, 8), (2, 14))
 """The torch minors (and so Torch-TensorRT releases) this backend speaks: 2.8 is the first torch whose
 ``.pt2`` archive layout aitune's archive check reads; the pyproject has one extra per minor."""
+EXPLICIT_TYPING_DEFAULT_FROM = (2, 10)
+"""From 2.10 to 2.12 ``use_explicit_typing`` defaults to True, which skips the FP16/BF16 builder
+flags: a config asking for lower precision must pass False there, or it builds fp32 silently."""
 STRONGLY_TYPED_FROM = (2, 13)
 """From 2.13 every engine is strongly typed: ``enabled_precisions``, ``use_explicit_typing`` and
 ``use_python_runtime`` are gone and lower precision comes from Torch-TensorRT's autocast."""
