@@ -18,9 +18,19 @@
    replayed after re-shaping) and at batch 1 (the ``mark_dynamic`` minimum), and one table is
    printed: backend x (build, correct, speedup, load), each cell a measured value or the error.
 
+**Offline** (``--wheelhouse DIR``, for a GPU machine with no network whose system Python holds
+torch): the wheels ``scripts/gpu_wheelhouse.sh`` collected on a networked machine are installed
+with ``pip install --no-index --no-deps --target`` into a temporary folder put on ``PYTHONPATH``
+(torch is never touched; no venv, no nox, no tests), then the tune and the fresh-process load run
+with what the machine has: eager's baseline, Inductor JIT and AOT in fp32 and bf16, TorchAO
+weight-only int8 (and fp8 on Hopper), ONNX Runtime where a GPU build is installed. A runtime the
+machine lacks (TensorRT, Torch-TensorRT, onnxruntime-gpu) is a row that says "not installed here",
+not a failure.
+
 The script itself imports neither torch nor aitune: it runs every step in the environment's
 Python, so nothing it installs can change under it. Exit status: 0 when the tests passed and every
-backend built; 1 otherwise; 2 without a CUDA GPU. ``scripts/README.md`` shows the table's layout.
+backend the machine has built, matched eager and loaded; 1 otherwise (a wrong output, a load
+error); 2 without a CUDA GPU. ``scripts/README.md`` shows the table's layout.
 """
 
 from __future__ import annotations
@@ -105,6 +115,27 @@ def torch_minor(version: str) -> tuple[int, int]:
 
 
 # -- 1. install --------------------------------------------------------------------------------
+
+
+def install_wheelhouse(wheelhouse: Path) -> Path:
+    """The wheels of ``wheelhouse`` into a fresh folder put on ``PYTHONPATH``: no index, no deps, no venv,
+    so the machine's torch is never touched; returns the folder."""
+    step("install the wheelhouse (offline)")
+    wheels = sorted(wheelhouse.glob("*.whl"))
+    if not wheels:
+        raise SystemExit(
+            f"no wheels in {wheelhouse}: run scripts/gpu_wheelhouse.sh {wheelhouse} on a networked machine"
+        )
+    target = Path(tempfile.mkdtemp(prefix="aitune-gpu-wheelhouse-"))
+    cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet", "--target", str(target)]
+    if run([*cmd, *(str(w) for w in wheels)], max(left(), 60)) != 0:
+        raise SystemExit(f"the wheelhouse {wheelhouse} did not install (pip's message is above)")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
+    sys.path.insert(0, str(target))
+    where = "import aitune.torch, aitune; print('aitune', aitune.__version__, 'from', aitune.__file__)"
+    if run([sys.executable, "-c", where], 120) != 0:
+        raise SystemExit("aitune does not import from the wheelhouse (the error is above)")
+    return target
 
 
 def venv_python(venv: Path) -> str:
@@ -211,7 +242,10 @@ def tests(python: str, logs: Path) -> dict[str, str]:
 
 
 def models() -> dict[str, tuple[Any, list[Any]]]:
-    """Two seeded models and their batches; batch 1 is in the data, so every range starts at 1."""
+    """Seeded models (a CNN in fp32 and bf16, an encoder layer) and their batches; batch 1 is in the
+    data, so every range starts at 1."""
+    import copy
+
     import torch
 
     torch.manual_seed(0)
@@ -222,8 +256,10 @@ def models() -> dict[str, tuple[Any, list[Any]]]:
     )  # fmt: skip
     layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, batch_first=True)
     g = torch.Generator().manual_seed(1)
+    cnn_data = [torch.randn(b, 3, 64, 64, generator=g).cuda() for b in (1, 16, 16, 32)]
     return {
-        "cnn": (cnn.eval().cuda(), [torch.randn(b, 3, 64, 64, generator=g).cuda() for b in (1, 16, 16, 32)]),
+        "cnn": (cnn.eval().cuda(), cnn_data),
+        "cnn bf16": (copy.deepcopy(cnn).eval().cuda().bfloat16(), [x.bfloat16() for x in cnn_data]),
         "encoder": (
             layer.eval().cuda(),
             [torch.randn(b, s, 256, generator=g).cuda() for b, s in ((1, 64), (8, 128), (8, 128), (16, 96))],
@@ -231,11 +267,20 @@ def models() -> dict[str, tuple[Any, list[Any]]]:
     }
 
 
+NOT_INSTALLED = "not installed here"
+
+
 def backends() -> list[tuple[str, Any]]:
     """Each GPU backend as the check builds it; a backend that cannot be made here is its error."""
+    import torch
+
     from aitune.torch import backend as b
 
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
     wanted = [
+        ("inductor aot", lambda: b.TorchInductorAotBackend()),
+        ("torchao int8wo", lambda: b.TorchAOBackend(b.TorchAOBackendConfig(quantization="int8wo"))),
+        *([("torchao fp8wo", lambda: b.TorchAOBackend(b.TorchAOBackendConfig(quantization="fp8wo")))] if hopper else []),
         ("tensorrt fp16+graphs", lambda: b.TensorRTBackend(b.TensorRTBackendConfig(
             quantization_config=b.ONNXAutoCastConfig(low_precision_type="fp16"), use_cuda_graphs=True))),
         ("torch_tensorrt_jit", lambda: b.TorchTensorRTJitBackend()),
@@ -245,13 +290,26 @@ def backends() -> list[tuple[str, Any]]:
         ("torchao int8dq", lambda: b.TorchAOBackend()),
         ("inductor", lambda: b.TorchInductorJitBackend()),
     ]  # fmt: skip
-    out = []
+    out: list[tuple[str, Any]] = []
     for label, make in wanted:
         try:
             out.append((label, make()))
+        except ModuleNotFoundError as exc:  # a first-party backend whose distribution or runtime is absent
+            out.append((label, RuntimeError(f"{NOT_INSTALLED}: {exc}")))
         except Exception as exc:
             out.append((label, exc))
     return out
+
+
+def _unavailable() -> dict[str, str]:
+    """Backends whose runtime this machine lacks, with why (a row says so instead of failing)."""
+    import torch
+
+    from aitune.plugins import get_manager
+
+    registry = get_manager().registry
+    device = torch.device("cuda")
+    return {n: r for n in registry.names() if (r := registry.unavailable(n, device))}
 
 
 def _err(exc: BaseException) -> str:
@@ -267,13 +325,17 @@ def tune_worker(workdir: Path, deadline: float) -> None:
     import aitune.torch as ait
 
     rows = workdir / "rows.jsonl"
+    missing = _unavailable()
     for model_name, (model, data) in models().items():
         for label, backend in backends():
             row: dict[str, Any] = {"model": model_name, "backend": label}
             if time.time() > deadline:
                 row["build"] = "not run: out of time"
             elif isinstance(backend, Exception):
-                row["build"] = f"cannot be made: {_err(backend)}"
+                made = str(backend)
+                row["build"] = made[:160] if made.startswith(NOT_INSTALLED) else f"cannot be made: {_err(backend)}"
+            elif backend.name in missing:
+                row["build"] = f"{NOT_INSTALLED}: {missing[backend.name]}"
             else:
                 print(f"-- {model_name} / {label}", flush=True)
                 try:
@@ -387,6 +449,9 @@ def main() -> int:
     parser.add_argument("--skip-install", action="store_true")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-tune", action="store_true")
+    parser.add_argument(
+        "--wheelhouse", type=Path, help="offline: install these wheels on PYTHONPATH, no venv, no tests"
+    )
     parser.add_argument("--tune-worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--load-worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -398,6 +463,9 @@ def main() -> int:
         load_worker(args.load_worker)
         return 0
 
+    if args.wheelhouse:
+        install_wheelhouse(args.wheelhouse)
+        args.skip_install = args.skip_tests = True
     facts = machine_facts(sys.executable)
     if facts is None or not facts["gpu"] or not facts["cuda"]:
         print(
@@ -423,8 +491,20 @@ def main() -> int:
         print(f"- install: {note}")
     print(f"\n{time.monotonic() - START:.0f}s in all")
     failed_tests = [m for m, r in results.items() if r.startswith(("FAILED", "TIMED OUT"))]
-    unbuilt = [r for r in rows if "correct" not in r]
-    return 1 if failed_tests or unbuilt or notes else 0
+    return 1 if failed_tests or failures(rows) or notes else 0
+
+
+def failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows that fail the check: not built (a runtime the machine lacks excepted), a wrong output, a load error."""
+    bad = []
+    for row in rows:
+        build, correct, load = str(row.get("build", "")), str(row.get("correct", "")), str(row.get("load", "-"))
+        if build.startswith(NOT_INSTALLED):
+            continue
+        wrong_load = load not in ("-",) and not load[:1].isdigit()
+        if "correct" not in row or correct.startswith("NO") or wrong_load:
+            bad.append(row)
+    return bad
 
 
 if __name__ == "__main__":

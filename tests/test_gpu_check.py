@@ -68,3 +68,65 @@ def test_without_a_cuda_torch_it_says_so_and_exits_2(check, monkeypatch, capsys)
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--skip-install"])
     assert check.main() == 2
     assert "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+def _wheel(folder: Path, name: str) -> Path:
+    """A minimal wheel holding one module, made by hand (no network, no build backend)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    path = folder / f"{name}-0.1-py3-none-any.whl"
+    files = {f"{name}.py": b"MARK = 1\n", f"{name}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
+             f"{name}-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}  # fmt: skip
+    record = "".join(
+        f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
+        for n, d in files.items()
+    )
+    with zipfile.ZipFile(path, "w") as z:
+        for n, d in files.items():
+            z.writestr(n, d)
+        z.writestr(f"{name}-0.1.dist-info/RECORD", record + f"{name}-0.1.dist-info/RECORD,,\n")
+    return path
+
+
+def test_the_offline_check_installs_the_wheelhouse_on_pythonpath_then_stops_without_cuda(tmp_path):
+    """What a CPU-only container shows: the wheels install offline beside the machine's torch, aitune
+    imports, and the check stops at the first CUDA call with exit 2."""
+    import os
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the check would run for minutes: see scripts/README.md")
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    _wheel(house, "aitune_offline_marker")
+    env = {k: v for k, v in os.environ.items() if k != "PIP_INDEX_URL"} | {"PIP_NO_INDEX": "1"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--wheelhouse", str(house)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "no CUDA device" in out.stderr
+    assert "--no-index --no-deps" in out.stdout and "aitune 0" in out.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--wheelhouse", str(empty)],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0 and "gpu_wheelhouse.sh" in refused.stderr
+
+
+def test_rows_the_machine_cannot_run_do_not_fail_the_check_but_wrong_outputs_do(check):
+    rows = [
+        {"build": "not installed here: tensorrt is not installed"},
+        {"build": "2.0s", "correct": "ok, max err 1e-06", "load": "0.12s; A 1e-06"},
+        {"build": "2.0s", "correct": "NO: off by 3; max err 3e+00"},
+        {"build": "2.0s", "correct": "ok, max err 1e-06", "load": "ArtifactError: boom"},
+        {"build": "validate: failed"},
+    ]
+    assert check.failures(rows) == rows[2:]
