@@ -280,3 +280,27 @@ def test_config_and_presets_import_no_torchao() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_int8_weight_only_is_chosen_under_a_top1_budget_and_a_tighter_budget_rejects_it(toy_backends) -> None:
+    """The user's metric decides: int8 weight-only keeps 99% of a classifier's top-1 answers, not 99.9% of its scale."""
+    import aitune.torch as ait
+    from aitune import metrics
+    from aitune.testing.backends import ToyBackend
+
+    def classifier() -> ait.Module:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 100)).eval()
+        int8 = TorchAOBackend(TorchAOBackendConfig(quantization="int8wo", compile=False))
+        strategy = ait.FirstWinsStrategy([int8, ToyBackend()], performance_validation=False)
+        return ait.Module(net, "classifier", strategy=strategy)
+
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(16, 64, generator=g), torch.randn(32, 64, generator=g)]
+    report = ait.tune(classifier(), data, metric=metrics.top1_agreement, accuracy_budget=0.01)
+    int8 = report.modules[0].graphs[0].candidates[0]  # FirstWins: the first accepted candidate serves
+    assert int8.backend == "torchao" and int8.status == "selected" and int8.metric >= 0.99, int8.reason
+    report = ait.tune(classifier(), data, metric=metrics.relative_accuracy, accuracy_budget=0.001)
+    int8, fp32 = report.modules[0].graphs[0].candidates
+    assert int8.status == "failed" and "accuracy_budget" in int8.reason and int8.metric < 0.999
+    assert fp32.status == "selected", "the next candidate serves"

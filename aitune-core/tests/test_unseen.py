@@ -284,3 +284,23 @@ def test_quantizing_variants_join_the_defaults_only_with_a_budget():
     plain = [b.variant() for b in default_backends(registry, torch.device("cpu")) if b.name == "onnxruntime"]
     budget = [b.variant() for b in default_backends(registry, torch.device("cpu"), True) if b.name == "onnxruntime"]
     assert "dynamic int8" not in plain and "dynamic int8" in budget
+
+
+def test_the_html_report_draws_the_speed_accuracy_frontier(unseen_backends):
+    """Each candidate's speed-up against the metric, the chosen one marked, the floor drawn (read from the SVG)."""
+    pytest.importorskip("matplotlib")
+    from aitune import metrics
+    from aitune.render.html import render_html
+
+    strategy = ait.MaxThroughputStrategy([unseen.Int8LikeBackend(ToyConfig()), ToyBackend(ToyConfig(speed=0.5))], QUICK)
+    model = ait.Module(SlowModule(delay_s=0.002), "classifier", strategy=strategy)
+    report = ait.tune(
+        model, [torch.randn(4, 8), torch.randn(8, 8)], metric=metrics.relative_accuracy, accuracy_budget=0.05
+    )
+    graph = report.modules[0].graphs[0]
+    assert graph.accuracy_floor == pytest.approx(0.95)
+    assert all(c.metric is not None and c.speedup is not None for c in graph.candidates)
+    page = render_html(report)
+    assert "speed-accuracy frontier" in page
+    assert 'id="point-selected"' in page and 'id="point-candidate"' in page and 'id="accuracy-floor"' in page
+    assert "toy_int8_like" in page

@@ -160,6 +160,8 @@ class GraphReport:
     """The input shapes that were timed at each profiled batch size, and how many recorded samples."""
     notes: list[str] = attrs.field(factory=list)
     """What a reader should know about the figures: a noisy machine, a missing batch axis, extra memory."""
+    accuracy_floor: float | None = None
+    """With the user's metric: the lowest metric a candidate may have (``1 - accuracy_budget``)."""
 
 
 @attrs.define

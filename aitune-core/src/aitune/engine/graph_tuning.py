@@ -124,6 +124,8 @@ class GraphTuning:
         """The input holding the attention mask when only unmasked positions are compared, else None."""
         self.metric = metric
         self.accuracy_budget = accuracy_budget
+        if metric is not None:
+            report.accuracy_floor = 1.0 - (accuracy_budget or 0.0)
         self.report = report
         self.shared = shared
         """Several ranks deciding on shared figures, or None: this process's figures are the ones."""

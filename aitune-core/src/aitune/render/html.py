@@ -80,7 +80,33 @@ def _plots(graph: GraphReport) -> list[str]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         plots.append(_svg(fig))
-    return plots
+    frontier = _frontier(graph, plt)
+    return plots + ([frontier] if frontier else [])
+
+
+def _frontier(graph: GraphReport, plt: Any) -> str | None:
+    """Speed-up against the user's metric for every candidate measured on both, the chosen one marked
+    and the accuracy floor drawn: the trade-off the decision was made on."""
+    points = [c for c in graph.candidates if c.metric is not None and c.speedup is not None]
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for c in points:
+        chosen = c.status == "selected"
+        label = f"{c.backend} ({c.variant})" if c.variant else c.backend
+        ax.plot([c.speedup], [c.metric], "*" if chosen else "o", markersize=12 if chosen else 6,
+                color="#2a8a3e" if chosen else "#3b6fd8", gid=f"point-{'selected' if chosen else 'candidate'}")  # fmt: skip
+        ax.annotate(label, (c.speedup, c.metric), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    if graph.accuracy_floor is not None:
+        ax.axhline(graph.accuracy_floor, color="#8a1f1f", linestyle="--", linewidth=1, gid="accuracy-floor")
+        ax.annotate(f"floor {graph.accuracy_floor:.4g} (1 - accuracy_budget)", (0.01, graph.accuracy_floor),
+                    xycoords=("axes fraction", "data"), fontsize=7, color="#8a1f1f", xytext=(0, 3),
+                    textcoords="offset points")  # fmt: skip
+    ax.set_xlabel("speed-up over eager (the figure the decision used)")
+    ax.set_ylabel("your metric (1.0: eager's answers)")
+    ax.grid(alpha=0.3)
+    ax.set_title("speed-accuracy frontier", fontsize=9)
+    return _svg(fig)
 
 
 def _table(columns: tuple[str, ...] | list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:

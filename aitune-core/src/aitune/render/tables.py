@@ -47,7 +47,7 @@ def candidate_rows(graph: GraphReport) -> list[list[str]]:
         v = c.validation
         rows.append(
             [
-                c.backend,
+                f"{c.backend} ({c.variant})" if c.variant else c.backend,
                 c.status if not c.stage else f"{c.status} ({c.stage})",
                 _fmt(c.build_time_s, ".2f"),
                 "yes" if c.from_cache else "",
