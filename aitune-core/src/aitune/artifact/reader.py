@@ -11,10 +11,11 @@ every payload), and splitting it would scatter the order that makes it safe.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -143,6 +144,21 @@ def _incompatible(entry: GraphEntry, device: torch.device, registry: BackendRegi
     return missing_requirements(registry.spec(entry.backend).requirements)
 
 
+@contextlib.contextmanager
+def only_artifact_errors(path: Path, doing: str) -> Iterator[None]:
+    """Nothing but an aitune error leaves the block (Ctrl-C excepted): a ``SystemExit`` or any other
+    exception a file made a runtime raise becomes an :class:`ArtifactError` naming it."""
+    try:
+        yield
+    except (AituneError, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise ArtifactError(
+            f"{path}: {doing} stopped with {type(exc).__name__}: {exc}; the artifact is corrupt or hostile, or a "
+            "runtime failed: tune and save again, or load it with fallback='eager'"
+        ) from exc
+
+
 @attrs.frozen
 class Trust:
     """Whether native code from this artifact may run, and why."""
@@ -203,16 +219,9 @@ def load(
     if fallback not in (None, "eager"):
         raise ValueError("fallback must be None or 'eager'")
     path = Path(path)
-    try:
+    with only_artifact_errors(path, "loading"):
         trust = trust_of(path, expected_sha256, trusted_keys, trust_native_code, signature)
         obj = _load(obj, path, device_map, fallback, expected_sha256, trust)
-    except (AituneError, KeyboardInterrupt):
-        raise
-    except BaseException as exc:  # SystemExit or anything else a runtime raised: never past ait.load
-        raise ArtifactError(
-            f"{path}: loading stopped with {type(exc).__name__}: {exc}; the artifact is corrupt or hostile, or a "
-            "runtime failed: tune and save again, or load it with fallback='eager'"
-        ) from exc
     if settings.freeze if freeze is None else freeze:
         freeze_tuned(obj)
     return obj
@@ -473,12 +482,8 @@ def verify(
     ``trust`` the latter (pinned, signed by a trusted key, or not established).
     """
     path = Path(path)
-    try:
+    with only_artifact_errors(path, "checking"):
         return _verify(path, expected_sha256, trusted_keys, signature)
-    except (AituneError, KeyboardInterrupt):
-        raise
-    except BaseException as exc:
-        raise ArtifactError(f"{path}: checking stopped with {type(exc).__name__}: {exc}") from exc
 
 
 def _verify(

@@ -124,6 +124,7 @@ class GraphTuning:
         """The input holding the attention mask when only unmasked positions are compared, else None."""
         self.metric = metric
         self.accuracy_budget = accuracy_budget
+        self._eager_outputs: list[Any] | None = None
         if metric is not None:
             report.accuracy_floor = 1.0 - (accuracy_budget or 0.0)
         self.report = report
@@ -206,8 +207,11 @@ class GraphTuning:
         floor = 1.0 - (self.accuracy_budget or 0.0)
         values = []
         with torch.no_grad(), recording.bypass():
-            for sample in self.samples:
-                eager = self.module(*copy.deepcopy(sample.args), **copy.deepcopy(sample.kwargs))
+            if self._eager_outputs is None:  # once per graph, whatever the number of candidates
+                self._eager_outputs = [
+                    self.module(*copy.deepcopy(s.args), **copy.deepcopy(s.kwargs)) for s in self.samples
+                ]
+            for sample, eager in zip(self.samples, self._eager_outputs):
                 tuned = candidate.backend.infer(*copy.deepcopy(sample.args), **copy.deepcopy(sample.kwargs))
                 values.append(float(self.metric(tuned, eager, sample)))
         value = sum(values) / len(values) if values else 1.0

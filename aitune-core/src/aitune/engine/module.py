@@ -227,25 +227,31 @@ def wrapped_modules(obj: Any) -> list[Module]:
     return [m for _, m in named_wrapped_modules(obj)]
 
 
-def top_modules(obj: Any) -> list[torch.nn.Module]:
-    """``obj`` when it is a module, else the modules a pipeline object holds (attributes, mappings, lists)."""
-    found: dict[int, torch.nn.Module] = {}
+def named_top_modules(obj: Any) -> list[tuple[str, torch.nn.Module]]:
+    """``obj`` when it is a module (path ``""``), else the modules a pipeline object holds, by the
+    path ``ait.wrap`` takes: attribute names and mapping keys (two levels deep), list indices."""
+    found: list[tuple[str, torch.nn.Module]] = []
 
-    def visit(value: Any, depth: int) -> None:
+    def visit(value: Any, path: str, depth: int) -> None:
         if isinstance(value, torch.nn.Module):
-            found.setdefault(id(value), value)
+            found.append((path, value))
         elif depth < 2 and isinstance(value, Mapping):
-            for v in value.values():
-                visit(v, depth + 1)
+            for k, v in value.items():
+                visit(v, f"{path}.{k}" if path else str(k), depth + 1)
         elif depth < 2 and isinstance(value, (list, tuple)):
-            for v in value:
-                visit(v, depth + 1)
+            for i, v in enumerate(value):
+                visit(v, f"{path}.{i}" if path else str(i), depth + 1)
         elif depth < 1 and hasattr(value, "__dict__") and not isinstance(value, type):
-            for v in vars(value).values():
-                visit(v, depth + 1)
+            for k, v in vars(value).items():
+                visit(v, f"{path}.{k}" if path else k, depth + 1)
 
-    visit(obj, 0)
-    return list(found.values())
+    visit(obj, "", 0)
+    return found
+
+
+def top_modules(obj: Any) -> list[torch.nn.Module]:
+    """The distinct modules of :func:`named_top_modules`."""
+    return list({id(m): m for _, m in named_top_modules(obj)}.values())
 
 
 def named_wrapped_modules(obj: Any) -> list[tuple[str, Module]]:
@@ -267,18 +273,6 @@ def named_wrapped_modules(obj: Any) -> list[tuple[str, Module]]:
         for name, child in module.named_children():
             walk(child, f"{path}.{name}" if path else name)
 
-    def visit(value: Any, path: str, depth: int) -> None:
-        if isinstance(value, torch.nn.Module):
-            walk(value, path)
-        elif depth < 2 and isinstance(value, Mapping):
-            for k, v in value.items():
-                visit(v, f"{path}.{k}" if path else str(k), depth + 1)
-        elif depth < 2 and isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                visit(v, f"{path}.{i}" if path else str(i), depth + 1)
-        elif depth < 1 and hasattr(value, "__dict__") and not isinstance(value, type):
-            for k, v in vars(value).items():
-                visit(v, f"{path}.{k}" if path else k, depth + 1)
-
-    visit(obj, "", 0)
+    for path, module in named_top_modules(obj):
+        walk(module, path)
     return list(found.values())
