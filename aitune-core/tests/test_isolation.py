@@ -148,6 +148,29 @@ def test_a_worker_that_dies_costs_one_candidate(fault_backends, register_plugin,
     assert model.state == "tuned"
 
 
+def test_a_worker_failure_is_built_again_in_process_where_the_backend_says_so(fault_backends, caplog):
+    """AOTInductor's case: the worker's build aborts, the in-process one works and is validated."""
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        model, report = _tune(faults.RetriedAbortBackend(ToyConfig(speed=0.1)))
+    found = _candidates(report)["fault_abort_retried"]
+    assert found.status == "selected", found.reason
+    assert found.validation.passed and found.build_info["retried_in_process"] is True
+    assert "what():  index out of bounds" in found.build_info["worker_failure"], "the worker's native error is kept"
+    assert "building it in this process instead" in caplog.text
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert_matches_eager(model(x), model.module(x))
+
+
+def test_a_build_stopped_at_the_time_limit_is_never_retried_in_process(fault_backends, monkeypatch):
+    """A hang would hang the user's process too (its in-process build would work: the retry must not run)."""
+    monkeypatch.setattr(faults.HangBackend, "retry_in_process", True)
+    monkeypatch.setenv("AITUNE_BUILD_TIMEOUT_S", "6")
+    _, report = _tune(faults.HangBackend())
+    found = _candidates(report)["fault_hang"]
+    assert found.status == "failed" and "did not finish within 6 s" in found.reason
+
+
 def test_a_hanging_build_is_stopped_at_the_time_limit(fault_backends, monkeypatch):
     monkeypatch.setenv("AITUNE_BUILD_TIMEOUT_S", "6")
     _, report = _tune(faults.HangBackend())

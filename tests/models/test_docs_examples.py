@@ -19,9 +19,9 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "huggingface.md"
 EXAMPLES = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
 
 
-def test_the_page_has_both_examples():
-    assert len(EXAMPLES) == 2
-    assert "BertModel" in EXAMPLES[0] and "UNet2DConditionModel" in EXAMPLES[1]
+def test_the_page_has_every_example():
+    assert len(EXAMPLES) == 3
+    assert "BertModel" in EXAMPLES[0] and "generate" in EXAMPLES[1] and "UNet2DConditionModel" in EXAMPLES[2]
 
 
 class QuickMaxThroughput(ait.MaxThroughputStrategy):
@@ -34,7 +34,7 @@ class QuickMaxThroughput(ait.MaxThroughputStrategy):
         super().__init__(backends, profiling_config or quick, **kwargs)
 
 
-@pytest.mark.parametrize("index", range(len(EXAMPLES)), ids=["transformers", "diffusers"][: len(EXAMPLES)])
+@pytest.mark.parametrize("index", range(len(EXAMPLES)), ids=["transformers", "generate", "diffusers"][: len(EXAMPLES)])
 def test_example_runs(index, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ait, "MaxThroughputStrategy", QuickMaxThroughput)
@@ -44,6 +44,10 @@ def test_example_runs(index, tmp_path, monkeypatch, capsys):
     eager = [str(w.message) for w in seen if "running this call eager" in str(w.message)]
     assert not eager, f"the example's calls ran eager, not the tuned backend: {eager}"
     printed = capsys.readouterr().out
-    expected = ["BaseModelOutputWithPoolingAndCrossAttentions", "torch.Size([2, 3, 8, 8])"][index]
+    expected = [
+        "BaseModelOutputWithPoolingAndCrossAttentions",
+        "['torch_eager', 'torch_inductor_jit']",
+        "torch.Size([2, 3, 8, 8])",
+    ][index]
     assert expected in printed
     assert list(tmp_path.glob("*.ait")), "the example saved its artifact"

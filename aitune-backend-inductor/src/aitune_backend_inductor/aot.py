@@ -39,6 +39,9 @@ class TorchInductorAotBackend(Backend):
     config_class = TorchInductorAotBackendConfig
     config: TorchInductorAotBackendConfig
     native_build = True
+    retry_in_process = True
+    """The worker compiles a program that went through torch.export.save/load, which torch
+    miscompiles for some models (Llama, Wav2Vec2); in this process the live program compiles."""
     native_payload = True  # the package holds a shared library that load() runs
 
     def __init__(self, config: TorchInductorAotBackendConfig | None = None) -> None:

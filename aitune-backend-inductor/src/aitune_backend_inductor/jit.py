@@ -33,6 +33,8 @@ class TorchInductorJitBackend(Backend):
     name = "torch_inductor_jit"
     config_class = TorchInductorJitBackendConfig
     compiles_anything = True
+    mutates_inputs = True
+    """torch.compile keeps the module's in-place updates of its inputs (a static KV cache)."""
     config: TorchInductorJitBackendConfig
 
     def __init__(self, config: TorchInductorJitBackendConfig | None = None) -> None:
@@ -124,10 +126,11 @@ class TorchInductorJitBackend(Backend):
         )
 
     def _warm(self, compiled: Any, graph: GraphSpec, sample: Sample, label: str, mark: bool) -> None:
-        args, kwargs = _marked(graph, sample) if mark else (sample.args, sample.kwargs)
         try:
             # CUDA graph trees run a shape once eagerly and record it on a later call: do both here
             for _ in range(3 if self._cudagraphs else 1):
+                fresh = sample.fresh()  # a call may update its inputs (a KV cache): the sample stays as recorded
+                args, kwargs = _marked(graph, fresh) if mark else (fresh.args, fresh.kwargs)
                 if self._cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 compiled(*args, **kwargs)
@@ -195,7 +198,8 @@ def _count_graph_breaks(module: torch.nn.Module, sample: Sample, cfg: TorchInduc
     try:
         with torch._dynamo.config.patch(recompile_limit=limit), torch.no_grad():
             traced = torch.compile(module, backend=record, dynamic=bool(cfg.dynamic), fullgraph=cfg.fullgraph)
-            traced(*sample.args, **sample.kwargs)
+            fresh = sample.fresh()
+            traced(*fresh.args, **fresh.kwargs)
     except Exception as exc:
         if cfg.fullgraph and _is_capture_error(exc):
             raise BuildError(

@@ -115,6 +115,15 @@ class Backend(abc.ABC):
     compiles_anything: ClassVar[bool] = False
     """True for a backend that builds almost any module (a tracing JIT compiler): strategies that try
     backends in turn, like JIT mode's default, try it after the exporting ones."""
+    retry_in_process: ClassVar[bool] = False
+    """True when a build that failed in the isolated worker (a crash, an exit or an error; not a time
+    or memory limit) is worth one more try in the user's process, because the in-process build takes
+    another path (AOTInductor compiles the live exported program; the worker one that went through
+    ``torch.export.save``/``load``). Validation judges the retry as any build."""
+    mutates_inputs: ClassVar[bool] = False
+    """True when ``infer`` updates the inputs the module updates in place (a static KV cache's
+    tensors), as eager does. A graph with such inputs (``GraphSpec.mutated``) is built only by a
+    backend that says so; the others are skipped for it with the reason."""
 
     def __init__(self, config: BackendConfig | None = None) -> None:
         if config is None:

@@ -14,6 +14,7 @@ of samples are one model of "what a build covers", and every other module reads 
 from __future__ import annotations
 
 import collections
+import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -140,6 +141,11 @@ class Sample:
     def tensors(self) -> list[torch.Tensor]:
         return tree.flatten((self.args, self.kwargs))[0]
 
+    def fresh(self) -> Sample:
+        """A deep copy, for a call that may update its inputs in place (a static KV cache): the
+        recorded sample stays as it was before the call."""
+        return Sample(copy.deepcopy(self.args), copy.deepcopy(self.kwargs))
+
 
 @attrs.frozen
 class GraphSpec:
@@ -153,6 +159,9 @@ class GraphSpec:
     dims: dict[str, DimRange] = attrs.field(factory=dict)
     output_structure: dict[str, Any] | None = None
     outputs: tuple[TensorSpec, ...] = ()
+    mutated: tuple[str, ...] = ()
+    """Paths of the inputs a call updates in place (a static KV cache): only a backend that
+    supports input mutation can run this graph, and validation compares them after the call."""
 
     @property
     def key(self) -> str:

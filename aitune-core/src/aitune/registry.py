@@ -211,6 +211,14 @@ class BackendRegistry:
                 return reason
         if isinstance(backend, str) or graph is None:
             return None
+        if graph.mutated and not backend.mutates_inputs:
+            shown = ", ".join(graph.mutated[:3]) + (
+                f" and {len(graph.mutated) - 3} more" if len(graph.mutated) > 3 else ""
+            )
+            return (
+                f"the module updates inputs in place ({shown}: a static KV cache) and this backend does not write "
+                "updates back to its inputs (Backend.mutates_inputs is False)"
+            )
         return backend.unsupported_reason(graph, device)
 
     def require(self, name: str, device: torch.device) -> None:

@@ -19,9 +19,12 @@ Structure nodes::
     {"kind": "dict", "keys": ["a", "b"], "items": [...]}
     {"kind": "namedtuple" | "dataclass" | "mapping", "type": "pkg.mod:Out", "keys": [...], "items": [...]}
     {"kind": "pytree", "type": "pkg.mod:Node", "context": <JSON>, "items": [...]}
+    {"kind": "state", "type": "pkg.mod:Cache", "attrs": {...}, "keys": [...], "items": [...]}
 
 ``mapping`` is a dict subclass (``OrderedDict``, ``ModelOutput``); ``pytree`` is any other type
-registered with ``torch.utils._pytree`` whose context is JSON.
+registered with ``torch.utils._pytree`` whose context is JSON; ``state`` is an object the module
+updates in place (a static KV cache, see :mod:`aitune.state`), rebuilt as a bare instance whose
+attributes are JSON scalars, devices and its children.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from . import state
 from .errors import InputError, UnsupportedValueError
 
 _SCALARS = (bool, int, float, str, type(None))
@@ -85,6 +89,9 @@ def _flatten(obj: Any, leaves: list[torch.Tensor], path: str) -> dict[str, Any]:
             )
         names = [f.name for f in fields]
         return _typed("dataclass", cls, names, [getattr(obj, n) for n in names], leaves, path)
+    if state.is_state(obj):
+        attrs, children = state.describe(obj, path)
+        return _state_node(cls, attrs, children, leaves, path)
     if cls in pytree.SUPPORTED_NODES:
         return _pytree_node(obj, leaves, path)
     raise UnsupportedValueError(
@@ -97,6 +104,25 @@ def _flatten(obj: Any, leaves: list[torch.Tensor], path: str) -> dict[str, Any]:
 def _typed(kind: str, cls: type, keys: list[str], values: list[Any], leaves: list[torch.Tensor], path: str) -> Any:
     items = [_flatten(v, leaves, f"{path}.{k}") for k, v in zip(keys, values)]
     return {"kind": kind, "type": type_path(cls, path), "keys": keys, "items": items}
+
+
+def _state_node(
+    cls: type, attrs: dict[str, Any], children: list[tuple[str, Any]], leaves: list[torch.Tensor], path: str
+) -> dict[str, Any]:
+    """A state object (see :mod:`aitune.state`): its plain attributes, then its children by name."""
+    items = []
+    for key, value in children:
+        where = f"{path}.{key}"
+        if isinstance(value, list):  # a cache's layers
+            nodes = []
+            for i, layer in enumerate(value):
+                layer_attrs, tensors = state.layer_parts(layer, f"{where}.{i}")
+                nodes.append(_state_node(type(layer), layer_attrs, tensors, leaves, f"{where}.{i}"))
+            items.append({"kind": "list", "items": nodes})
+        else:
+            items.append(_flatten(value, leaves, where))
+    keys = [key for key, _ in children]
+    return {"kind": "state", "type": type_path(cls, path), "attrs": attrs, "keys": keys, "items": items}
 
 
 def _pytree_node(obj: Any, leaves: list[torch.Tensor], path: str) -> dict[str, Any]:
@@ -167,12 +193,15 @@ def check_types(structure: dict[str, Any]) -> None:
     imported, or for a structure that is not one (it comes from a file)."""
     try:
         kind = structure["kind"]
-        if kind in (*_TYPED, "enum", "pytree"):
+        if kind in (*_TYPED, "enum", "pytree", "state"):
             _checked(kind, str(structure["type"]))
+        if kind == "state":
+            for value in dict(structure["attrs"]).values():
+                state.attribute_value(value)
         items = structure.get("items", [])
         if not isinstance(items, list):
             raise TypeError(f"items is a {type(items).__name__}")
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise InputError(f"the structure is malformed ({type(exc).__name__}: {exc})") from None
     for node in items:
         check_types(node)
@@ -187,6 +216,7 @@ def _checked(kind: str, name: str) -> type:
         "mapping": issubclass(cls, dict),
         "dataclass": dataclasses.is_dataclass(cls),
         "pytree": cls in pytree.SUPPORTED_NODES and _json_context(cls),
+        "state": state.is_cache(cls),
     }.get(kind, False)
     if not ok:
         raise InputError(f"the structure names {name!r} as a {kind}, but it is not one; the structure is corrupt")
@@ -230,6 +260,14 @@ def _unflatten(node: dict[str, Any], it: Any) -> Any:
     if kind == "pytree":
         cls = _checked(kind, node["type"])
         return pytree.SUPPORTED_NODES[cls].unflatten_fn([_unflatten(n, it) for n in node["items"]], node["context"])
+    if kind == "state":
+        try:
+            obj = state.bare(_checked(kind, node["type"]), dict(node["attrs"]))
+        except ValueError as exc:
+            raise InputError(f"{node['type']}: {exc}; the structure is corrupt") from None
+        for key, child in zip(node["keys"], node["items"]):
+            obj.__dict__[str(key)] = _unflatten(child, it)
+        return obj
     raise InputError(f"unknown structure node kind {kind!r}")
 
 
@@ -294,4 +332,6 @@ def call_key(obj: Any, leaves: list[torch.Tensor]) -> Any:
         return (type(obj), obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return (type(obj), tuple([call_key(getattr(obj, f.name), leaves) for f in dataclasses.fields(obj)]))
+    if state.is_state(obj):
+        return state.key_of(obj, leaves)
     return (type(obj), id(obj))

@@ -76,6 +76,15 @@ class AbortBackend(IsolatedToyBackend):
         os.abort()
 
 
+class RetriedAbortBackend(AbortBackend):
+    """Aborts in the worker as ``fault_abort`` does, but says a build in the user's process takes
+    another path (``retry_in_process``), and there it works: the compiler defect that only the
+    worker's round trip hits."""
+
+    name = "fault_abort_retried"
+    retry_in_process = True
+
+
 class ExitBackend(IsolatedToyBackend):
     """Leaves the worker with ``os._exit(7)`` and no result, as a library calling ``exit`` does."""
 
@@ -161,6 +170,7 @@ FAULT_BACKENDS = (
     IsolatedToyBackend,
     SegfaultBackend,
     AbortBackend,
+    RetriedAbortBackend,
     ExitBackend,
     HangBackend,
     MemoryHogBackend,

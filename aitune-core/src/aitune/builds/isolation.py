@@ -13,6 +13,10 @@ Settings: ``AITUNE_ISOLATE`` = ``native`` (default: backends with ``native_build
 ``AITUNE_BUILD_MEMORY_MB`` (default: three quarters of the machine's memory on CPU, no cap for
 CUDA builds, whose driver reserves more address space than any cap; ``0`` means no cap).
 
+A backend with ``retry_in_process`` (AOTInductor) whose worker failed (crash, exit or error, not
+a time or memory limit) is built once more in the user's process, where it takes another path, and
+validated as any build; the worker's failure stays in ``build_info``.
+
 ``local``, the default executor, runs each job in a worker process on this machine (:class:`LocalExecutor`).
 """
 
@@ -31,7 +35,7 @@ import torch
 from .. import hookimpl
 from ..backend import Backend, BuildContext, LoadContext
 from ..errors import ConfigError
-from ..executor import BuildHandle, BuildRequest, Executor, run_worker
+from ..executor import BuildHandle, BuildRequest, Executor, WorkerBuildError, run_worker
 from ..session import Session
 
 logger = logging.getLogger("aitune")
@@ -79,7 +83,12 @@ def build_isolated(
         start = time.perf_counter()
         request = BuildRequest(backend, notes, context, folder)
         handle = (queue.executor if queue is not None else LocalExecutor()).submit(request)
-    metadata = handle.result()
+    try:
+        metadata = handle.result()
+    except WorkerBuildError as exc:
+        if not backend.retry_in_process or exc.cause in ("timeout", "memory"):
+            raise  # a hang or a memory blow-up would do the same here, in the user's process
+        return _in_process(backend, module, context, exc)
     worker_s = handle.worker_s if handle.worker_s is not None else time.perf_counter() - start
     load_context = LoadContext(context.graph, context.device, metadata, context.cache_dir, context.module_name)
     loaded: Backend = session.hook.aitune_deserialize(
@@ -97,6 +106,21 @@ def build_isolated(
     if ahead is not None:
         loaded.build_info["built_ahead"] = True  # build_time_s is then the wait for it, not the build
     return loaded
+
+
+def _in_process(backend: Backend, module: torch.nn.Module, context: BuildContext, failure: WorkerBuildError) -> Backend:
+    """Build once more in this process, where the backend takes another path than in the worker
+    (``Backend.retry_in_process``); validation then judges it as any build. The worker's failure,
+    its log's key lines included, stays in ``build_info`` for the report and the journal."""
+    logger.warning(
+        "%s: %s failed in the build worker (%s); building it in this process instead, under the same validation",
+        context.module_name,
+        backend.name,
+        str(failure).splitlines()[0],
+    )
+    backend.build(module, context)
+    backend.build_info.update(isolated=False, retried_in_process=True, worker_failure=str(failure))
+    return backend
 
 
 class _Deferred(BuildHandle):

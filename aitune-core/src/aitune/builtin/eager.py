@@ -23,6 +23,7 @@ class TorchEagerBackend(Backend):
 
     name = "torch_eager"
     config_class = TorchEagerBackendConfig
+    mutates_inputs = True
 
     def __init__(self, config: TorchEagerBackendConfig | None = None) -> None:
         super().__init__(config)

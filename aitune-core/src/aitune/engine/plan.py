@@ -124,14 +124,19 @@ def sizes_for(
     batch_one_sizes: Sequence[int] | None = AITUNE_DEFAULT_BATCH_SIZES,
 ) -> Sequence[int] | None:
     """The batch sizes one graph is tuned for: ``batch_sizes``, or for batch-1 data ``batch_one_sizes``."""
+    if graph_rec.mutated:  # a KV cache has the batch size it was made with: built as recorded
+        return None
     return batch_sizes or (batch_one_sizes if _batch_one(graph_rec.samples) else None)
 
 
 def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any:
     """The graph spec of one recorded input structure of ``module``, for the batch sizes of :func:`sizes_for`."""
-    return infer_graph(
+    graph = infer_graph(
         graph_rec.samples, module._canonicalize.arg_names, module.dynamic_shapes, sizes, graph_rec.outputs
     )
+    if graph_rec.mutated:
+        graph = attrs.evolve(graph, mutated=tuple(graph.inputs[i].path for i in sorted(graph_rec.mutated)))
+    return graph
 
 
 def graph_tuning(

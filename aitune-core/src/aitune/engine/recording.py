@@ -188,6 +188,41 @@ def _check_output(output: Any) -> None:
         ) from exc
 
 
+def _unsupported(args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...]) -> str:
+    """Why these inputs cannot be described, naming the parameter."""
+    try:
+        for i, value in enumerate(args):
+            tree.flatten(value, names[i] if i < len(names) else f"args.{i}")
+        for name, value in kwargs.items():
+            tree.flatten(value, name)
+    except UnsupportedValueError as exc:
+        return str(exc)
+    return "the inputs cannot be described"
+
+
+def _holds_state(node: dict[str, Any]) -> bool:
+    """The structure holds a state object (a KV cache), whose tensors a call updates in place."""
+    return node.get("kind") == "state" or any(_holds_state(n) for n in node.get("items", ()))
+
+
+def _changed(before: Before | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
+    """The ids of the input tensors this call updated in place (compared with the copy taken
+    before it, else by version counter)."""
+    if before is None:
+        return set()
+    try:
+        after = tree.flatten((args, kwargs))[0]
+    except Exception:
+        return set()
+    if before.snapshot is not None:
+        pre = tree.flatten(before.snapshot)[0]
+        return {id(a) for a, b in zip(after, pre) if a.shape != b.shape or not torch.equal(a, b)}
+    now = _versions(after)
+    if now is None or before.versions is None:
+        return set()
+    return {id(a) for a, v0, v1 in zip(after, before.versions, now) if v0 != v1}
+
+
 @attrs.define
 class GraphRecording:
     """The samples and eager outputs recorded for one graph of one module."""
@@ -201,6 +236,8 @@ class GraphRecording:
     error: str | None = None
     eager_reason: str | None = None
     """Why this graph runs eager without tuning (a value no backend can take), or None."""
+    mutated: set[int] = attrs.field(factory=set)
+    """Indices of the input leaves eager updated in place (a static KV cache), in the graph's order."""
 
 
 class Recordable(Protocol):
@@ -221,6 +258,25 @@ class ModuleRecording(Generic[W]):
     module: W
     graphs: dict[Any, GraphRecording] = attrs.field(factory=dict)
     calls: int = 0
+    mutates: bool = False
+    """A call updated an input in place: later calls are copied before they run."""
+
+
+@attrs.frozen
+class Before:
+    """What a call's inputs were before it ran: version counters and, where needed, a copy."""
+
+    versions: tuple[int, ...] | None
+    snapshot: tuple[tuple[Any, ...], dict[str, Any]] | None
+    unsupported: str | None = None
+    """Why the inputs as they were could not be described (a cache the call fills), or None."""
+
+
+def _versions(leaves: list[torch.Tensor]) -> tuple[int, ...] | None:
+    try:
+        return tuple(t._version for t in leaves)
+    except RuntimeError:  # inference tensors keep no version counter
+        return None
 
 
 class RecordingSession(Generic[W]):
@@ -230,22 +286,59 @@ class RecordingSession(Generic[W]):
         self.max_samples = max_samples
         self.modules: dict[int, ModuleRecording[W]] = {}
 
-    def record(self, module: W, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+    def before_call(self, module: W, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Before | None:
+        """Note the inputs before ``module`` runs, so :meth:`record` can tell what the call updated
+        in place and keep the inputs as they were. Inputs are copied only when that may matter:
+        a module's first call, a module seen updating inputs, or a call passing a state object
+        (a KV cache), and only while its graph would keep the sample."""
+        try:
+            leaves, structure = tree.flatten((args, kwargs))
+        except UnsupportedValueError:
+            return Before(None, None, _unsupported(args, kwargs, module._canonicalize.arg_names))
+        except Exception:
+            return None
+        rec = self.modules.get(id(module))
+        risky = rec is None or rec.mutates or _holds_state(structure)
+        wanted = risky and self._wants_sample(rec, module, args, kwargs)
+        return Before(_versions(leaves), _detach((args, kwargs)) if wanted else None)
+
+    def _wants_sample(
+        self, rec: ModuleRecording[W] | None, module: W, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> bool:
+        if rec is None:
+            return True
+        try:
+            graph = rec.graphs.get(structure_key(*module._canonicalize(args, kwargs)))
+        except Exception:
+            return True
+        return graph is None or len(graph.samples) < self.max_samples or _shapes(args, kwargs) not in graph.shapes
+
+    def record(
+        self, module: W, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, before: Before | None = None
+    ) -> None:
         rec = self.modules.setdefault(id(module), ModuleRecording(module))
         rec.calls += 1
         canonicalize = module._canonicalize
         names = canonicalize.arg_names
         layout = layout_of(args, kwargs)
+        changed = _changed(before, args, kwargs)
+        if changed:
+            rec.mutates = True
+        pre = before.snapshot if before is not None else None
         try:
             key: Any = structure_key(*canonicalize(args, kwargs))
             graph = rec.graphs.get(key)
             if graph is not None and graph.layout != layout:
                 try:  # one graph, called another way: store it the way the graph's first call was made
                     args, kwargs = canonicalize.arrange(args, kwargs, graph.layout)
+                    if pre is not None:
+                        pre = canonicalize.arrange(*pre, graph.layout)
                 except TypeError:
                     key = (key, layout)
                     graph = rec.graphs.get(key)
             try:  # refuses inputs aitune cannot describe, naming the path
+                if before is not None and before.unsupported:  # as they were before the call
+                    raise UnsupportedValueError(before.unsupported)
                 for i, value in enumerate(args):
                     tree.flatten(value, names[i] if i < len(names) else f"args.{i}")
                 for name, value in kwargs.items():
@@ -265,8 +358,15 @@ class RecordingSession(Generic[W]):
             graph.calls += 1
             graph.error = f"{type(exc).__name__}: {exc}"
             return
+        if before is None and _holds_state(tree.flatten((args, kwargs))[1]):
+            return  # no copy from before the call: the state it holds may have changed since
+        if changed:
+            after = tree.flatten((args, kwargs))[0]
+            graph.mutated.update(i for i, t in enumerate(after) if id(t) in changed)
+            if pre is None:  # updated in place and not copied before: the inputs as they were are gone
+                return
         shapes = _shapes(args, kwargs)
-        sample = Sample(_detach(args), _detach(kwargs))
+        sample = Sample(*pre) if pre is not None else Sample(_detach(args), _detach(kwargs))
         if len(graph.samples) < self.max_samples:
             graph.samples.append(sample)
             graph.outputs.append(_detach(output))

@@ -163,19 +163,29 @@ def summarize(times_ms: Sequence[float], batch_size: int, window: int) -> Profil
     )
 
 
+def _nothing() -> None:
+    return None
+
+
 def profile_runners(
     runners: Mapping[str, Callable[[], Any]],
     batch_size: int,
     config: ProfilingConfig,
     device: torch.device,
 ) -> dict[str, ProfileResult]:
-    """Time each runner in alternating, rotated windows until its stop strategy is satisfied."""
+    """Time each runner in alternating, rotated windows until its stop strategy is satisfied.
+
+    A runner with a ``prepare`` attribute (one that restores inputs a call updates in place) has
+    it called before each call, outside the timed region.
+    """
     stop = config.measurement_stop_strategy
     measure = config.measuring_strategy.measure
     names = list(runners)
+    prepares = {n: getattr(runners[n], "prepare", None) or _nothing for n in names}
     with torch.no_grad():
         for name in names:
             for _ in range(stop.warmup):
+                prepares[name]()
                 runners[name]()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -188,8 +198,9 @@ def profile_runners(
             order = pending[rotation % len(pending) :] + pending[: rotation % len(pending)]
             rotation += 1
             for name in order:
-                fn = runners[name]
+                fn, prepare = runners[name], prepares[name]
                 for _ in range(stop.window):
+                    prepare()
                     times[name].append(measure(fn, device))
                     if len(times[name]) >= stop.max_steps:
                         break

@@ -1,0 +1,127 @@
+"""State objects: inputs a module updates in place, described as tensors plus plain attributes.
+
+transformers' static KV cache (``cache_implementation="static"``) is the one kind known: a
+``Cache`` whose layers hold preallocated ``keys``/``values`` tensors and a ``cumulative_length``
+counter, all written in place by each decode step. Its tensors are leaves of the call like any
+other input, so a backend that supports input mutation (``Backend.mutates_inputs``) can run the
+decode step, and validation compares what the candidate left in them with what eager left.
+
+Why an allow-list and no generic "any object": a structure can come from a file, and rebuilding
+an object from it must not run the type's code or set anything but tensors, devices and JSON
+scalars. A cache whose layers are not all static (a ``DynamicCache``, whose tensors grow by
+concatenation and are replaced, not updated) is refused with the reason, and its call runs eager.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import UnsupportedValueError
+
+CACHE_BASES = frozenset({"Cache", "CacheLayerMixin"})
+"""Base classes (in ``transformers.cache_utils``) a state object's types must derive from."""
+STATIC_LAYERS = frozenset({"StaticLayer", "StaticSlidingWindowLayer"})
+"""Cache layers that preallocate their tensors and only ever update them in place."""
+LAYER_ATTRS = frozenset({"keys", "values", "cumulative_length"})
+"""The tensors of a static layer; every other attribute is a JSON scalar or a device."""
+
+
+def is_cache(cls: type) -> bool:
+    """``cls`` derives from transformers' ``Cache`` or ``CacheLayerMixin`` (looked up by name:
+    nothing is imported)."""
+    return any(base.__module__ == "transformers.cache_utils" and base.__name__ in CACHE_BASES for base in cls.__mro__)
+
+
+def is_state(obj: Any) -> bool:
+    """``obj`` is a transformers cache object (static or not): :func:`describe` decides whether it can be described."""
+    return not isinstance(obj, type) and is_cache(type(obj)) and hasattr(obj, "layers")
+
+
+def describe(obj: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """The plain attributes of a static cache and its children (``layers``), or an
+    :class:`UnsupportedValueError` saying why the cache cannot be run by a backend."""
+    layers = getattr(obj, "layers", None)
+    name = type(obj).__name__
+    if not isinstance(layers, list) or not layers:
+        raise UnsupportedValueError(f"the {name} at {path or 'input'} has no layers aitune can describe")
+    kinds = {type(layer).__name__ for layer in layers}
+    if not kinds <= STATIC_LAYERS:
+        raise UnsupportedValueError(
+            f"{name} at {path or 'input'} has {', '.join(sorted(kinds - STATIC_LAYERS))} layers, whose tensors grow "
+            "with every token (a new tensor each step, not an in-place update), so no compiled graph can hold them: "
+            "generate with cache_implementation='static' to have the decode step tuned"
+        )
+    if not all(getattr(layer, "is_initialized", False) for layer in layers):
+        raise UnsupportedValueError(
+            f"the {name} at {path or 'input'} is not filled yet: this call (the prefill) creates its tensors, "
+            "which no compiled graph can do; it runs eager and the decode steps that follow are tuned"
+        )
+    attrs = _plain(obj, path, exclude={"layers"})
+    return attrs, [("layers", layers)]
+
+
+def layer_parts(layer: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """The plain attributes of one static layer and its tensors, in a fixed order."""
+    missing = [a for a in sorted(LAYER_ATTRS) if not isinstance(getattr(layer, a, None), torch.Tensor)]
+    if missing:
+        raise UnsupportedValueError(f"the cache layer at {path} has no tensor {missing[0]!r}")
+    return _plain(layer, path, exclude=LAYER_ATTRS), [(a, getattr(layer, a)) for a in sorted(LAYER_ATTRS)]
+
+
+def _plain(obj: Any, path: str, exclude: frozenset[str] | set[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in vars(obj).items():
+        if key in exclude:
+            continue
+        if isinstance(value, torch.device):
+            out[key] = {"device": str(value)}
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[key] = value
+        else:
+            raise UnsupportedValueError(
+                f"the {type(obj).__name__} at {path or 'input'} holds {key}={type(value).__name__}, which aitune "
+                "cannot describe (tensors, devices and JSON scalars only)"
+            )
+    return out
+
+
+def attribute_value(value: Any) -> Any:
+    """An attribute as :func:`describe` wrote it, back to its value (a device or a JSON scalar)."""
+    if isinstance(value, dict):
+        device = value.get("device")
+        if set(value) != {"device"} or not isinstance(device, str):
+            raise ValueError(f"an attribute holds {value!r}: only devices and JSON scalars are allowed")
+        return torch.device(device)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"an attribute holds a {type(value).__name__}: only devices and JSON scalars are allowed")
+
+
+def bare(cls: type, attrs: dict[str, Any]) -> Any:
+    """An instance of ``cls`` with ``attrs`` set, made without running any of ``cls``'s code."""
+    obj: Any = object.__new__(cls)
+    for key, value in attrs.items():
+        obj.__dict__[key] = attribute_value(value)
+    return obj
+
+
+def key_of(obj: Any, leaves: list[torch.Tensor]) -> Any:
+    """A hashable key of a static cache's form (its attributes, its tensors' dtype and rank);
+    appends its tensors to ``leaves`` in :func:`describe`'s order. Not a valid cache: identity."""
+    layers = getattr(obj, "layers", None)
+    if not isinstance(layers, list) or not all(type(la).__name__ in STATIC_LAYERS for la in layers):
+        return (type(obj), id(obj))
+    found: list[torch.Tensor] = []
+    try:
+        parts: list[Any] = [type(obj), tuple(sorted((k, repr(v)) for k, v in vars(obj).items() if k != "layers"))]
+        for layer in layers:
+            plain = tuple(sorted((k, repr(v)) for k, v in vars(layer).items() if k not in LAYER_ATTRS))
+            tensors = [getattr(layer, a) for a in sorted(LAYER_ATTRS)]
+            parts.append((type(layer), plain, tuple((t.dtype, t.dim(), t.device.type) for t in tensors)))
+            found.extend(tensors)
+    except (AttributeError, TypeError):  # not filled yet (the prefill): described by identity, runs eager
+        return (type(obj), id(obj))
+    leaves.extend(found)
+    return tuple(parts)

@@ -1,0 +1,117 @@
+"""Inputs a module updates in place (a KV cache's tensors): the declared contract.
+
+Recording keeps each call's inputs as they were before it ran; only a backend that declares
+``mutates_inputs`` is built for such a graph (the others are skipped with the reason); validation
+compares what the candidate left in those inputs with what eager left; profiling restores them
+before every timed call.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+import aitune.torch as ait
+from aitune.engine import recording
+from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+
+QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+
+
+class Accumulate(torch.nn.Module):
+    """Adds each step's output into ``total`` in place, as a decode step writes its cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = SlowModule(features=4, delay_s=0.005)  # a toy backend runs it faster
+
+    def forward(self, x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        y = self.step(x)
+        total.add_(y.sum(0))
+        return y * total
+
+
+class InPlaceToy(ToyBackend):
+    """Runs a copy of the module on the inputs it is given: their updates happen, as in eager."""
+
+    name = "toy_inplace"
+    mutates_inputs = True
+
+
+class ForgetfulToy(ToyBackend):
+    """Says it supports input mutation, but runs on copies: the caller's inputs never change."""
+
+    name = "toy_forgetful"
+    mutates_inputs = True
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        return super().infer(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+
+
+def steps(module: torch.nn.Module, n: int = 4) -> tuple[list[torch.Tensor], torch.Tensor]:
+    torch.manual_seed(1)
+    total = torch.zeros(4)
+    outs = [module(torch.randn(2, 4), total) for _ in range(n)]
+    return outs, total
+
+
+def tuned(*backends: ToyBackend) -> tuple[ait.Module, Any]:
+    torch.manual_seed(0)
+    module = ait.Module(Accumulate().eval(), "acc", strategy=ait.MaxThroughputStrategy(list(backends), QUICK))
+    report = ait.tune(lambda item: steps(module), [0])
+    return module, report
+
+
+def candidates(report: Any) -> dict[str, Any]:
+    return {c.backend: c for g in report.modules[0].graphs for c in g.candidates}
+
+
+def test_a_backend_without_input_mutation_is_skipped_with_the_reason() -> None:
+    _, report = tuned(ToyBackend(ToyConfig(speed=0.1)), InPlaceToy(ToyConfig(speed=0.1)))
+    (graph,) = report.modules[0].graphs
+    assert graph.graph["mutated"] == ["total"]
+    found = candidates(report)
+    assert found["toy"].status == "failed" and found["toy"].stage == "availability"
+    assert "updates inputs in place (total" in found["toy"].reason
+    assert found["toy_inplace"].status != "failed", found["toy_inplace"].reason
+
+
+def test_the_tuned_module_updates_the_inputs_as_eager_does() -> None:
+    module, report = tuned(InPlaceToy(ToyConfig(speed=0.1)))
+    assert report.modules[0].graphs[0].decision == "toy_inplace"
+    reference = Accumulate().eval()
+    reference.load_state_dict(module.module.state_dict())
+    with torch.no_grad():
+        want, want_total = steps(reference, 6)  # more steps than were recorded: the state keeps moving
+        got, got_total = steps(module, 6)
+    assert torch.allclose(got_total, want_total, atol=1e-5, rtol=1e-4)
+    for a, e in zip(got, want):
+        assert torch.allclose(a, e, atol=1e-5, rtol=1e-4)
+
+
+def test_a_candidate_that_drops_the_update_fails_validation() -> None:
+    _, report = tuned(ForgetfulToy(ToyConfig(speed=0.1)))
+    found = candidates(report)["toy_forgetful"]
+    assert found.status == "failed" and found.stage == "validate"
+    assert "after the call" in found.reason
+    assert report.modules[0].graphs[0].decision == "torch_eager"
+
+
+def test_the_samples_hold_the_inputs_from_before_each_call() -> None:
+    """Validation and profiling rerun recorded calls: from the state after a call, a decode step
+    would run one step too far (past its cache's end) and be compared on the wrong state."""
+    module = ait.Module(Accumulate().eval(), "acc")
+    torch.manual_seed(1)
+    total = torch.zeros(4)
+    before = []
+    with torch.no_grad(), recording.recording(max_samples=8) as session:
+        for _ in range(3):
+            before.append(total.clone())
+            module(torch.randn(2, 4), total)
+    (graph,) = session.modules[id(module)].graphs.values()
+    assert graph.mutated == {1} and len(graph.samples) == 3
+    for sample, expected in zip(graph.samples, before):
+        assert torch.equal(sample.args[1], expected)

@@ -1,0 +1,96 @@
+"""Greedy ``generate()`` with transformers' static KV cache, tuned: the decode step is one graph
+whose cache tensors a backend updates in place; the prefill fills the cache and runs eager.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import aitune.torch as ait
+
+transformers = pytest.importorskip("transformers")
+
+NEW_TOKENS = 6
+
+
+def gpt2() -> tuple[torch.nn.Module, str]:
+    config = transformers.GPT2Config(
+        n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(config).eval(), "transformer"
+
+
+def llama() -> tuple[torch.nn.Module, str]:
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=100,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.LlamaForCausalLM(config).eval(), "model"
+
+
+def generate(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation="static")
+
+
+def counted(wrapper: Any) -> list[int]:
+    """Counts the calls the tuned routes of ``wrapper`` serve (eager fallbacks are not counted)."""
+    calls = [0]
+    routes = wrapper._dispatcher.routes
+
+    def counting(runner: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            return runner(*args, **kwargs)
+
+        return run
+
+    wrapper._dispatcher.routes = [(check, counting(runner)) for check, runner in routes]
+    return calls
+
+
+@pytest.mark.parametrize("build", [gpt2, llama], ids=["gpt2", "llama"])
+def test_greedy_generate_with_a_static_cache(flow, build, tmp_path):
+    torch.manual_seed(0)
+    model, body = build()
+    g = torch.Generator().manual_seed(3)
+    recorded = [torch.randint(1, 100, (1, 8), generator=g) for _ in range(2)]
+    unseen = torch.randint(1, 100, (1, 8), generator=g)  # new tokens, the prompt length tuned for
+    with torch.no_grad():
+        expected = [generate(model, ids) for ids in [*recorded, unseen]]
+    ait.wrap(model, [body], strategy=flow.strategy("torch_inductor_jit", "onnxruntime"))
+    report = ait.tune(lambda ids: generate(model, ids), recorded)
+
+    graphs = report.modules[0].graphs
+    prefill = [g for g in graphs if "not filled yet" in (g.reason or "")]
+    decode = [g for g in graphs if g.graph and g.graph.get("mutated")]
+    assert prefill and prefill[0].decision == "torch_eager", "the prefill fills the cache: eager, with the reason"
+    (step,) = decode
+    assert step.decision == "torch_inductor_jit", step.reason
+    ort = [c for c in step.candidates if c.backend == "onnxruntime"]
+    assert all(c.stage == "availability" and "in place" in c.reason for c in ort)
+
+    served = counted(getattr(model, body))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no call of the decode step may fall back to eager
+        tokens = [generate(model, ids) for ids in [*recorded, unseen]]
+    for got, want in zip(tokens, expected):
+        assert torch.equal(got, want), "greedy tokens differ from eager's"
+    assert served[0] == 3 * (NEW_TOKENS - 1), "every decode step ran the tuned backend"
+
+    path = ait.save(model, tmp_path / "generate.ait")
+    torch.manual_seed(0)
+    fresh, _ = build()
+    ait.load(fresh, path)
+    assert torch.equal(generate(fresh, unseen), expected[-1])
