@@ -1,7 +1,8 @@
 """Hugging Face cases next to the zoo: transformers models and a tiny diffusers pipeline.
 
 ``python -m benchmarks.hf`` (``--models bert,vit``, ``--backends onnxruntime``, ``--out r.json``);
-``--peers`` runs :mod:`benchmarks.peers` instead (aitune's pick against each runtime by hand).
+``--peers`` runs :mod:`benchmarks.peers` instead (aitune's pick against each runtime by hand);
+``--generate`` runs :mod:`benchmarks.generation` (tokens per second of greedy ``generate()``).
 Per case, with an empty aitune cache: ``ait.tune`` with MaxThroughput over every backend (its wall
 time is the tune time, builds included), then each backend alone (``OneBackendStrategy``, kept
 whatever its speed; builds come from the cache), then eager, each backend and the pick timed in
@@ -272,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import peers
 
         return peers.main([a for a in argv if a != "--peers"])
+    if "--generate" in argv:
+        from . import generation
+
+        return generation.main([a for a in argv if a != "--generate"])
     p = argparse.ArgumentParser(prog="python -m benchmarks.hf", description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
     p.add_argument("--backends", default=None, help="comma-separated backend names (default: every CPU default)")

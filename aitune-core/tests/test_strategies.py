@@ -388,7 +388,7 @@ def test_ranking_uses_the_robust_figure_not_the_outlier_dragged_mean(toy_backend
     assert first.profiles[0].mean_ms > second.profiles[0].mean_ms
     assert [first.status, second.status] == ["selected", "rejected"]
     assert first.speedup > second.speedup, "the selected candidate shows the better figure"
-    assert "not chosen over toy's" in second.reason
+    assert "not chosen over toy (" in second.reason
     assert first.speedup_low <= first.speedup <= first.speedup_high
 
 
@@ -488,7 +488,7 @@ def test_profiling_rotates_through_every_recorded_sample_at_every_recorded_batch
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randn(2, 3, 8, generator=g), torch.randn(4, 5, 8, generator=g), torch.randn(4, 3, 8, generator=g)]
     strategy = ait.MaxThroughputStrategy(backends=[ShapeSpy(FAST)], profiling_config=QUICK, per_batch_size=False)
-    report = ait.tune(wrap(strategy), inputs)
+    report = ait.tune(wrap(strategy), inputs, end_to_end=False)  # only profiling's calls are counted
     graph = graph_report(report)
     assert [p.batch_size for p in graph.eager_profiles] == [2, 4], "every recorded batch size"
     profiled = set(ShapeSpy.seen[-20:])

@@ -75,6 +75,25 @@ class ProfileResult:
     """The measured per-call cost of the ``ait.Module`` dispatcher, included in every latency above."""
 
 
+MAX_NOISE = 0.10
+"""A speed-up is shown as a number only when its interval's half-width is at most this share of it
+(±10%); a wider one is shown as "not measured: noise ±N%". ``ProfilingConfig(max_noise=...)``."""
+
+
+def noise_of(speedup: float, low: float, high: float) -> float:
+    """The half-width of a speed-up's interval as a share of the speed-up."""
+    return (high - low) / (2 * speedup) if speedup > 0 else float("inf")
+
+
+def format_speedup(speedup: float, low: float | None, high: float | None, measured: bool = True) -> str:
+    """``1.72x [1.65-1.80]``, or ``not measured: noise ±34%`` for a figure whose interval was too wide."""
+    if low is None or high is None:
+        return f"{speedup:.2f}x"
+    if not measured:
+        return f"not measured: noise ±{noise_of(speedup, low, high):.0%}"
+    return f"{speedup:.2f}x [{low:.2f}-{high:.2f}]"
+
+
 class _Status(str, enum.Enum):
     """A status that is its own JSON string, so reports read and compare as plain text."""
 
@@ -130,10 +149,19 @@ class CandidateReport:
     """Lower end of the speedup's interval: the lower quartile of per-window ratios against eager."""
     speedup_high: float | None = None
     """Upper end of the speedup's interval: the upper quartile of those ratios."""
+    measured: bool | None = None
+    """False when the interval is wider than the profiling config's ``max_noise``: the speed-up is
+    then shown as "not measured: noise ±N%", never as a number (None: no speed-up)."""
     variant: str | None = None
     """Which of the backend's variants this candidate is (``"torchscript export"``), when it has several."""
     metric: float | None = None
     """The user's metric (``ait.tune(metric=...)``) over the recorded calls, 1.0 meaning eager's answers."""
+
+    def speedup_text(self) -> str:
+        """The speed-up as every view shows it ("" when there is none)."""
+        if self.speedup is None:
+            return ""
+        return format_speedup(self.speedup, self.speedup_low, self.speedup_high, self.measured is not False)
 
 
 @attrs.define
@@ -179,6 +207,36 @@ class ModuleReport:
 
 
 @attrs.define
+class EndToEndReport:
+    """The whole callable ``ait.tune`` was given, eager against tuned, over its dataset: the figure
+    a user judges a tuner by (a partial wrap can win per module and gain nothing here)."""
+
+    speedup: float | None = None
+    """Eager's median pass over the dataset items over the tuned model's; None when not timed."""
+    speedup_low: float | None = None
+    """The lower quartile of the per-round ratios (eager pass over tuned pass, timed back to back)."""
+    speedup_high: float | None = None
+    measured: bool = False
+    """False when the interval is wider than ``max_noise`` (or nothing was timed): shown as "not measured"."""
+    eager_ms: float | None = None
+    tuned_ms: float | None = None
+    rounds: int = 0
+    items: int = 0
+    shares: dict[str, float] = attrs.field(factory=dict)
+    """Each wrapped module's share of the eager pass's time: the most tuning it can save (Amdahl)."""
+    reason: str | None = None
+    """Why there is no figure (a call that raised), or what to know about it (some tuned calls ran
+    eager while timed), or None."""
+
+    def describe(self) -> str:
+        if self.speedup is None:
+            return f"not measured: {self.reason}" if self.reason else "not measured"
+        text = format_speedup(self.speedup, self.speedup_low, self.speedup_high, self.measured)
+        text += f" (eager {self.eager_ms:.3g} ms, tuned {self.tuned_ms:.3g} ms per pass of {self.items} items)"
+        return text + (f"; {self.reason}" if self.reason else "")
+
+
+@attrs.define
 class TuneReport:
     schema_version: int = SCHEMA_VERSION
     aitune_version: str = ""
@@ -187,6 +245,9 @@ class TuneReport:
     duration_s: float = 0.0
     environment: dict[str, Any] = attrs.field(factory=dict)
     modules: list[ModuleReport] = attrs.field(factory=list)
+    end_to_end: EndToEndReport | None = None
+    """Set by ``ait.tune`` after installing the winners (``end_to_end=False``, dry runs and ranks of a
+    distributed job have none)."""
 
     def to_json(self) -> dict[str, Any]:
         return unstructure(self)  # type: ignore[no-any-return]

@@ -116,7 +116,7 @@ def _in_process(backend: Backend, module: torch.nn.Module, context: BuildContext
         "%s: %s failed in the build worker (%s); building it in this process instead, under the same validation",
         context.module_name,
         backend.name,
-        str(failure).splitlines()[0],
+        str(failure).splitlines()[0].split(";")[0],
     )
     backend.build(module, context)
     backend.build_info.update(isolated=False, retried_in_process=True, worker_failure=str(failure))

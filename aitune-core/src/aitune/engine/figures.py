@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from ..graph import GraphSpec, Sample
-from ..report import ProfileResult
+from ..report import MAX_NOISE, ProfileResult, format_speedup, noise_of
 from . import recording
 
 
@@ -35,8 +35,16 @@ class Comparison:
     high_speedup: float
     """The upper end: the upper quartile of those ratios."""
 
-    def describe(self) -> str:
-        return f"{self.speedup:.2f}x [{self.low_speedup:.2f}-{self.high_speedup:.2f}]"
+    @property
+    def noise(self) -> float:
+        """The interval's half-width as a share of the speed-up (0.1: ±10%)."""
+        return noise_of(self.speedup, self.low_speedup, self.high_speedup)
+
+    def measured(self, max_noise: float = MAX_NOISE) -> bool:
+        return self.noise <= max_noise
+
+    def describe(self, max_noise: float = MAX_NOISE) -> str:
+        return format_speedup(self.speedup, self.low_speedup, self.high_speedup, self.measured(max_noise))
 
 
 def compare(candidate: ProfileResult, baseline: ProfileResult | None = None) -> Comparison:

@@ -32,7 +32,15 @@ from ..builtin.eager import TorchEagerBackend
 from ..errors import ConfigError, SerializationError
 from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
 from ..profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
-from ..report import CandidateReport, CandidateStatus, GraphReport, ProfileResult, RouteReport, ValidationReport
+from ..report import (
+    MAX_NOISE,
+    CandidateReport,
+    CandidateStatus,
+    GraphReport,
+    ProfileResult,
+    RouteReport,
+    ValidationReport,
+)
 from ..session import Session
 from . import recording
 from .figures import Comparison, ProfileOutcome, SharedFigures, compare, measure_dispatch_ms, with_dispatch
@@ -135,6 +143,8 @@ class GraphTuning:
         """Every candidate built for this graph, in order (their report entries are in ``report``)."""
         self._dispatch_ms: float | None = None
         self._noise_checked = False
+        self.max_noise = MAX_NOISE
+        """The widest interval (half-width, share of the speed-up) shown as a figure: the latest profiling config's."""
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -234,6 +244,7 @@ class GraphTuning:
         while profiled fails (stage ``profile``) and the others go on; an out-of-memory error at
         one batch size ends the sweep and keeps what was measured.
         """
+        self.max_noise = config.max_noise
         if not self._noise_checked and batch_sizes:
             self._noise_checked = True
             self._check_noise(config, batch_sizes[0])
@@ -344,6 +355,7 @@ class GraphTuning:
             c.report.speedup = cmp.speedup if cmp else None
             c.report.speedup_low = cmp.low_speedup if cmp else None
             c.report.speedup_high = cmp.high_speedup if cmp else None
+            c.report.measured = cmp.measured(self.max_noise) if cmp else None
 
     def note(self, text: str) -> None:
         if text not in self.report.notes:
@@ -384,7 +396,9 @@ class GraphTuning:
     def _check_noise(self, config: ProfilingConfig, batch_size: int) -> None:
         """Time eager briefly before profiling; warn when its spread already hides 20% differences."""
         probe = attrs.evolve(
-            config, measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5)
+            config,
+            measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5),
+            extend_s=0.0,
         )
         key = "torch_eager#probe"
         with recording.bypass():

@@ -8,7 +8,7 @@ graph breaks, and recommends the largest non-overlapping modules that take most 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -63,6 +63,15 @@ class InspectResult:
         ran.sort(key=lambda m: (-m.share, m.name.count("."), m.name))
         return ran if limit is None else ran[:limit]
 
+    def max_speedup(self, modules: Sequence[str] | None = None, module_speedup: float = float("inf")) -> float:
+        """The most the whole can gain when ``modules`` (default: the recommended ones) each run
+        ``module_speedup`` times faster and the rest stays as it is (Amdahl's law). A tune whose
+        modules win big while this is near 1 wrapped the wrong part."""
+        names = self.recommended if modules is None else list(modules)
+        share = min(1.0, sum(self.modules[n].share for n in names if n in self.modules))
+        rest = 1.0 - share + share / module_speedup
+        return 1.0 / rest if rest > 0 else float("inf")
+
     def to_dict(self) -> dict[str, Any]:
         from ..converter import unstructure
 
@@ -75,7 +84,14 @@ class InspectResult:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"aitune inspect: {self.runs} runs, {self.total_ms / max(self.runs, 1):.2f} ms per run")
+        title = f"aitune inspect: {self.runs} runs, {self.total_ms / max(self.runs, 1):.2f} ms per run"
+        if self.recommended:
+            bound = self.max_speedup()
+            title += (
+                f"; tuning the recommended modules gains at most "
+                f"{'unbounded' if bound == float('inf') else f'{bound:.2f}x'} end to end (Amdahl)"
+            )
+        table = Table(title=title)
         for column in ("module", "type", "calls", "share", "params", "inputs", "graph breaks", "tune?"):
             table.add_column(column, overflow="fold")  # long module paths wrap, never get cut
         ordered = sorted(self.modules.values(), key=lambda m: -m.total_ms)[:limit]

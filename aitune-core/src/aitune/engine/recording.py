@@ -285,6 +285,8 @@ class RecordingSession(Generic[W]):
     def __init__(self, max_samples: int) -> None:
         self.max_samples = max_samples
         self.modules: dict[int, ModuleRecording[W]] = {}
+        self.items: list[Any] = []
+        """The first dataset items, kept for the end-to-end figure."""
 
     def before_call(self, module: W, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Before | None:
         """Note the inputs before ``module`` runs, so :meth:`record` can tell what the call updated

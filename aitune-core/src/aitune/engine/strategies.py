@@ -151,7 +151,7 @@ def describe(tuning: GraphTuning, candidate: Candidate, batch: int, cmp: Compari
     text = f"{candidate.name} at batch {batch}: {mine.throughput:.1f} samples/s, p50 {mine.p50_ms:.3g} ms"
     cmp = cmp or tuning.versus_eager(candidate, batch)
     if cmp is not None and mine.baseline_p50_ms is not None:
-        text += f", {cmp.describe()} eager (p50 {mine.baseline_p50_ms:.3g} ms)"
+        text += f", {versus_eager(cmp, tuning.max_noise)} (p50 {mine.baseline_p50_ms:.3g} ms)"
     return text
 
 
@@ -303,12 +303,19 @@ def _explain_rejections(tuning: GraphTuning, ok: list[Candidate], winner: Candid
     if batch is None:
         return
     chosen = tuning.versus_eager(winner, batch) if winner is not None else None
-    against = f"{winner.name}'s {chosen.describe()}" if winner is not None and chosen else "eager"
+    against = f"{winner.name} ({versus_eager(chosen, tuning.max_noise)})" if winner is not None and chosen else "eager"
     for c in ok:
         cmp = tuning.versus_eager(c, batch)
         if c is winner or c.report.reason or cmp is None:
             continue
-        c.report.reason = f"{cmp.describe()} eager at batch {batch}, not chosen over {against}"
+        c.report.reason = f"{versus_eager(cmp, tuning.max_noise)} at batch {batch}, not chosen over {against}"
+
+
+def versus_eager(cmp: Comparison, max_noise: float) -> str:
+    """``1.84x [1.74-1.90] eager``, or ``speed-up against eager not measured: noise ±34%``."""
+    if cmp.measured(max_noise):
+        return f"{cmp.describe(max_noise)} eager"
+    return f"speed-up against eager {cmp.describe(max_noise)}"
 
 
 def _beats_eager(cmp: Comparison | None) -> bool:

@@ -30,7 +30,7 @@ from ..errors import AituneError, DistributedTuneError, InputError
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
-from . import fanout, ranks, recording, settings
+from . import end_to_end, fanout, ranks, recording, settings
 from .install import winners_of
 from .module import Module, check_budget, top_modules, wrapped_modules
 from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
@@ -82,6 +82,7 @@ def tune(
     threads: int | None = None,
     metric: Callable[[Any, Any, Any], float] | None = None,
     accuracy_budget: float | None = None,
+    end_to_end: bool | float = True,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -117,6 +118,11 @@ def tune(
     the numeric bound but has eager's structure, shapes and dtypes (int8). With a budget, backends'
     quantizing variants (ONNX Runtime int8) join the default candidates. Each candidate's metric is
     in the report; a module's own ``metric``/``accuracy_budget`` win.
+
+    ``end_to_end`` (default True) then times the whole of ``model_or_callable`` over the first
+    dataset items, eager against tuned, interleaved, for up to 10 s (a number: that budget); the
+    report and the log lead with it ("end to end 1.70x [1.61-1.79]"), next to each module's share
+    of the eager time, so a partial wrap that barely moves the whole says so.
     """
     if threads is not None:
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -167,8 +173,19 @@ def tune(
             settings.freeze if freeze is None else freeze,
             metric,
             budget,
+            _end_to_end_budget(end_to_end),
         )
     return report
+
+
+def _end_to_end_budget(value: bool | float) -> float:
+    if value is True:
+        return END_TO_END_S
+    if value is False:
+        return 0.0
+    if isinstance(value, (int, float)) and value >= 0:
+        return float(value)
+    raise InputError(f"end_to_end must be True, False or a time budget in seconds >= 0, got {value!r}")
 
 
 def freeze_tuned(obj: Any, report: TuneReport | None = None) -> None:
@@ -243,6 +260,7 @@ def _tune(
     freeze: bool = False,
     metric: Any = None,
     accuracy_budget: float | None = None,
+    end_to_end_s: float = 0.0,
 ) -> TuneReport:
     started = time.perf_counter()
     group = distributed.coordinator()  # None in a single process
@@ -305,6 +323,9 @@ def _tune(
         raise
     if freeze and not dry_run:
         freeze_tuned(model_or_callable, report)
+    if end_to_end_s and not dry_run and group is None:
+        _end_to_end(model_or_callable, recorded, report, end_to_end_s)
+    report.environment["load_average_end"] = load_average()
     report.duration_s = time.perf_counter() - started
     session.hook.aitune_tune_finished(report=report, session=session)
     if report_path is not None:
@@ -330,6 +351,8 @@ def _record(
     with progress.step("recording calls"), torch.no_grad(), recording.recording(max_samples) as session:
         for sample in dataset:
             first = sample if samples_seen == 0 else first
+            if samples_seen < END_TO_END_ITEMS:
+                session.items.append(sample)
             try:
                 _call(model_or_callable, sample)
             except AituneError:
@@ -345,6 +368,30 @@ def _record(
             "that the pipeline calls, or check that the dataset reaches them"
         )
     return session
+
+
+END_TO_END_ITEMS = 8
+"""Dataset items kept for the end-to-end figure (the first ones)."""
+END_TO_END_S = 10.0
+"""The end-to-end figure's time budget with ``end_to_end=True``."""
+
+
+def _end_to_end(model_or_callable: Any, session: Any, report: TuneReport, budget_s: float) -> None:
+    """Time the whole call eager against tuned and log it first, with each module's share and figure."""
+    modules = [rec.module for rec in session.modules.values()]
+    if not any(m.state == "tuned" for m in modules):
+        return
+    result = end_to_end.measure(lambda item: _call(model_or_callable, item), session.items, modules, budget_s)
+    report.end_to_end = result
+    figures = {m.name: m for m in report.modules}
+    shares = []
+    for name, share in sorted(result.shares.items(), key=lambda kv: -kv[1]):
+        chosen = (
+            [c for g in figures[name].graphs for c in g.candidates if c.status == "selected"] if name in figures else []
+        )
+        own = f", {chosen[0].speedup_text()}" if len(chosen) == 1 and chosen[0].speedup is not None else ""
+        shares.append(f"{name} {share:.0%} of eager time{own}")
+    logger.info("end to end %s%s", result.describe(), "; " + "; ".join(shares) if shares else "")
 
 
 def check_devices(module: Module) -> None:
@@ -452,14 +499,9 @@ def summarize(report: ModuleReport) -> str:
         eager = next((p for p in g.eager_profiles if p.batch_size == batch), None) if batch else None
         if chosen.speedup is not None and mine is not None and eager is not None:
             base = mine.baseline_p50_ms if mine.baseline_p50_ms is not None else eager.p50_ms
-            interval = (
-                f" [{chosen.speedup_low:.2f}-{chosen.speedup_high:.2f}]"
-                if chosen.speedup_low is not None and chosen.speedup_high is not None
-                else ""
-            )
-            text += (
-                f", {chosen.speedup:.2f}x{interval} eager at batch {batch} (p50 {mine.p50_ms:.3g} ms vs {base:.3g} ms)"
-            )
+            figure = chosen.speedup_text()
+            against = "eager" if chosen.measured is not False else "against eager"
+            text += f", {figure} {against} at batch {batch} (p50 {mine.p50_ms:.3g} ms vs {base:.3g} ms)"
         if chosen.validation is not None:
             text += f", max rel err {chosen.validation.max_rel_error:.1g}"
         if chosen.metric is not None:
@@ -488,12 +530,22 @@ def environment(device: torch.device) -> dict[str, Any]:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (the OpenMP runtime's default)"),
         "thread_settings": {k: os.environ[k] for k in _THREAD_VARS if k in os.environ},
         "cuda": torch.version.cuda,
+        "load_average_start": load_average(),
     }
     if device.type == "cuda" and torch.cuda.is_available():
         index = device.index if device.index is not None else torch.cuda.current_device()
         env["gpu"] = torch.cuda.get_device_name(index)
         env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
     return env
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the platform has none): a figure measured
+    while other programs ran says so."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
 
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "KMP_BLOCKTIME", "OPENBLAS_NUM_THREADS")

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from ..report import ProfileResult
+from ..report import MAX_NOISE, ProfileResult
 from .stop import (
     AllSamplesProfilingStopStrategy,
     ProfilingStopStrategy,
@@ -124,6 +124,12 @@ class ProfilingConfig:
     strategies, batch size 1 for MinLatency, the most common recorded size for the eager gate of
     OneBackend and FirstWins. ``dispatch_cost_ms=None`` measures what the ``ait.Module``
     dispatcher adds to each call and charges it to every candidate; a number fixes it.
+
+    ``max_noise`` is the widest interval shown as a figure (its half-width as a share of the
+    speed-up; ±10% by default): after the stop strategy is satisfied, profiling adds windows, up
+    to ``extend_s`` seconds more per session, while any runner's window medians spread wider
+    than half of it, so a burst of interference is outvoted; a speed-up whose interval is still
+    wider is reported as "not measured: noise ±N%".
     """
 
     batch_sizes: Sequence[int] | None = attrs.field(default=None, converter=lambda v: tuple(v) if v else None)
@@ -131,6 +137,8 @@ class ProfilingConfig:
     measurement_stop_strategy: MeasuringStopStrategy = attrs.field(factory=NumStepsMeasuringStopStrategy)
     profiling_stop_strategy: ProfilingStopStrategy = attrs.field(factory=AllSamplesProfilingStopStrategy)
     dispatch_cost_ms: float | None = attrs.field(default=None)
+    max_noise: float = attrs.field(default=MAX_NOISE, validator=attrs.validators.gt(0.0))
+    extend_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(0.0))
 
 
 def _percentile(sorted_ms: Sequence[float], q: float) -> float:
@@ -204,4 +212,29 @@ def profile_runners(
                     times[name].append(measure(fn, device))
                     if len(times[name]) >= stop.max_steps:
                         break
+        deadline = time.perf_counter() + config.extend_s
+        while config.extend_s > 0 and time.perf_counter() < deadline:
+            if all(window_spread(times[n], stop.window) <= config.max_noise / 2 for n in names):
+                break
+            order = names[rotation % len(names) :] + names[: rotation % len(names)]
+            rotation += 1
+            for name in order:  # one more window each, still interleaved
+                for _ in range(stop.window):
+                    prepares[name]()
+                    times[name].append(measure(runners[name], device))
     return {n: summarize(times[n], batch_size, stop.window) for n in names}
+
+
+def window_spread(times_ms: Sequence[float], window: int) -> float:
+    """Half the interquartile range of a runner's window medians, as a share of their median
+    (min to max below four windows): how far apart its windows still are."""
+    medians = [statistics.median(times_ms[i : i + window]) for i in range(0, len(times_ms), window)]
+    if len(medians) < 2:
+        return 0.0
+    if len(medians) < 4:
+        low, high = min(medians), max(medians)
+    else:
+        q = statistics.quantiles(medians, n=4, method="inclusive")
+        low, high = q[0], q[2]
+    middle = statistics.median(medians)
+    return (high - low) / (2 * middle) if middle > 0 else 0.0

@@ -20,7 +20,8 @@ CANDIDATE_COLUMNS = (
     "reason",
 )
 """``samples/s`` is batch over p50 and ``speedup`` is eager's p50 over the candidate's, measured in
-one interleaved session, with the interval of the per-window ratios: the figure decisions use."""
+one interleaved session, with the interval of the per-window ratios: the figure decisions use
+("not measured: noise ±N%" when that interval is wider than the profiling config's ``max_noise``)."""
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -56,20 +57,11 @@ def candidate_rows(graph: GraphReport) -> list[list[str]]:
                 _fmt(p.p50_ms if p else None, ".3g"),
                 _fmt(p.p99_ms if p else None, ".3g"),
                 _fmt(p.throughput if p else None, ".1f"),
-                _speedup(c),
+                c.speedup_text(),
                 c.reason or "",
             ]
         )
     return rows
-
-
-def _speedup(c: CandidateReport) -> str:
-    if c.speedup is None:
-        return ""
-    text = f"{c.speedup:.2f}x"
-    if c.speedup_low is not None and c.speedup_high is not None:
-        text += f" [{c.speedup_low:.2f}-{c.speedup_high:.2f}]"
-    return text
 
 
 def graph_notes(graph: GraphReport) -> list[str]:
@@ -91,7 +83,10 @@ def graph_inputs(graph: GraphReport) -> str:
 
 def headline(report: TuneReport) -> list[tuple[str, str]]:
     env = report.environment
+    e2e = report.end_to_end
     rows = [
+        ("end to end", e2e.describe() if e2e is not None else ""),
+        ("time shares", _shares(e2e.shares) if e2e is not None else ""),
         ("aitune", report.aitune_version),
         ("started", report.started_at),
         ("duration", f"{report.duration_s:.1f} s" if report.duration_s else ""),
@@ -101,8 +96,22 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
         ("threads", _threads(env)),
         ("ranks", _ranks(env)),
         ("python", str(env.get("python", ""))),
+        ("load average", _load(env)),
     ]
     return [(k, v) for k, v in rows if v]  # a report read back from an artifact has no run times
+
+
+def _shares(shares: dict[str, float]) -> str:
+    """Each module's share of the eager time: the most tuning it can save (Amdahl)."""
+    return ", ".join(f"{name} {share:.0%}" for name, share in sorted(shares.items(), key=lambda kv: -kv[1]))
+
+
+def _load(env: dict[str, Any]) -> str:
+    start, end = env.get("load_average_start"), env.get("load_average_end")
+    if not start and not end:
+        return ""
+    show = lambda v: "/".join(f"{x:.2f}" for x in v) if v else "unknown"  # noqa: E731
+    return f"{show(start)} at the start, {show(end)} at the end (1/5/15 min)"
 
 
 def _threads(env: dict[str, Any]) -> str:

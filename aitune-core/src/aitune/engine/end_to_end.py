@@ -1,0 +1,127 @@
+"""The end-to-end figure: the callable ``ait.tune`` was given, eager against tuned, over its dataset.
+
+Each round times one pass over the kept dataset items eager (every wrapper calling through, as
+while aitune builds) and one tuned, back to back, in alternating order; the figure is the ratio of
+the median passes and its interval the quartiles of the per-round ratios, the statistic each
+module's figure uses. Rounds go on until that interval is within ``max_noise`` or the time budget
+is spent; then the figure is "not measured". One more eager pass, with a timer around each
+wrapped module, gives each module's share of the time: the most tuning it can save.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..report import MAX_NOISE, EndToEndReport, noise_of
+from . import recording
+
+MIN_ROUNDS = 4
+MAX_ROUNDS = 30
+MIN_HALF_WIDTH = 0.02
+"""The interval is never narrower than ±2%: a process measuring the same model again afterwards
+differs by about that much (CPU clocks, caches) even when every round agrees."""
+
+
+def measure(
+    call: Callable[[Any], Any],
+    items: Sequence[Any],
+    modules: Sequence[Any],
+    budget_s: float,
+    max_noise: float = MAX_NOISE,
+) -> EndToEndReport:
+    """Time ``call`` over ``items`` eager and tuned; ``modules`` are the wrappers to share the time among."""
+    if not items:
+        return EndToEndReport(reason="no dataset items were kept")
+    eager_passes: list[float] = []
+    tuned_passes: list[float] = []
+    warned = [(m, set(m._dispatcher._warned)) for m in modules if getattr(m, "_dispatcher", None) is not None]
+    try:
+        with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _pass(call, items, eager=True)  # warm-up: lazy inits, caches
+            _pass(call, items, eager=False)
+            deadline = time.perf_counter() + budget_s
+            while len(eager_passes) < MAX_ROUNDS:
+                first_eager = len(eager_passes) % 2 == 0
+                for eager in (first_eager, not first_eager):
+                    (eager_passes if eager else tuned_passes).append(_pass(call, items, eager))
+                if len(eager_passes) >= MIN_ROUNDS and (
+                    _converged(eager_passes, tuned_passes, max_noise) or time.perf_counter() > deadline
+                ):
+                    break
+            shares = _shares(call, items, modules)
+    except Exception as exc:  # the figure is a report, never a reason to fail the tune
+        return EndToEndReport(reason=f"timing the whole call raised {type(exc).__name__}: {exc}")
+    finally:  # the user's own first calls still get each warning once
+        for module, before in warned:
+            module._dispatcher._warned = before
+    eager_calls = sorted({str(w.message) for w in seen if "running this call eager" in str(w.message)})
+    speedup, low, high = _figure(eager_passes, tuned_passes)
+    return EndToEndReport(
+        speedup=speedup,
+        speedup_low=low,
+        speedup_high=high,
+        measured=noise_of(speedup, low, high) <= max_noise,
+        eager_ms=statistics.median(eager_passes) * 1e3,
+        tuned_ms=statistics.median(tuned_passes) * 1e3,
+        rounds=len(eager_passes),
+        items=len(items),
+        shares=shares,
+        reason=f"some tuned calls ran eager while timed: {eager_calls[0]}" if eager_calls else None,
+    )
+
+
+def _pass(call: Callable[[Any], Any], items: Sequence[Any], eager: bool) -> float:
+    start = time.perf_counter()
+    if eager:
+        with recording.bypass():
+            for item in items:
+                call(item)
+    else:
+        for item in items:
+            call(item)
+    return time.perf_counter() - start
+
+
+def _figure(eager: Sequence[float], tuned: Sequence[float]) -> tuple[float, float, float]:
+    speedup = statistics.median(eager) / statistics.median(tuned)
+    ratios = [e / t for e, t in zip(eager, tuned) if t > 0]
+    if len(ratios) < 4:
+        low, high = min(ratios), max(ratios)
+    else:
+        q = statistics.quantiles(ratios, n=4, method="inclusive")
+        low, high = q[0], q[2]
+    floor = speedup * MIN_HALF_WIDTH
+    return speedup, min(low, speedup - floor), max(high, speedup + floor)
+
+
+def _converged(eager: Sequence[float], tuned: Sequence[float], max_noise: float) -> bool:
+    speedup, low, high = _figure(eager, tuned)
+    return noise_of(speedup, low, high) <= max_noise
+
+
+def _shares(call: Callable[[Any], Any], items: Sequence[Any], modules: Sequence[Any]) -> dict[str, float]:
+    """One eager pass with a timer around each wrapped module's own module."""
+    spent: dict[str, float] = {m.name: 0.0 for m in modules}
+    started: dict[str, list[float]] = {m.name: [] for m in modules}
+    handles = []
+    for m in modules:
+        handles.append(m.module.register_forward_pre_hook(lambda *_, n=m.name: started[n].append(time.perf_counter())))
+        handles.append(m.module.register_forward_hook(lambda *_, n=m.name: _stop(spent, started, n)))
+    try:
+        total = _pass(call, items, eager=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: min(1.0, t / total) for name, t in spent.items()} if total > 0 else {}
+
+
+def _stop(spent: dict[str, float], started: dict[str, list[float]], name: str) -> None:
+    if started[name]:
+        spent[name] += time.perf_counter() - started[name].pop()
