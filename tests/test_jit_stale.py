@@ -58,7 +58,7 @@ print(json.dumps({
 
 def _run(script: Path, cache: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AITUNE_JIT")}
-    env.update(AITUNE_JIT="1", AITUNE_CACHE_DIR=str(cache))
+    env.update(AITUNE_JIT="1", AITUNE_JIT_MODE="inline", AITUNE_CACHE_DIR=str(cache))
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])

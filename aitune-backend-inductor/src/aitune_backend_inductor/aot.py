@@ -13,6 +13,7 @@ import torch
 from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, exported_file
 from aitune.errors import BuildError, SerializationError
 from aitune.graph import FlatModule, GraphSpec, Sample, resize
+from aitune.tracing import exclusive
 
 from .cache import inductor_cache
 from .config import TorchInductorAotBackendConfig
@@ -177,7 +178,8 @@ def _export(module: torch.nn.Module, context: BuildContext, strict: bool) -> tup
     dynamic_shapes, ranges = export_dynamic_shapes(graph)
     flat = tuple(graph.flatten(sample.args, sample.kwargs))
     try:  # flat tensors in, flat tensors out: any signature exports, and infer runs it as it is
-        program = torch.export.export(FlatModule(module, graph), flat, dynamic_shapes=dynamic_shapes, strict=strict)
+        with exclusive():  # non-strict export patches Module.__call__ for the whole process while it traces
+            program = torch.export.export(FlatModule(module, graph), flat, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as exc:
         raise BuildError(
             f"torch.export failed with dynamic dims {ranges or 'none'}: {type(exc).__name__}: {_first_lines(exc)}. "

@@ -18,6 +18,7 @@ import attrs
 import torch
 
 from aitune.graph import DimRange, GraphSpec, Sample, TensorSpec, resize
+from aitune.tracing import exclusive
 
 
 def dynamic_ranges(graph: GraphSpec) -> dict[str, DimRange]:
@@ -107,7 +108,8 @@ def export_program(module: torch.nn.Module, graph: GraphSpec, sample: Sample) ->
     """``torch.export.export`` of ``module`` at ``sample`` with every dynamic dimension of ``graph``."""
     traced = trace_sample(graph, sample)
     shapes = dynamic_shapes(graph, export_dims(graph), module.forward)
-    return torch.export.export(module, tuple(traced.args), dict(traced.kwargs), dynamic_shapes=shapes)
+    with exclusive():  # non-strict export patches Module.__call__ for the whole process while it traces
+        return torch.export.export(module, tuple(traced.args), dict(traced.kwargs), dynamic_shapes=shapes)
 
 
 @attrs.frozen

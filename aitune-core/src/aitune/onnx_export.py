@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 import torch
 
-from . import tree
+from . import tracing, tree
 from .errors import BuildError, ConfigError
 from .graph import FlatModule, GraphSpec, Sample, TensorSpec, resize
 
@@ -313,7 +313,7 @@ def _dynamo(
     per_input = tuple(
         {axis: dims[name] for axis, name in _dynamic(graph, spec).items()} or None for spec in graph.inputs
     )
-    with torch.no_grad():
+    with torch.no_grad(), tracing.exclusive():
         program = torch.onnx.export(
             wrapper,
             inputs,
@@ -351,7 +351,7 @@ def _torchscript(
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir()
     try:
-        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        with torch.no_grad(), tracing.exclusive(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.onnx.export(
                 wrapper,

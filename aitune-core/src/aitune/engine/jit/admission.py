@@ -69,4 +69,5 @@ def admit(module: torch.nn.Module, name: str, depth: int) -> ModuleState:
     shadow = twin(module)
     candidate = JitCandidate(name, depth, shadow, Module(shadow, name), RecordingSession(MAX_SAMPLES), STATE.requests)
     STATE.modules[module] = candidate
+    STATE.names[module] = name
     return candidate

@@ -19,6 +19,7 @@ import torch
 from ...backend import Backend
 from ...graph import GraphSpec, Sample, infer_graph
 from ...plugins import get_manager
+from ...profiling import ProfilingConfig
 from ...registry import BackendRegistry
 from ...report import ModuleReport
 from ...session import Session
@@ -28,6 +29,7 @@ from ..strategies import FirstWinsStrategy, TuneStrategy
 from . import decision_store, settings
 from .admission import admit
 from .install import install
+from .sharing import measuring_strategy
 from .state import STATE, Decision, JitCandidate
 
 logger = logging.getLogger("aitune")
@@ -196,13 +198,18 @@ def _strategy(device: torch.device, registry: BackendRegistry) -> tuple[TuneStra
         if settings.backends is not None:
             for name in settings.backends:  # named by the user: one that cannot run here is an error
                 registry.require(name, device)
-            strategy = FirstWinsStrategy([registry.backend_class(n)() for n in settings.backends])
+            strategy = FirstWinsStrategy([registry.backend_class(n)() for n in settings.backends], _profiling())
         else:
             # a backend that compiles almost anything (the Inductor JIT) is the fallback behind the exporting ones
             ordered = sorted(default_backends(registry, device), key=lambda b: b.compiles_anything)
-            strategy = FirstWinsStrategy(ordered)
+            strategy = FirstWinsStrategy(ordered, _profiling())
     defaults = default_backends(registry, device) if strategy.backends is None else []
     return strategy, strategy.candidates(defaults)
+
+
+def _profiling() -> ProfilingConfig:
+    """The default profiling, timed as background mode shares the machine (see :mod:`.background`)."""
+    return ProfilingConfig(measuring_strategy=measuring_strategy())
 
 
 def _any_correct(report: ModuleReport) -> bool:

@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
+from ... import tracing
 from .. import recording
+from . import background, settings
 from .admission import admit
 from .install import uninstall
 from .observe import observe
@@ -37,6 +39,8 @@ def enable() -> None:
     with STATE.lock:
         if STATE.handles:
             return
+        if settings.mode == "background":
+            background.prepare()  # at start-up, not inside the call that starts the first tuning
         STATE.handles.append(register_module_forward_pre_hook(_pre))
         STATE.handles.append(register_module_forward_hook(_post, with_kwargs=True, always_call=True))
         # torch warns that global hooks also fire for torch.compile's wrapper module; the hooks
@@ -70,24 +74,64 @@ def decisions() -> list[Decision]:
     return list(STATE.decisions)
 
 
+def status() -> dict[str, str]:
+    """Where each module the JIT has seen stands, by name: ``recording (3 calls)``, ``tuning``,
+    ``tuned: onnxruntime``, ``eager: <why>``, ``descended: <why>`` (its children are tried)."""
+    out: dict[str, str] = {}
+    latest = {d.name: d for d in STATE.decisions}
+    for module, entry in list(STATE.modules.items()):
+        name = STATE.names.get(module)
+        if name is None:  # skipped: never a candidate (the log says why)
+            continue
+        shown = name if name not in out else f"{name}#{id(module):x}"  # two instances of one class
+        if isinstance(entry, JitCandidate):
+            out[shown] = f"recording ({entry.calls} calls)"
+            continue
+        decision = latest.get(name)
+        if entry == "tuned" and decision is not None:
+            out[shown] = f"tuned: {', '.join(dict.fromkeys(decision.backends)) or 'eager graphs only'}"
+        elif entry in ("eager", "descended") and decision is not None:
+            out[shown] = f"{entry}: {decision.reason}"
+        else:
+            out[shown] = str(entry)
+    return out
+
+
 def request_tuning() -> None:
     """Tune every module recorded so far at its next forward call (see ``tune.deferred``)."""
     with STATE.lock:
         STATE.requests += 1
 
 
+def _traced_here() -> bool:
+    """torch is compiling or exporting, and in this thread. The flag is the process's: while the
+    background tuner traces, the program's own calls in other threads must still be counted.
+    (TorchDynamo evaluates this too, inside the hooks it traces: it reads the thread-local.)"""
+    return (_is_compiling() or _is_exporting()) and (getattr(STATE.local, "tuner", False) or not STATE.tuner_running)
+
+
 def _pre(module: torch.nn.Module, args: Any) -> None:
-    if _is_compiling() or _is_exporting():
+    if _traced_here():
         return
     local = STATE.local
     local.depth = getattr(local, "depth", 0) + 1
+    if local.depth == 1 and not recording.bypassing():
+        STATE.in_flight += 1
+        if STATE.tuner_running:  # the tuner may trace: not during this call
+            tracing.LOCK.acquire()
+            local.holding = True
 
 
 def _post(module: torch.nn.Module, args: Any, *rest: Any) -> None:
-    if _is_compiling() or _is_exporting():
+    if _traced_here():
         return
     local = STATE.local
     depth = local.depth = max(getattr(local, "depth", 1) - 1, 0)
+    if depth == 0 and not recording.bypassing():
+        STATE.in_flight = max(STATE.in_flight - 1, 0)
+        if getattr(local, "holding", False):
+            local.holding = False
+            tracing.LOCK.release()
     if len(rest) != 2 or recording.bypassing():  # forward raised (always_call), or aitune itself is running it
         return
     entry = STATE.modules.get(module)

@@ -3,7 +3,8 @@
 Only inference calls are recorded (with the recorder ``ait.tune`` uses): a call in training mode
 or with autograd on is left alone, with one warning per module. A candidate is tuned after
 ``settings.min_samples`` calls or, in deferred mode, at its first call after ``tune.deferred()``;
-one module is tuned at a time, and a call that finds tuning under way simply runs.
+one module is tuned at a time, and a call that finds tuning under way simply runs. In background
+mode (the default) the tuning runs on a tuner thread and this call returns at once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import settings
+from . import background, settings
 from .decide import tune_candidate
 from .state import STATE, JitCandidate
 
@@ -43,6 +44,9 @@ def observe(module: torch.nn.Module, cand: JitCandidate, args: Any, kwargs: Any,
     cand.calls += 1
     ready = STATE.requests > cand.since or (not settings.deferred and cand.calls >= settings.min_samples)
     if ready and STATE.tuning.acquire(blocking=False):
+        if settings.mode == "background":
+            background.start(module, cand)  # the tuner thread releases STATE.tuning
+            return
         try:
             tune_candidate(module, cand)
         finally:

@@ -39,6 +39,12 @@ deferred: bool = False
 for pipelines that call modules a varying number of times per step."""
 remember: bool = True
 """Store each decision in the cache dir and reuse it in later runs (``AITUNE_JIT_REMEMBER=0`` turns it off)."""
+mode: str = "background"
+"""``background``: a module is tuned on a tuner thread while its calls keep running eager, and
+its winner is installed between two calls; ``inline``: tuned inside the call that reached
+``min_samples``, which waits (``AITUNE_JIT_MODE=inline``, for batch jobs that prefer to wait)."""
+max_tuning_share: float = 0.5
+"""The share of wall time the background tuner may spend timing candidates (0.5: one core of two)."""
 
 
 def _int(name: str, value: Any) -> int:
@@ -70,6 +76,21 @@ def _names(name: str, value: Any) -> tuple[str, ...] | None:
     return items
 
 
+MODES = ("background", "inline")
+
+
+def _mode(name: str, value: Any) -> str:
+    if value not in MODES:
+        raise ValueError(f"aitune.torch.jit.config.mode must be one of {', '.join(MODES)}, got {value!r}")
+    return str(value)
+
+
+def _share(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"aitune.torch.jit.config.{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
 def _strategy(name: str, value: Any) -> Any:
     from ..strategies import TuneStrategy
 
@@ -88,6 +109,8 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "detect_graph_breaks": _bool,
     "deferred": _bool,
     "remember": _bool,
+    "mode": _mode,
+    "max_tuning_share": _share,
 }
 _DEFAULTS = {name: globals()[name] for name in _CHECKS}
 
@@ -97,6 +120,13 @@ def _from_env(name: str, raw: str) -> Any:
     default = _DEFAULTS[name]
     if name in ("backends", "exclude"):
         return tuple(item.strip() for item in raw.split(",") if item.strip())
+    if name == "mode":
+        return raw.lower()
+    if name == "max_tuning_share":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"AITUNE_JIT_MAX_TUNING_SHARE={raw!r} is not a number") from None
     if isinstance(default, bool):
         if raw.lower() in {"1", "true", "yes", "on"}:
             return True

@@ -62,6 +62,8 @@ class JitState:
     handles: list[Any] = attrs.field(factory=list)
     """The two process-wide forward hooks while JIT tuning is on."""
     modules: weakref.WeakKeyDictionary[torch.nn.Module, ModuleState] = attrs.field(factory=weakref.WeakKeyDictionary)
+    names: weakref.WeakKeyDictionary[torch.nn.Module, str] = attrs.field(factory=weakref.WeakKeyDictionary)
+    """The name each candidate got (``Encoder.layers.3``), kept after it settles, for ``status()``."""
     tuned: weakref.WeakSet[torch.nn.Module] = attrs.field(factory=weakref.WeakSet)
     """Modules whose ``forward`` is a ``TunedForward``, to restore on ``disable()``."""
     decisions: list[Decision] = attrs.field(factory=list)
@@ -73,14 +75,24 @@ class JitState:
     """Guards switching on and off and the request counter."""
     tuning: threading.Lock = attrs.field(factory=threading.Lock)
     """Held while a module is tuned: one at a time, and never re-entered from the tuning itself."""
+    worker: threading.Thread | None = None
+    """The tuner thread of background mode, while one runs (or the last one)."""
+    tuner_running: bool = False
+    """A tuner thread is at work: the program's top-level calls take the tracing lock, and the
+    process-wide compiling flag may be the tuner's (the tuner thread marks itself in ``local.tuner``)."""
+    in_flight: int = 0
+    """Top-level module calls of the program under way now (not aitune's own): the background
+    tuner times a call only when there are none."""
 
     def forget(self) -> None:
         """Drop every module, decision and request (the hooks are the caller's business)."""
         self.tuned.clear()
         self.modules.clear()
+        self.names.clear()
         self.decisions.clear()
         self.requests = 0
         self.local.depth = 0
+        self.in_flight = 0
 
 
 STATE = JitState()

@@ -1,0 +1,73 @@
+"""Tuning off the calling thread: calls keep running eager until the winner is proven.
+
+One tuner thread at a time (a daemon: process exit waits for no tuning; a build already in the
+cache stays there). It runs the same ``tune_candidate`` as inline mode, so the candidates are
+built, validated against eager on the recorded calls and profiled before anything is installed,
+and the install is one attribute assignment (``module.forward``): a call already in flight
+finishes on the path it started on, the next one takes the winner.
+
+Sharing the machine: the tuner thread runs at a lower scheduling priority where the OS allows it
+(Linux: ``setpriority`` on the thread), times each call only when the caller has no call of its
+own in flight (waiting a bounded time for one to end), and sleeps after each timed call so that
+its timing keeps to ``config.max_tuning_share`` of the wall time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+
+import torch
+
+from .decide import tune_candidate
+from .state import STATE, JitCandidate
+
+logger = logging.getLogger("aitune")
+
+
+def start(module: torch.nn.Module, cand: JitCandidate) -> None:
+    """Tune ``cand`` on a tuner thread; the caller holds ``STATE.tuning``, which the thread releases."""
+    prepare()
+    STATE.modules[module] = "tuning"
+    thread = threading.Thread(target=_run, args=(module, cand), name=f"aitune-jit {cand.name}", daemon=True)
+    STATE.worker = thread
+    STATE.tuner_running = True
+    logger.info(
+        "aitune jit: tuning %s in the background after %d calls; its calls run eager until a winner is proven",
+        cand.name,
+        cand.calls,
+    )
+    thread.start()
+
+
+def prepare() -> None:
+    """Import TorchDynamo on the program's thread (``jit.enable()`` does, before any call): imported
+    first by the tuner thread, the program's own calls could meet it half initialized."""
+    import torch._dynamo  # noqa: F401
+
+
+def _run(module: torch.nn.Module, cand: JitCandidate) -> None:
+    STATE.local.tuner = True
+    try:
+        _lower_priority()
+        tune_candidate(module, cand)
+    finally:
+        STATE.tuner_running = False
+        STATE.tuning.release()
+
+
+def _lower_priority() -> None:
+    """Let the caller's threads win the CPU over this one, where the OS can say so per thread."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: normal priority
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until background tuning under way has finished; False when ``timeout`` ran out first."""
+    thread = STATE.worker
+    if thread is None:
+        return True
+    thread.join(timeout)
+    return not thread.is_alive()

@@ -1,0 +1,137 @@
+"""JIT that never stalls a call: modules are tuned on a tuner thread while their calls run eager,
+and the winner is installed between two calls once it is proven.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import aitune.torch.jit.config as jit_config
+from aitune.engine.recording import bypass
+from aitune.testing import assert_matches_eager
+from aitune.testing.backends import ToyBackend, ToyConfig
+from aitune.torch import FirstWinsStrategy, jit
+
+BUILD_S = 1.5
+"""How long the slow toy backend takes to build: far longer than any call."""
+
+
+class SlowBuildToy(ToyBackend):
+    """Correct and fast, but its build takes :data:`BUILD_S`, as a real compiler's does."""
+
+    name = "toy"
+
+    def build(self, module: torch.nn.Module, context: Any) -> None:
+        time.sleep(BUILD_S)
+        super().build(module, context)
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+@pytest.fixture
+def background(toy_backends: Any) -> Iterator[None]:
+    jit_config.reset()
+    strategy = FirstWinsStrategy([SlowBuildToy(ToyConfig())], performance_validation=False)
+    with jit_config.patch(strategy=strategy, min_parameters=0, min_samples=3, mode="background", remember=False):
+        jit.enable()
+        try:
+            yield
+        finally:
+            jit.wait(30)
+            jit.disable()
+    jit_config.reset()
+
+
+def test_calls_keep_running_eager_while_the_module_tunes_then_switch(background: None) -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    latencies, statuses = [], []
+    errors: list[BaseException] = []
+
+    def serve() -> None:  # the program's own thread, as a server loop is
+        try:
+            deadline = time.perf_counter() + 30
+            with torch.no_grad():
+                while time.perf_counter() < deadline:
+                    x = torch.randn(2, 8)
+                    start = time.perf_counter()
+                    y = model(x)
+                    latencies.append(time.perf_counter() - start)
+                    with bypass():
+                        assert_matches_eager(y, model(x))  # before, during and after the switch
+                    statuses.append(jit.status().get("Encoder", ""))
+                    if statuses[-1].startswith("tuned") and statuses.count(statuses[-1]) > 3:
+                        return
+                    time.sleep(0.01)
+        except BaseException as exc:
+            errors.append(exc)
+
+    caller = threading.Thread(target=serve)
+    caller.start()
+    caller.join(60)
+    assert not errors, errors
+    assert any(s == "tuning" for s in statuses), "calls ran while the module was being tuned"
+    assert statuses[-1] == "tuned: toy", statuses[-1]
+    assert max(latencies) < BUILD_S / 3, "no call waited for the build"
+    assert isinstance(model.__dict__.get("forward"), jit.TunedForward)
+    assert [(d.name, d.outcome) for d in jit.decisions()] == [("Encoder", "tuned")]
+
+
+def test_status_says_where_each_module_stands(background: None) -> None:
+    model = Encoder().eval()
+    with torch.no_grad():
+        model(torch.randn(2, 8))
+        assert jit.status() == {"Encoder": "recording (1 calls)"}
+        for _ in range(3):
+            model(torch.randn(2, 8))
+    assert jit.status()["Encoder"] in ("tuning", "tuned: toy")
+    assert jit.wait(30)
+    assert jit.status() == {"Encoder": "tuned: toy"}
+
+
+def test_inline_mode_tunes_inside_the_call(toy_backends: Any) -> None:
+    jit_config.reset()
+    strategy = FirstWinsStrategy([SlowBuildToy(ToyConfig())], performance_validation=False)
+    with jit_config.patch(strategy=strategy, min_parameters=0, min_samples=2, mode="inline", remember=False):
+        jit.enable()
+        try:
+            model = Encoder().eval()
+            with torch.no_grad():
+                model(torch.randn(2, 8))
+                start = time.perf_counter()
+                model(torch.randn(2, 8))  # reaches min_samples: tuned inside this call
+                assert time.perf_counter() - start >= BUILD_S
+            assert jit.status() == {"Encoder": "tuned: toy"}
+        finally:
+            jit.disable()
+    jit_config.reset()
+
+
+def test_mode_and_share_are_checked_and_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="mode"):
+        jit_config.mode = "later"
+    with pytest.raises(ValueError, match="max_tuning_share"):
+        jit_config.max_tuning_share = 0
+    monkeypatch.setenv("AITUNE_JIT_MODE", "INLINE")
+    monkeypatch.setenv("AITUNE_JIT_MAX_TUNING_SHARE", "0.25")
+    jit_config.reset()
+    try:
+        assert (jit_config.mode, jit_config.max_tuning_share) == ("inline", 0.25)
+    finally:
+        monkeypatch.delenv("AITUNE_JIT_MODE")
+        monkeypatch.delenv("AITUNE_JIT_MAX_TUNING_SHARE")
+        jit_config.reset()
+    assert jit_config.mode == "background", "background tuning is the default"
