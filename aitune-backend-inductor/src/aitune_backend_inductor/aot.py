@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import weakref
+from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -127,6 +128,27 @@ class TorchInductorAotBackend(Backend):
         shutil.copyfile(self._package, Path(directory) / PACKAGE)
         return _metadata(self._meta)
 
+    def refit(self, weights: Mapping[str, torch.Tensor]) -> bool:
+        """Replace the package's constants with the new weights (``load_constants``), no compile.
+
+        Builds keep every weight a named constant (``always_keep_tensor_constants``); a constant
+        whose weight is missing or of another shape makes it False, and a weight the compiler folded
+        into code anyway is caught by the check against eager that follows.
+        """
+        if self._loader is None or self._graph is None:
+            return False
+        updates: dict[str, torch.Tensor] = {}
+        for fqn in self._loader.get_constant_fqns():
+            tensor = weights.get(fqn.removeprefix("module."))  # FlatModule holds the module as .module
+            if tensor is None:
+                continue  # a constant of the program, not a weight
+            updates[fqn] = tensor.detach().contiguous()
+        if not updates:
+            return False
+        self._loader.load_constants(updates, False, False, False)
+        self.build_info.update(refitted=True, refitted_constants=len(updates))
+        return True
+
     def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
         metadata = context.metadata
         name = metadata.get("package", PACKAGE)
@@ -195,7 +217,8 @@ def _compile(program: Any, config: TorchInductorAotBackendConfig, cache_dir: Pat
         try:
             from torch._inductor import aoti_compile_and_package
 
-            options = dict(config.options) if config.options else None
+            # every weight stays a named constant of the package, so refit can replace it
+            options = {"always_keep_tensor_constants": True, **(config.options or {})}
             aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
         except Exception as exc:
             raise BuildError(

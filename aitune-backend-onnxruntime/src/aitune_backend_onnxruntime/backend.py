@@ -75,6 +75,9 @@ class ONNXRuntimeBackend(Backend):
         self._model = MODEL_FILE
         self._meta: dict[str, Any] = {}
         self._dir: Path | None = None
+        self._provider = ONNXExecutionProvider.CPU
+        self._cache_dir = Path(tempfile.gettempdir())
+        self._initializers: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
 
     @classmethod
     def default_configs(cls) -> list[ONNXRuntimeBackendConfig]:
@@ -268,10 +271,14 @@ class ONNXRuntimeBackend(Backend):
         cache_dir: Path,
         optimized_to: Path | None = None,
         preoptimized: bool = False,
+        initializers: Mapping[str, Any] | None = None,
     ) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
+        values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in (initializers or {}).items()}
+        for name, value in values.items():  # refit: these replace the graph's own initializers
+            options.add_initializer(name, value)
         level = "disabled" if preoptimized else self.config.graph_optimization_level
         options.graph_optimization_level = {
             "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -330,6 +337,8 @@ class ONNXRuntimeBackend(Backend):
         self._session = session
         self._graph = graph
         self._device = device
+        self._provider, self._cache_dir = provider, cache_dir
+        self._initializers = (dict(initializers or {}), values)  # the session reads these buffers: keep them alive
         self._bound = provider is not ONNXExecutionProvider.CPU and self.config.use_io_binding
         self._stream, self._out_shapes = stream, collections.OrderedDict()
         self._run_options = ort.RunOptions()
@@ -396,6 +405,31 @@ class ONNXRuntimeBackend(Backend):
         return outs  # type: ignore[return-value]
 
     # -- artifact -------------------------------------------------------------------------------
+
+    def refit(self, weights: Mapping[str, torch.Tensor]) -> bool:
+        """A new session on the same exported graph whose initializers are the new weights
+        (``SessionOptions.add_initializer``), without exporting again. Initializers are matched to
+        the module's weights by name (the exporters name them ``module.<name>``); False for a
+        quantized graph, whose initializers are int8, and for one where none matches."""
+        if self._session is None or self._dir is None or self._graph is None or self.config.quantization is not None:
+            return False
+        import onnx
+
+        model = self._dir / self._model
+        overrides: dict[str, Any] = {}
+        for init in onnx.load(str(model), load_external_data=False).graph.initializer:
+            key = init.name.removeprefix("module.")
+            tensor = weights.get(key)
+            if tensor is None:
+                continue  # a constant of the graph, not a weight
+            if tuple(tensor.shape) != tuple(init.dims) or tensor.dtype not in _NUMPY_DTYPES:
+                return False
+            overrides[init.name] = _numpy(tensor)
+        if not overrides:
+            return False
+        self._open(model, self._graph, self._device, self._provider, self._cache_dir, initializers=overrides)
+        self.build_info.update(refitted=True, refitted_initializers=len(overrides))
+        return True
 
     def save(self, directory: Path) -> dict[str, Any]:
         if self._session is None or self._dir is None:
@@ -561,6 +595,12 @@ def _graph_input_names(model: Path) -> tuple[str, ...]:
     import onnx
 
     return tuple(v.name for v in onnx.load(str(model), load_external_data=False).graph.input)
+
+
+_NUMPY_DTYPES = frozenset(
+    {torch.float32, torch.float16, torch.float64, torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool}
+)
+"""Weight dtypes numpy holds as they are (bfloat16 has no numpy twin: such a graph is not refitted)."""
 
 
 def _numpy(t: torch.Tensor) -> Any:

@@ -9,6 +9,7 @@ cloning the object the user handed to a strategy, so user-facing objects stay re
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, ClassVar
 
@@ -166,7 +167,21 @@ class Backend(abc.ABC):
     def follows_weights(self) -> bool:
         """True when ``infer`` reads the module's own weight tensors at each call, so it follows
         ``load_state_dict`` and in-place updates; False (the default) when build or load copies the
-        weights into an engine. A tuned module whose baked weights changed runs eager."""
+        weights into an engine. A tuned module whose baked weights changed is refitted (:meth:`refit`),
+        else runs eager."""
+        return False
+
+    def refit(self, weights: Mapping[str, torch.Tensor]) -> bool:
+        """Load new weights into the built payload in place, without rebuilding; True when it could.
+
+        ``weights`` is the module's ``state_dict()`` (its own names, the module's device). Called
+        when the weights of a module this backend serves changed (``load_state_dict``, ``.to()``,
+        an edit seen at ``eval()``) and by ``ait.load(..., weights="model")``; core then checks the
+        refitted backend against eager before serving it again, so a weight the payload folded
+        away and could not update is caught. Set ``build_info["refitted"] = True`` when you did:
+        ``save`` then tells ``load`` to refit the payload with the artifact's weights. The default
+        cannot (False): the module runs eager, with a warning, until it is tuned again.
+        """
         return False
 
     def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:

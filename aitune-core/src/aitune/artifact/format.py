@@ -25,6 +25,9 @@ class GraphEntry:
     files: list[str] = attrs.field(factory=list)
     metadata: dict[str, Any] = attrs.field(factory=dict)
     """What the backend's ``save`` returned; handed back to its ``load``."""
+    refit: bool = False
+    """The payload was refitted after it was built (``Backend.refit``), so its files hold older weights:
+    ``load`` refits it with the artifact's weights and checks it against eager."""
 
 
 @attrs.define

@@ -195,6 +195,7 @@ def load(
     signature: str | Path | None = None,
     trust_native_code: bool = False,
     freeze: bool | None = None,
+    weights: str | None = None,
 ) -> Any:
     """Load the artifact at ``path`` into ``obj`` and return it tuned, with no build.
 
@@ -215,20 +216,34 @@ def load(
     Whatever goes wrong ends in an :class:`ArtifactError` (Ctrl-C excepted). ``freeze`` (default
     ``ait.config.freeze``, True) makes the tuned modules' parameters inference-only, as ``ait.tune``
     does, so plain calls run the loaded backends.
+
+    ``weights`` says whose weights the loaded modules serve: ``"artifact"`` (the ones saved, which
+    the payloads were built with: they replace the model's), or ``"model"`` (the model's own, say
+    a new checkpoint loaded into ``build_model()``: the payloads are refitted with them and checked
+    against eager, and a module whose payload cannot be refitted runs eager, with a warning). Left
+    None, the artifact's are used, with a warning when the model's own differ.
     """
     if fallback not in (None, "eager"):
         raise ValueError("fallback must be None or 'eager'")
+    if weights not in (None, "artifact", "model"):
+        raise ValueError("weights must be 'artifact', 'model' or None")
     path = Path(path)
     with only_artifact_errors(path, "loading"):
         trust = trust_of(path, expected_sha256, trusted_keys, trust_native_code, signature)
-        obj = _load(obj, path, device_map, fallback, expected_sha256, trust)
+        obj = _load(obj, path, device_map, fallback, expected_sha256, trust, weights)
     if settings.freeze if freeze is None else freeze:
         freeze_tuned(obj)
     return obj
 
 
 def _load(
-    obj: Any, path: Path, device_map: DeviceMap, fallback: str | None, expected_sha256: str | None, trust: Trust
+    obj: Any,
+    path: Path,
+    device_map: DeviceMap,
+    fallback: str | None,
+    expected_sha256: str | None,
+    trust: Trust,
+    weights: str | None = None,
 ) -> Any:
     from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
 
@@ -251,7 +266,15 @@ def _load(
             for entry in manifest.modules:
                 try:
                     _load_module(
-                        reader, entry, targets[entry.name], devices[entry.name], fallback, Path(tmp), session, trust
+                        reader,
+                        entry,
+                        targets[entry.name],
+                        devices[entry.name],
+                        fallback,
+                        Path(tmp),
+                        session,
+                        trust,
+                        weights,
                     )
                 except AituneError:
                     raise
@@ -371,6 +394,7 @@ def _load_module(
     tmp: Path,
     session: Session,
     trust: Trust,
+    whose: str | None = None,
 ) -> None:
     from safetensors.torch import load as load_tensors  # imported on use: it costs ~75 ms at import
 
@@ -380,8 +404,17 @@ def _load_module(
         raise
     except Exception as exc:
         raise ArtifactError(f"{reader.path}: weights of {entry.name!r} cannot be read: {exc}") from exc
+    if whose is None and _differ(target.module, weights):
+        warnings.warn(
+            f"{reader.path}: the weights of {entry.name} in the given model differ from the artifact's; ait.load "
+            "serves the artifact's (those its payloads were built with). Pass weights='model' to serve the model's "
+            "own (refitted into the payloads and checked against eager), or weights='artifact' to say this is meant",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     try:
-        target.module.load_state_dict(weights, strict=True)
+        if whose != "model":
+            target.module.load_state_dict(weights, strict=True)
     except RuntimeError as exc:
         raise ArtifactError(
             f"{reader.path}: the weights of {entry.name!r} do not fit the module given to load "
@@ -435,6 +468,27 @@ def _load_module(
                 raise ArtifactError(message) from exc
             warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=3)
     target._install(winners, None)
+    if whose == "model" or any(g.refit for g in entry.graphs):  # payloads hold other weights than the module
+        why = target.adopt_weights()
+        if why is not None:
+            warnings.warn(
+                f"{reader.path}: {entry.name} runs eager: its payloads could not take the "
+                f"{'model' if whose == 'model' else 'artifact'}'s weights ({why})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def _differ(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> bool:
+    """The module's own weights are not the artifact's (a new checkpoint loaded into it)."""
+    own = module.state_dict()
+    for name, saved in weights.items():
+        mine = own.get(name)
+        if mine is None or mine.device.type == "meta":
+            continue
+        if mine.shape != saved.shape or not torch.equal(mine.detach().cpu(), saved):
+            return True
+    return False
 
 
 def _unimportable(entry: GraphEntry) -> str | None:

@@ -128,6 +128,7 @@ def save(obj: Any, path: str | Path, *, signing_key: str | Path | None = None) -
                             payload=prefix,
                             files=files,
                             metadata=metadata or {},
+                            refit=bool(backend.build_info.get("refitted")),
                         )
                     )
                 manifest.modules.append(entry)

@@ -8,6 +8,9 @@ own forward instead. The per-call check is ordered cheapest first: under ``torch
 Changed weights are noticed when they change through ``load_state_dict`` (on the module or any
 parent), ``.to()``/``.half()``/``.cuda()`` and a switch back to eval mode (after training);
 checking every tensor's version counter on every call would cost more than the dispatch itself.
+Winners that baked the weights in are then refitted with the new ones (``Backend.refit``) and
+checked against eager on the graph's min, opt and max shapes; only where that fails does the
+module run eager.
 The stamp those checks compare includes a checksum of every weight's bytes, so an edit through
 ``.data`` (which has a version counter of its own) or a newly assigned tensor is seen too.
 
@@ -19,14 +22,22 @@ the per-call check is one attribute read, and such calls run eager until the hoo
 from __future__ import annotations
 
 import collections
+import logging
+import time
 import weakref
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import HooksChangedError, InferenceOnlyError, StaleWeightsError
 from ..module_code import reads_training
+
+if TYPE_CHECKING:
+    from ..backend import Backend
+    from ..graph import GraphSpec
+
+logger = logging.getLogger("aitune")
 
 TRAINING = (
     "it is in training mode and its code reads self.training (Dropout, BatchNorm, ...), while tuned "
@@ -125,27 +136,79 @@ class Guard:
     only those make the module stale (a backend that reads the live weights follows them).
     """
 
-    def __init__(self, module: torch.nn.Module, baked: Sequence[str], watched: Iterable[torch.nn.Module] = ()) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        baked: Sequence[str],
+        watched: Iterable[torch.nn.Module] = (),
+        *,
+        refittable: Sequence[tuple[GraphSpec, Backend]] = (),
+        reference: Callable[..., Any] | None = None,
+    ) -> None:
         self._module = weakref.ref(module)
         self.hooks = HookWatch(watched)
         self.training_matters = reads_training(module)
         self.baked = tuple(dict.fromkeys(baked))
+        self.refittable = tuple(refittable)
+        """The winners that baked the weights in, each with its graph: refitted when the weights change."""
+        self.reference = reference
+        """The module's own forward, the eager answer a refitted winner is checked against."""
         self.params = tuple(module.parameters())
         self.stamp = weights_stamp(module)
         self.stale: str | None = None
 
     def check_weights(self) -> None:
-        """Re-read the weights (after load_state_dict, .to(), eval()); baked winners go stale when they changed."""
+        """Re-read the weights (after load_state_dict, .to(), eval()); when they changed, winners that
+        baked them in are refitted with the new ones and checked against eager, and go stale where
+        that fails."""
         module = self._module()
         if module is None:
             return
         self.params = tuple(module.parameters())
         stamp = weights_stamp(module)
         if stamp != self.stamp and self.baked and self.stale is None:
-            self.stale = (
-                f"its weights changed since it was tuned (load_state_dict, .to() or an in-place update) and "
-                f"{', '.join(self.baked)} baked the old ones in; run ait.tune again to tune the new weights"
-            )
+            self.adopt_weights(stamp)
+
+    def adopt_weights(self, stamp: tuple[tuple[int, int, int], ...] | None = None) -> str | None:
+        """Refit every winner that baked the weights in with the module's weights as they are now
+        and check it against eager; the reason it could not (the module then runs eager), or None."""
+        module = self._module()
+        if module is None or not self.baked:
+            return None
+        why = self._refit(module)
+        if why is None:
+            self.stamp = stamp if stamp is not None else weights_stamp(module)
+            return None
+        self.stale = (
+            f"its weights changed since it was tuned (load_state_dict, .to() or an in-place update) and "
+            f"{', '.join(self.baked)} baked the old ones in ({why}); run ait.tune again to tune the new weights"
+        )
+        return why
+
+    def _refit(self, module: torch.nn.Module) -> str | None:
+        from ..validation import validate  # the refitted payload must still be eager's answer
+
+        if not self.refittable or self.reference is None:
+            return "it cannot load new weights"
+        weights = module.state_dict()
+        start = time.perf_counter()
+        for graph, backend in self.refittable:
+            try:
+                if not backend.refit(weights):
+                    return f"{backend.name} cannot load new weights into its payload"
+            except Exception as exc:
+                return f"loading them into {backend.name} raised {type(exc).__name__}: {exc}"
+            cases = list({which: graph.example(which) for which in ("min", "opt", "max")}.values())
+            with torch.no_grad():
+                result = validate(backend, self.reference, cases, graph)
+            if not result.passed:
+                return f"{backend.name} refitted with them differs from eager: {result.reason}"
+        logger.info(
+            "refitted %s with the new weights in %.2f s and checked against eager",
+            ", ".join(self.baked),
+            time.perf_counter() - start,
+        )
+        return None
 
     def accept_weights(self) -> None:
         """Take the weights as they are now as the tuned ones (after offloading them on purpose)."""

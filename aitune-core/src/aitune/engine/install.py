@@ -60,5 +60,12 @@ def dispatcher_for(
     ``watched`` module (those the tuned call skips) change.
     """
     runners = [(r.graph, eager if isinstance(r.backend, TorchEagerBackend) else r.backend.infer) for r in routes]
-    guard = Guard(module, [r.backend.name for r in routes if not r.backend.follows_weights()], watched)
+    baked = [r for r in routes if not r.backend.follows_weights()]
+    guard = Guard(
+        module,
+        [r.backend.name for r in baked],
+        watched,
+        refittable=[(r.graph, r.backend) for r in baked],
+        reference=eager,
+    )
     return Dispatcher(name, eager, canonicalize, runners, strict, guard=guard)

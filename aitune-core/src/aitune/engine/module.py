@@ -178,6 +178,12 @@ class Module(torch.nn.Module):
         object.__setattr__(self, "_state", "recording")
         object.__setattr__(self, "tuned_graphs", [])
 
+    def adopt_weights(self) -> str | None:
+        """Refit the winners with the module's weights as they are now and check them against eager
+        (``ait.load(..., weights="model")``); why they could not (the module then runs eager), or None."""
+        dispatcher = self._dispatcher
+        return dispatcher.guard.adopt_weights() if dispatcher is not None else None
+
     @property
     def stale_reason(self) -> str | None:
         """Why the tuned winners no longer match the module's weights, or None when they do."""

@@ -163,6 +163,33 @@ class BackendConformance:
                 for w, g in zip(want, got):
                     assert_matches_eager(g, w)
 
+    def test_refit_takes_new_weights_or_declines(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``refit`` either says it cannot (False) or leaves the backend computing eager's answer with
+        the new weights; a backend that follows the live weights needs neither."""
+        from ..validation import validate
+
+        self._require_available()
+        monkeypatch.setenv("AITUNE_BUILD_CACHE", "0")
+        module, samples = self.make_module(), self.make_samples()
+        graph = self._graph(module, samples)
+        context = BuildContext(graph, samples, torch.device(self.device), tmp_path / "work", tmp_path / "cache")
+        context.workdir.mkdir()
+        context.cache_dir.mkdir()
+        session = self.session()
+        with torch.no_grad():
+            built = session.hook.aitune_build(
+                backend=self.make_backend(), module=module, context=context, session=session
+            )
+            for p in module.parameters():
+                p.mul_(-0.5)  # new weights, as a fine-tune would bring
+            if built.follows_weights() or not built.refit(module.state_dict()):
+                return
+            report = validate(built, module, samples, graph)
+        assert report.passed, (
+            f"refit() said it took the new weights, but the outputs differ from eager: {report.reason}"
+        )
+        assert built.build_info.get("refitted") is True, 'refit() must set build_info["refitted"] = True'
+
 
 def module_state(module: torch.nn.Module) -> dict[str, Any]:
     """What a user sees of a module: submodule types and modes, every tensor's values and layout."""

@@ -1,0 +1,129 @@
+"""New weights into a tuned module without a rebuild: refit, checked against eager.
+
+After ``load_state_dict`` with new weights, an ONNX Runtime or AOTInductor winner keeps serving
+(refitted, never eager) with eager's outputs under the new weights; ``ait.load(..., weights=)``
+says whose weights a loaded model serves.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import aitune.torch as ait
+from aitune.plugins import get_manager
+from aitune.testing.backends import ToyBackend
+
+REFITTABLE = ("onnxruntime", "torch_inductor_aot")
+
+
+def mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).eval()
+
+
+def backend(name: str) -> Any:
+    registry = get_manager().registry
+    if name not in registry or registry.status(name).reason("cpu"):
+        pytest.skip(f"{name} cannot run here")
+    return registry.backend_class(name)()
+
+
+def tuned(name: str) -> ait.Module:
+    model = ait.Module(mlp(0), "mlp", strategy=ait.OneBackendStrategy(backend(name), performance_validation=False))
+    ait.tune(model, [torch.randn(2, 8), torch.randn(6, 8)], end_to_end=False)
+    assert model.state == "tuned"
+    return model
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert float((a - b).abs().max()) <= 1e-5 + 1e-4 * float(b.abs().max())
+
+
+def served_by_winner(model: ait.Module) -> list[int]:
+    calls = [0]
+    dispatcher = model._dispatcher
+    dispatcher.routes = [(check, _counting(runner, calls)) for check, runner in dispatcher.routes]
+    dispatcher._table.clear()
+    return calls
+
+
+def _counting(runner: Any, calls: list[int]) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return runner(*args, **kwargs)
+
+    return run
+
+
+@pytest.mark.parametrize("name", REFITTABLE)
+def test_new_weights_are_refitted_and_the_winner_keeps_serving(name: str, tmp_path: Any) -> None:
+    model = tuned(name)
+    fresh = mlp(1)
+    x = torch.randn(5, 8)  # a batch size no recorded call had
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "running this call eager"
+        model.load_state_dict(fresh.state_dict())
+        served = served_by_winner(model)
+        with torch.no_grad():
+            y = model(x)
+    assert served[0] == 1 and model.stale_reason is None
+    with torch.no_grad():
+        same(y, fresh(x))
+    winner = model.tuned_graphs[0].backend
+    assert winner.build_info["refitted"] is True
+
+    path = ait.save(model, tmp_path / "refitted.ait")  # its payload holds the old weights: load refits it
+    loaded = ait.load(mlp(2), path, weights="artifact", trust_native_code=True)
+    with torch.no_grad():
+        same(loaded(x), fresh(x))
+    assert loaded.stale_reason is None
+
+
+@pytest.mark.parametrize("name", REFITTABLE)
+def test_load_serves_the_models_own_weights_when_asked(name: str, tmp_path: Any) -> None:
+    path = ait.save(tuned(name), tmp_path / "base.ait")
+    checkpoint = mlp(7)  # a fine-tune of the same architecture
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = checkpoint(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = ait.load(mlp(7), path, weights="model", trust_native_code=True)
+        served = served_by_winner(model)
+        with torch.no_grad():
+            same(model(x), expected)
+    assert served[0] == 1
+
+    with pytest.warns(RuntimeWarning, match="differ from the artifact's; ait.load serves the artifact's"):
+        ait.load(mlp(7), path, trust_native_code=True)
+
+
+class ClaimsToRefit(ToyBackend):
+    """Says it loaded the new weights, but its copy of the module keeps the old ones."""
+
+    name = "toy_claims_refit"
+
+    def refit(self, weights: Any) -> bool:
+        return True
+
+
+def test_a_refit_that_does_not_take_is_caught_and_the_module_runs_eager(toy_backends: Any) -> None:
+    model = ait.Module(mlp(0), "mlp", strategy=ait.OneBackendStrategy(ClaimsToRefit(), performance_validation=False))
+    ait.tune(model, [torch.randn(2, 8), torch.randn(6, 8)], end_to_end=False)
+    fresh = mlp(1)
+    model.load_state_dict(fresh.state_dict())
+    assert model.stale_reason is not None and "differs from eager" in model.stale_reason
+    x = torch.randn(3, 8)
+    with pytest.warns(RuntimeWarning, match="running this call eager"), torch.no_grad():
+        same(model(x), fresh(x))
+
+
+def test_a_backend_without_refit_says_so(toy_backends: Any) -> None:
+    model = ait.Module(mlp(0), "mlp", strategy=ait.OneBackendStrategy(ToyBackend(), performance_validation=False))
+    ait.tune(model, [torch.randn(2, 8), torch.randn(6, 8)], end_to_end=False)
+    model.load_state_dict(mlp(1).state_dict())
+    assert "cannot load new weights" in (model.stale_reason or "")
