@@ -78,6 +78,8 @@ class ONNXRuntimeBackend(Backend):
         self._provider = ONNXExecutionProvider.CPU
         self._cache_dir = Path(tempfile.gettempdir())
         self._initializers: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+        self._refit_plan: dict[str, tuple[str, bool]] = {}
+        """Per initializer of the exported graph, the module weight it holds and whether transposed."""
 
     @classmethod
     def default_configs(cls) -> list[ONNXRuntimeBackendConfig]:
@@ -163,6 +165,8 @@ class ONNXRuntimeBackend(Backend):
         self._adopt(export, context.graph, provider)
         if self.config.quantization is not None:
             self._quantize(folder, context)
+        else:  # which weight each initializer holds, found while they are the same values
+            self._refit_plan = refit_plan(folder / self._model, module.state_dict())
         start = time.perf_counter()
         self._open(
             folder / self._model,
@@ -408,25 +412,22 @@ class ONNXRuntimeBackend(Backend):
 
     def refit(self, weights: Mapping[str, torch.Tensor]) -> bool:
         """A new session on the same exported graph whose initializers are the new weights
-        (``SessionOptions.add_initializer``), without exporting again. Initializers are matched to
-        the module's weights by name (the exporters name them ``module.<name>``); False for a
-        quantized graph, whose initializers are int8, and for one where none matches."""
+        (``SessionOptions.add_initializer``), without exporting again. Which weight each initializer
+        holds was found when the graph was built, by name or by value (the exporters store a
+        ``Linear`` weight transposed as an anonymous constant); False for a quantized graph, whose
+        initializers are int8, and where nothing maps. A weight folded some other way (fused,
+        scaled) keeps its old value, and the check against eager that follows catches it."""
         if self._session is None or self._dir is None or self._graph is None or self.config.quantization is not None:
             return False
-        import onnx
-
-        model = self._dir / self._model
         overrides: dict[str, Any] = {}
-        for init in onnx.load(str(model), load_external_data=False).graph.initializer:
-            key = init.name.removeprefix("module.")
+        for name, (key, transposed) in self._refit_plan.items():
             tensor = weights.get(key)
-            if tensor is None:
-                continue  # a constant of the graph, not a weight
-            if tuple(tensor.shape) != tuple(init.dims) or tensor.dtype not in _NUMPY_DTYPES:
+            if tensor is None or tensor.dtype not in _NUMPY_DTYPES:
                 return False
-            overrides[init.name] = _numpy(tensor)
+            overrides[name] = _numpy(tensor.detach().t() if transposed else tensor)
         if not overrides:
             return False
+        model = self._dir / self._model
         self._open(model, self._graph, self._device, self._provider, self._cache_dir, initializers=overrides)
         self.build_info.update(refitted=True, refitted_initializers=len(overrides))
         return True
@@ -445,6 +446,7 @@ class ONNXRuntimeBackend(Backend):
             "input_names": list(self._input_names),
             "output_names": list(self._output_names),
             "output_structure": self._structure,
+            "refit_plan": {name: [key, transposed] for name, (key, transposed) in self._refit_plan.items()},
         }
 
     def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
@@ -479,6 +481,7 @@ class ONNXRuntimeBackend(Backend):
         self._optimized = files if meta.get("optimized_model") else []  # a superset of what it references
         self._meta = {k: meta.get(k) for k in ("exporter", "opset", "provider", "fallback_reason")}
         self._model = str(meta.get("model", MODEL_FILE))
+        self._refit_plan = _plan_from_file(meta.get("refit_plan"))
         model = payload_file(folder, meta["optimized_model"] if preoptimized else self._model)
         outside = external_data_outside(model, files)
         if outside:
@@ -486,6 +489,8 @@ class ONNXRuntimeBackend(Backend):
                 f"the onnxruntime payload's graph keeps tensor data in {outside!r}, which is not one of its files; "
                 "the artifact is corrupt or hostile"
             )
+        if not self._refit_plan and self.config.quantization is None:  # saved before plans were: the module
+            self._refit_plan = refit_plan(payload_file(folder, self._model), module.state_dict())  # holds its weights
         start = time.perf_counter()
         try:
             self._open(model, context.graph, context.device, provider, context.cache_dir, preoptimized=preoptimized)
@@ -595,6 +600,55 @@ def _graph_input_names(model: Path) -> tuple[str, ...]:
     import onnx
 
     return tuple(v.name for v in onnx.load(str(model), load_external_data=False).graph.input)
+
+
+def refit_plan(model: Path, weights: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, bool]]:
+    """Which module weight each initializer of ``model`` holds: by name (``module.<name>``), else by
+    equal values, as is or transposed (a ``Linear`` weight the exporter stored for ``MatMul``). An
+    initializer equal to several weights of different names maps to none of them: refitting it
+    would be a guess."""
+    import onnx
+    from onnx import numpy_helper
+
+    by_shape: dict[tuple[int, ...], list[tuple[str, torch.Tensor, bool]]] = collections.defaultdict(list)
+    for key, tensor in weights.items():
+        if tensor.dtype in _NUMPY_DTYPES and tensor.device.type != "meta":
+            by_shape[tuple(tensor.shape)].append((key, tensor, False))
+            if tensor.dim() == 2:
+                by_shape[tuple(tensor.t().shape)].append((key, tensor, True))
+    plan: dict[str, tuple[str, bool]] = {}
+    for init in onnx.load(str(model), load_external_data=False).graph.initializer:
+        key = init.name.removeprefix("module.")
+        if key in weights and tuple(weights[key].shape) == tuple(init.dims):
+            plan[init.name] = (key, False)
+            continue
+        candidates = by_shape.get(tuple(init.dims))
+        if not candidates or init.data_location == onnx.TensorProto.EXTERNAL:
+            continue  # an external-data tensor is not read here: only its name can map it
+        value = torch.from_numpy(numpy_helper.to_array(init).copy())
+        found = {
+            (k, t) for k, tensor, t in candidates if torch.equal((tensor.t() if t else tensor).detach().cpu(), value)
+        }
+        if len({k for k, _ in found}) == 1:
+            plan[init.name] = next(iter(found))
+    return plan
+
+
+def _plan_from_file(data: Any) -> dict[str, tuple[str, bool]]:
+    """A refit plan from a payload's metadata (untrusted): names and flags only, anything else ignored."""
+    if not isinstance(data, dict):
+        return {}
+    plan = {}
+    for name, entry in data.items():
+        if (
+            isinstance(name, str)
+            and isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and isinstance(entry[1], bool)
+        ):
+            plan[name] = (entry[0], entry[1])
+    return plan
 
 
 _NUMPY_DTYPES = frozenset(
