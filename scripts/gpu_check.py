@@ -143,14 +143,15 @@ def venv_python(venv: Path) -> str:
 
 
 def tensorrt_runtime(cuda_major: int) -> list[str]:
-    """The TensorRT member's ``runtime`` extra, with the TensorRT wheel of torch's CUDA major."""
+    """The TensorRT member's ``runtime`` extra and its ``cu<major>`` extra: the TensorRT wheel of torch's CUDA major."""
     try:
         import tomllib
     except ImportError:  # Python 3.10: pip carries a TOML reader
         from pip._vendor import tomli as tomllib  # type: ignore[no-redef]
 
     meta = tomllib.loads((ROOT / "aitune-backend-tensorrt" / "pyproject.toml").read_text())["project"]
-    return [r.replace("tensorrt-cu12", f"tensorrt-cu{cuda_major}") for r in meta["optional-dependencies"]["runtime"]]
+    extras = meta["optional-dependencies"]
+    return [*extras[f"cu{cuda_major}"], *extras["runtime"]]
 
 
 def install(venv: Path, facts: dict[str, Any]) -> list[str]:

@@ -371,6 +371,7 @@ def test_the_tensorrt_provider_is_offered_only_when_its_library_loads(monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(plugin, "nvinfer_candidates", lambda: [])
     monkeypatch.setattr(plugin, "_loads", lambda library: f"{library}: cannot open shared object file")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # the hint names TensorRT for torch's CUDA
     try:
         reason = plugin.provider_unavailable("tensorrt")
         assert f"{plugin.NVINFER} does not load here" in reason and "tensorrt-cu12-libs" in reason

@@ -74,8 +74,9 @@ def test_timing_cache_is_one_file_per_release_and_compute_capability(tmp_path: P
 def test_availability_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(compat, "installed_tensorrt", lambda: (False, None))
     monkeypatch.setattr(compat, "cuda_reason", lambda: None)
+    monkeypatch.setattr(compat, "torch_cuda_major", lambda: 12)
     assert "TensorRT is not installed" in compat.availability_reason("cuda")
-    assert "[runtime]" in compat.availability_reason("cuda")
+    assert "aitune-backend-tensorrt[runtime,cu12]" in compat.availability_reason("cuda"), "the extra for torch's CUDA"
 
     monkeypatch.setattr(compat, "installed_tensorrt", lambda: (True, "10.9.0"))
     monkeypatch.setattr(compat, "cuda_reason", lambda: "no CUDA device is visible to torch")
@@ -124,16 +125,58 @@ def _requirements(extra: str | None = None) -> dict[str, object]:
 
 def test_declared_floors_match_the_apis_the_code_calls():
     base = _requirements()
-    modelopt, trt = base["nvidia-modelopt"], base["tensorrt-cu12"]
+    modelopt = base["nvidia-modelopt"]
     assert not modelopt.specifier.contains("0.43.0") and modelopt.specifier.contains("0.44.0")
     assert ".".join(map(str, compat.MIN_MODELOPT)) == "0.44"
+    trt12, trt13 = _requirements("cu12")["tensorrt-cu12"], _requirements("cu13")["tensorrt-cu13"]
     for version, ok in (("9.3.0", False), ("10.0.1", True), ("11.4.0", True), ("12.0.0", False)):
-        assert trt.specifier.contains(version) is ok, version
+        assert trt12.specifier.contains(version) is ok, version
         assert (compat.version_reason(version, None, None) is None) is ok, version
-    # the runtimes are real dependencies on Linux and Windows, not on macOS (no TensorRT there)
-    assert trt.marker.evaluate({"platform_system": "Linux"}) and not trt.marker.evaluate({"platform_system": "Darwin"})
-    assert "tensorrt" not in base and "tensorrt-cu13" not in base  # the bare name installs the CUDA 13 build
+    assert trt13.specifier.contains("10.13.0") and not trt13.specifier.contains(
+        "10.9.0"
+    )  # CUDA 13 builds start at 10.13
+    # no TensorRT without an extra: a default one would put one CUDA build beside a torch of the other
+    assert not {"tensorrt", "tensorrt-cu12", "tensorrt-cu13"} & set(base)
+    assert "tensorrt-cu13" not in _requirements("cu12") and "tensorrt-cu12" not in _requirements("cu13")
     assert _requirements("test")["nvidia-modelopt"].specifier.contains("0.43.0") is False
+
+
+def test_the_install_hint_names_the_extra_for_torchs_cuda(monkeypatch):
+    assert compat.install_hint(12) == "pip install 'aitune-backend-tensorrt[runtime,cu12]'"
+    assert compat.install_hint(13) == "pip install 'aitune-backend-tensorrt[runtime,cu13]'"
+    monkeypatch.setattr(compat, "torch_cuda_major", lambda: None)
+    assert compat.install_hint() == compat.INSTALL_HINT, "a CPU torch: PyPI's CUDA 13"
+
+
+def test_two_tensorrt_frontends_are_refused_with_the_one_to_keep(monkeypatch):
+    import importlib.metadata
+
+    installed = {"tensorrt-cu12": "10.9.0.34", "tensorrt-cu13": "10.13.0.35"}
+
+    def version(name: str) -> str:
+        if name in installed:
+            return installed[name]
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(compat.importlib.metadata, "version", version)
+    monkeypatch.setattr(compat, "torch_cuda_major", lambda: 13)
+    reason = compat.runtime_reason()
+    assert "both installed and write one `tensorrt` package" in reason and "keep tensorrt-cu13" in reason
+
+
+def test_the_machine_reports_the_version_that_imports_not_the_first_distribution(monkeypatch):
+    """A plan records ``trt.__version__``; comparing it with another distribution's version would
+    refuse a plan that runs (a false ArtifactError)."""
+    monkeypatch.setattr(compat, "installed_tensorrt", lambda: (True, "10.9.0.34"))
+    compat._importable_version.cache_clear()
+    monkeypatch.setattr(compat, "tensorrt_version_in_subprocess", lambda: "10.13.0.35")
+    try:
+        assert compat.this_machine().tensorrt_version == "10.13.0.35"
+        compat._importable_version.cache_clear()
+        monkeypatch.setattr(compat, "tensorrt_version_in_subprocess", lambda: None)
+        assert compat.this_machine().tensorrt_version == "10.9.0.34", "metadata when the child cannot say"
+    finally:
+        compat._importable_version.cache_clear()
 
 
 def test_versions_outside_the_tested_range_are_reported_with_the_fix():

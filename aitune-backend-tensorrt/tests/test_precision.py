@@ -66,7 +66,7 @@ def test_int8_quantization_adds_qdq_calibrated_on_every_sample(mlp_export, tmp_p
 
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]
     assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
-    assert served >= len(samples), f"calibration read {served} of {len(samples)} recorded samples"
+    assert served == len(samples), f"calibration read {served} distinct of {len(samples)} recorded samples"
 
     x = samples[0].args[0]
     from aitune.testing import TinyMLP
@@ -84,3 +84,18 @@ def test_bfloat16_inputs_cannot_be_fed_to_numpy_calibration(mlp_export):
     _, _, graph, _ = mlp_export
     with pytest.raises(BuildError, match="bfloat16"):
         calibration_feeds(graph, [Sample((torch.zeros(2, 16, dtype=torch.bfloat16),))], ["x"])
+
+
+def test_calibration_runs_on_the_gpu_being_built_for():
+    from aitune_backend_tensorrt.precision import providers_for, reference_providers
+
+    assert providers_for(("cuda", "cpu"), 1) == ["cuda:1", "cpu"], "a bare cuda is the build's device"
+    assert providers_for(("cuda:0", "cpu"), 1) == ["cuda:0", "cpu"], "a device the user named stays"
+    assert ModelOptQuantizationConfig().calibration_providers == ("cuda", "cpu")
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        assert reference_providers(1) == ["cpu"], "no CUDA in this ONNX Runtime: AutoCast's reference on the CPU"
+    else:
+        assert reference_providers(1) == ["cuda:1", "cpu"]
+    assert reference_providers(None) == ["cpu"]

@@ -116,9 +116,12 @@ def tensorrt_library() -> tuple[str | None, str | None]:
         if problem is None:
             return library, None
         problems.append(problem)
+    import torch
+
+    major = (torch.version.cuda or "13").split(".")[0]  # TensorRT's CUDA build must be torch's
     return None, (
-        f"its TensorRT library {NVINFER} does not load here ({problems[-1]}); install TensorRT 10 "
-        "(pip install 'tensorrt-cu12-libs>=10,<11', which aitune preloads) or put TensorRT's lib folder "
+        f"its TensorRT library {NVINFER} does not load here ({problems[-1]}); install TensorRT 10 for CUDA {major} "
+        f"(pip install 'tensorrt-cu{major}-libs>=10,<11', which aitune preloads) or put TensorRT's lib folder "
         "on LD_LIBRARY_PATH"
     )
 

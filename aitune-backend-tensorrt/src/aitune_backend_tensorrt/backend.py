@@ -199,7 +199,9 @@ class TensorRTBackend(Backend):
         scratch = context.workdir / "tensorrt-calibration"
         scratch.mkdir(parents=True, exist_ok=True)
         if isinstance(quantization, ONNXAutoCastConfig):
-            path = precision.autocast(exported.path, quantization, feeds, scratch, output=directory)
+            path = precision.autocast(
+                exported.path, quantization, feeds, scratch, output=directory, device_index=context.device.index or 0
+            )
             label = f"{quantization.low_precision_type} (ModelOpt AutoCast)"
         else:
             path, served = precision.quantize(
@@ -209,6 +211,7 @@ class TensorRTBackend(Backend):
                 scratch,
                 external_data=len(exported.files) > 1,
                 output=directory,
+                device_index=context.device.index or 0,
             )
             info["calibration_samples"] = served
             label = f"{quantization.mode} (ModelOpt quantization)"

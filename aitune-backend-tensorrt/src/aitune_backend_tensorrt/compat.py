@@ -9,6 +9,7 @@ A plan is tied to the TensorRT version and the GPU's compute capability it was b
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import subprocess
@@ -20,7 +21,8 @@ import attrs
 
 from aitune.errors import ArtifactError, BackendUnavailableError
 
-INSTALL_HINT = "pip install 'aitune-backend-tensorrt[runtime]'"
+INSTALL_HINT = "pip install 'aitune-backend-tensorrt[runtime,cu13]'"
+"""For PyPI's torch (CUDA 13 since 2.11); :func:`install_hint` names the extra for the torch installed."""
 MIN_MAJOR = 10
 MAX_MAJOR = 11
 """TensorRT majors whose Python API this backend speaks (11 dropped the weak-typing precision flags)."""
@@ -36,6 +38,28 @@ TENSORRT_DISTRIBUTIONS = (
     "tensorrt-cu12-bindings",
 )
 """Distributions that ship the full ``tensorrt`` Python module (pip wheels, NGC containers)."""
+
+
+FRONTENDS = ("tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11")
+"""Distributions that each write the whole ``tensorrt`` package: two of them installed overwrite each other."""
+
+
+def install_hint(torch_cuda: int | None = None) -> str:
+    """The pip line that installs TensorRT for torch's CUDA major (CUDA 13 when torch has none)."""
+    major = torch_cuda if torch_cuda is not None else torch_cuda_major()
+    return f"pip install 'aitune-backend-tensorrt[runtime,cu{major if major in (12, 13) else 13}]'"
+
+
+def installed_frontends() -> list[str]:
+    """The TensorRT frontend distributions installed (``tensorrt-cu12``...), from metadata."""
+    found = []
+    for dist in FRONTENDS:
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found.append(dist)
+    return found
 
 
 def installed_tensorrt() -> tuple[bool, str | None]:
@@ -103,11 +127,15 @@ def version_reason(version: str | None, trt_cuda: int | None, torch_cuda: int | 
     if version is not None:
         major = version_tuple(version)[:1]
         if major < (MIN_MAJOR,):
-            return f"TensorRT {version} is installed, but this backend needs TensorRT >= {MIN_MAJOR}; upgrade it: {INSTALL_HINT}"
+            return (
+                f"TensorRT {version} is installed, but this backend needs TensorRT >= {MIN_MAJOR}; upgrade it: "
+                f"{install_hint(torch_cuda)}"
+            )
         if major > (MAX_MAJOR,):
             return (
                 f"TensorRT {version} is installed, but this backend is tested with TensorRT {MIN_MAJOR}.x to "
-                f"{MAX_MAJOR}.x only; install one: pip install 'tensorrt-cu12>={MIN_MAJOR},<{MAX_MAJOR + 1}'"
+                f"{MAX_MAJOR}.x only; install one: pip install "
+                f"'tensorrt-cu{torch_cuda or trt_cuda or 13}>={MIN_MAJOR},<{MAX_MAJOR + 1}'"
             )
     if trt_cuda is not None and torch_cuda is not None and trt_cuda != torch_cuda:
         return (
@@ -142,9 +170,19 @@ def installed_modelopt() -> str | None:
 def runtime_reason() -> str | None:
     """Why TensorRT (or the installed ModelOpt) is missing, too old, too new or built for another CUDA here, or None."""
     found, version = installed_tensorrt()
+    torch_cuda = torch_cuda_major()
     if not found:
-        return f"TensorRT is not installed (no tensorrt distribution found); install it with: {INSTALL_HINT}"
-    return version_reason(version, tensorrt_cuda_major(), torch_cuda_major()) or modelopt_reason(installed_modelopt())
+        return (
+            f"TensorRT is not installed (no tensorrt distribution found); install it with: {install_hint(torch_cuda)}"
+        )
+    frontends = installed_frontends()
+    if len(frontends) > 1:
+        keep = f"tensorrt-cu{torch_cuda}" if torch_cuda else "the one for your CUDA"
+        return (
+            f"{' and '.join(frontends)} are both installed and write one `tensorrt` package, so which one imports "
+            f"is an accident; keep {keep} (torch's CUDA) and pip uninstall the other"
+        )
+    return version_reason(version, tensorrt_cuda_major(), torch_cuda) or modelopt_reason(installed_modelopt())
 
 
 def cuda_reason() -> str | None:
@@ -173,12 +211,20 @@ class Machine:
     compute_capability: tuple[int, int] | None = None
 
 
+@functools.lru_cache(maxsize=1)
+def _importable_version() -> str | None:
+    return tensorrt_version_in_subprocess()
+
+
 def this_machine(device_index: int | None = None) -> Machine:
+    """The facts a saved plan is checked against. TensorRT's version is the one ``import tensorrt``
+    reports (asked once, of a child process): the very ``trt.__version__`` a build records, whichever
+    distribution's files the package holds; package metadata only when that child cannot say."""
     import torch
 
     found, version = installed_tensorrt()
-    if found and version is None:
-        version = tensorrt_version_in_subprocess()
+    if found:
+        version = _importable_version() or version
     if not torch.cuda.is_available():
         return Machine(tensorrt_version=version, cuda=False)
     index = torch.cuda.current_device() if device_index is None else device_index
@@ -206,7 +252,7 @@ def check_compatible(saved: Mapping[str, Any], here: Machine) -> None:
         )
     if here.tensorrt_version is None:
         raise BackendUnavailableError(
-            f"this TensorRT plan needs TensorRT {built_with}, which is not installed here; install it: {INSTALL_HINT}"
+            f"this TensorRT plan needs TensorRT {built_with}, which is not installed here; install it: {install_hint()}"
         )
     saved_v, here_v = version_tuple(built_with), version_tuple(here.tensorrt_version)
     rebuild = "re-run ait.tune on this machine to rebuild the engine"

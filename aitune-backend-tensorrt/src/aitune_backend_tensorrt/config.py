@@ -85,8 +85,9 @@ class ModelOptQuantizationConfig:
         default="fp16", validator=attrs.validators.in_(("fp32", "fp16", "bf16"))
     )
     """Precision of what is not quantized."""
-    calibration_providers: tuple[str, ...] = attrs.field(default=("cuda:0", "cpu"), converter=tuple)
-    """ONNX Runtime execution providers for calibration, in order of preference (ModelOpt names)."""
+    calibration_providers: tuple[str, ...] = attrs.field(default=("cuda", "cpu"), converter=tuple)
+    """ONNX Runtime execution providers for calibration, in order of preference (ModelOpt names);
+    a bare ``cuda`` is the device being built for (``cuda:1`` when building on GPU 1)."""
     op_types_to_exclude: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     nodes_to_exclude: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from aitune.errors import BuildError
 
+from . import compat
 from .compat import Machine
 from .config import BUILDER_PRECISION_FLAGS, TensorRTBackendConfig
 from .profiles import ShapeProfile
@@ -112,7 +113,7 @@ def configure_builder(trt: Any, builder_config: Any, config: TensorRTBackendConf
             f"TensorRT {trt.__version__} removed the weak-typing precision flags {weak}: every network is strongly "
             "typed, so precision comes from the ONNX model. Drop builder_flags and use "
             "quantization_config=ONNXAutoCastConfig(...) or ModelOptQuantizationConfig(...), or install TensorRT 10 "
-            "(pip install 'tensorrt-cu12>=10,<11')"
+            f"(pip install 'tensorrt-cu{compat.torch_cuda_major() or 13}>=10,<11')"
         )
     if config.workspace_size is not None:
         builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, config.workspace_size)

@@ -68,16 +68,36 @@ def _save(model: Any, path: Path) -> Path:
     return path
 
 
+def providers_for(wanted: Sequence[str], device_index: int | None) -> list[str]:
+    """ModelOpt's provider names with a bare ``cuda`` made the device being built for (``cuda:1``)."""
+    index = device_index or 0
+    return [f"cuda:{index}" if name == "cuda" else name for name in wanted]
+
+
+def reference_providers(device_index: int | None) -> list[str]:
+    """Where AutoCast runs its fp32 reference: the GPU being built for when ONNX Runtime has CUDA, else the CPU."""
+    try:
+        import onnxruntime as ort
+
+        cuda = device_index is not None and "CUDAExecutionProvider" in ort.get_available_providers()
+    except ImportError:
+        cuda = False
+    return [f"cuda:{device_index}", "cpu"] if cuda else ["cpu"]
+
+
 def autocast(
     onnx_path: Path,
     config: ONNXAutoCastConfig,
     feeds: Sequence[dict[str, Any]],
     workdir: Path,
     output: Path | None = None,
+    device_index: int | None = None,
 ) -> Path:
     """The model with nodes cast to ``config.low_precision_type`` where the recorded ranges allow it.
 
-    Calibration data goes to ``workdir``, the model to ``output`` (default: ``workdir``).
+    Calibration data goes to ``workdir``, the model to ``output`` (default: ``workdir``). The fp32
+    reference AutoCast compares against runs on the GPU being built for (``device_index``) when ONNX
+    Runtime can, not on ModelOpt's default, the CPU.
     """
     import numpy as np
 
@@ -99,6 +119,7 @@ def autocast(
             init_max=config.init_max,
             keep_io_types=config.keep_io_types,
             calibration_data=calibration,
+            providers=reference_providers(device_index),
         )
     except Exception as exc:
         raise BuildError(
@@ -114,10 +135,12 @@ def quantize(
     workdir: Path,
     external_data: bool = False,
     output: Path | None = None,
+    device_index: int | None = None,
 ) -> tuple[Path, int]:
-    """The model with Q/DQ nodes calibrated on every feed; also how many feeds calibration read.
+    """The model with Q/DQ nodes calibrated on every feed; also how many distinct feeds calibration
+    read (ModelOpt rewinds the reader between passes: a feed read twice counts once).
 
-    The model goes to ``output`` (default: ``workdir``).
+    The model goes to ``output`` (default: ``workdir``); calibration runs on the GPU being built for.
     """
     quantization = _modelopt("modelopt.onnx.quantization")
     from onnxruntime.quantization.calibrate import CalibrationDataReader
@@ -126,19 +149,24 @@ def quantize(
         """Hands ModelOpt the recorded samples one call at a time (it rewinds between passes)."""
 
         def __init__(self) -> None:
-            self.served = 0
-            self._it = iter(feeds)
+            self.seen: set[int] = set()
+            self._it = iter(enumerate(feeds))
+
+        @property
+        def served(self) -> int:
+            return len(self.seen)
 
         def get_next(self) -> dict[str, Any] | None:
-            feed = next(self._it, None)
-            self.served += feed is not None
+            index, feed = next(self._it, (None, None))
+            if index is not None:
+                self.seen.add(index)
             return feed
 
         def get_first(self) -> dict[str, Any]:
             return feeds[0]
 
         def rewind(self) -> None:
-            self._it = iter(feeds)
+            self._it = iter(enumerate(feeds))
 
     if not feeds:
         raise BuildError("ModelOpt quantization needs recorded samples to calibrate on; none were given")
@@ -150,7 +178,7 @@ def quantize(
             quantize_mode=config.mode,
             calibration_data_reader=reader,
             calibration_method=config.calibration,
-            calibration_eps=list(config.calibration_providers),
+            calibration_eps=providers_for(config.calibration_providers, device_index),
             high_precision_dtype=config.high_precision_dtype,
             op_types_to_exclude=list(config.op_types_to_exclude) or None,
             nodes_to_exclude=list(config.nodes_to_exclude) or None,

@@ -311,16 +311,24 @@ def _compile_program(
     """``torch_tensorrt.dynamo.compile`` for the graph's shape ranges; the module and facts for the report."""
     torch_tensorrt = import_torch_tensorrt(TorchTensorRTAotBackend.name)
     arg_inputs, kwarg_inputs = tensorrt_inputs(context.graph, torch_tensorrt.Input)
+    settings = compile_settings(torch_tensorrt, config)
     compiled = torch_tensorrt.dynamo.compile(
         program,
         arg_inputs=list(arg_inputs),
         kwarg_inputs=kwarg_inputs or None,
         device=context.device,
         timing_cache_path=_timing_cache(context.cache_dir),
-        **compile_settings(torch_tensorrt, config),
+        **settings,
     )
     children = [name for name, _ in compiled.named_children()]
+    notes = {}
+    if settings.get("enable_autocast"):  # said, so a reader of the report knows what the rules saw
+        notes["autocast_calibration"] = (
+            "none: aitune hands Torch-TensorRT's autocast no calibration data, so its data-range rule "
+            "keeps no node in fp32; the check against eager with the low-precision bound is what guards it"
+        )
     return compiled, {
+        **notes,
         "torch_tensorrt": str(torch_tensorrt.__version__),
         "dynamic_dims": _dims(context.graph),
         "tensorrt_subgraphs": sum(c.startswith("_run_on_acc") for c in children),
