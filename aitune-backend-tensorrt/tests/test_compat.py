@@ -92,18 +92,9 @@ def test_availability_names_what_is_missing(monkeypatch):
 
 
 def test_installed_tensorrt_reads_any_tensorrt_distribution(monkeypatch):
-    import importlib.metadata
-
-    versions = {"tensorrt-cu12": "10.9.0.34"}
-
-    def version(name: str) -> str:
-        if name in versions:
-            return versions[name]
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(compat.importlib.metadata, "version", version)
+    pretend_installed(monkeypatch, {"tensorrt-cu12": "10.9.0.34"})
     assert compat.installed_tensorrt() == (True, "10.9.0.34")
-    versions.clear()
+    pretend_installed(monkeypatch, {})
     monkeypatch.setattr(compat.importlib.util, "find_spec", lambda name: None)
     assert compat.installed_tensorrt() == (False, None)
 
@@ -148,10 +139,9 @@ def test_the_install_hint_names_the_extra_for_torchs_cuda(monkeypatch):
     assert compat.install_hint() == compat.INSTALL_HINT, "a CPU torch: PyPI's CUDA 13"
 
 
-def test_two_tensorrt_frontends_are_refused_with_the_one_to_keep(monkeypatch):
+def pretend_installed(monkeypatch, installed: dict[str, str]) -> None:
+    """Package metadata that lists exactly ``installed`` (name -> version)."""
     import importlib.metadata
-
-    installed = {"tensorrt-cu12": "10.9.0.34", "tensorrt-cu13": "10.13.0.35"}
 
     def version(name: str) -> str:
         if name in installed:
@@ -159,6 +149,10 @@ def test_two_tensorrt_frontends_are_refused_with_the_one_to_keep(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(compat.importlib.metadata, "version", version)
+
+
+def test_two_tensorrt_frontends_are_refused_with_the_one_to_keep(monkeypatch):
+    pretend_installed(monkeypatch, {"tensorrt-cu12": "10.9.0.34", "tensorrt-cu13": "10.13.0.35"})
     monkeypatch.setattr(compat, "torch_cuda_major", lambda: 13)
     reason = compat.runtime_reason()
     assert "both installed and write one `tensorrt` package" in reason and "keep tensorrt-cu13" in reason
@@ -191,16 +185,7 @@ def test_versions_outside_the_tested_range_are_reported_with_the_fix():
 
 
 def test_the_cuda_build_of_tensorrt_is_read_from_its_distribution_name(monkeypatch):
-    import importlib.metadata
-
-    installed = {"tensorrt": "11.1.0", "tensorrt-cu13": "11.1.0"}
-
-    def version(name: str) -> str:
-        if name in installed:
-            return installed[name]
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(compat.importlib.metadata, "version", version)
+    pretend_installed(monkeypatch, {"tensorrt": "11.1.0", "tensorrt-cu13": "11.1.0"})
     assert compat.tensorrt_cuda_major() == 13
     monkeypatch.setattr(compat, "torch_cuda_major", lambda: 12)
     assert "CUDA 13 build" in compat.runtime_reason()
