@@ -119,6 +119,8 @@ def test_training_mode_and_new_weights_give_eagers_outputs(name: str) -> None:
         warnings.simplefilter("always")
         y = model(x)
     stale = [w for w in seen if "weights changed since it was tuned" in str(w.message)]
-    follows = model.tuned_graphs[0][1].follows_weights()
-    assert len(stale) == (0 if follows else 1), [str(w.message) for w in seen]
+    winner = model.tuned_graphs[0][1]
+    # live weights, or refitted with them and checked (a payload that folded BatchNorm's statistics away fails it)
+    kept = winner.follows_weights() or model.stale_reason is None
+    assert len(stale) == (0 if kept else 1), [str(w.message) for w in seen]
     assert close(y, eager(x), rtol=0.05 if name == "torchao" else 1e-4)

@@ -40,7 +40,7 @@ def test_backends_table_keeps_install_hints_intact(aitune_manager):
     result = CliRunner().invoke(app, ["backends"], env={"COLUMNS": "300"})
     assert result.exit_code == 0
     if "tensorrt" in aitune_manager.registry.names() and aitune_manager.registry.status("tensorrt").reason():
-        assert "aitune-backend-tensorrt[runtime]" in result.output, "rich markup must not eat '[runtime]'"
+        assert "aitune-backend-tensorrt[runtime,cu1" in result.output, "rich markup must not eat '[runtime,cu13]'"
 
 
 def test_piped_output_keeps_full_names_one_row_per_line(aitune_manager, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import torch
 
 import aitune.torch as ait
@@ -115,3 +116,29 @@ def test_the_samples_hold_the_inputs_from_before_each_call() -> None:
     assert graph.mutated == {1} and len(graph.samples) == 3
     for sample, expected in zip(graph.samples, before):
         assert torch.equal(sample.args[1], expected)
+
+
+def test_a_cache_structure_from_a_file_sets_only_data() -> None:
+    """A crafted structure can name a cache type, but its attributes are JSON scalars, devices and
+    layer flags only: anything else is refused before an object is made."""
+    pytest.importorskip("transformers")
+    import transformers.cache_utils  # noqa: F401  (the type must be loaded: files never import)
+
+    from aitune import tree
+    from aitune.errors import InputError
+
+    node = {
+        "kind": "state",
+        "type": "transformers.cache_utils:EncoderDecoderCache",
+        "attrs": {"is_updated": {"flags": {"0": True}}},
+        "keys": [],
+        "items": [],
+    }
+    tree.check_types(node)
+    rebuilt = tree.unflatten(node, [])
+    assert type(rebuilt).__name__ == "EncoderDecoderCache" and rebuilt.is_updated == {0: True}
+    for bad in ({"flags": {"zero": True}}, {"callable": "os:system"}, {"flags": {"0": "yes"}}):
+        with pytest.raises(InputError):
+            tree.check_types({**node, "attrs": {"is_updated": bad}})
+    with pytest.raises(InputError, match="not one"):
+        tree.check_types({**node, "type": "collections:OrderedDict"})

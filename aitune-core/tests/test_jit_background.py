@@ -135,3 +135,25 @@ def test_mode_and_share_are_checked_and_read_from_the_environment(monkeypatch: p
         monkeypatch.delenv("AITUNE_JIT_MAX_TUNING_SHARE")
         jit_config.reset()
     assert jit_config.mode == "background", "background tuning is the default"
+
+
+def test_process_exit_waits_for_no_tuning(tmp_path: Any) -> None:
+    """A script that ends while its module is still being built (a one-minute build) exits at once,
+    cleanly: the unfinished tune is dropped."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "jit_scripts" / "exit_while_tuning.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AITUNE_JIT")}
+    env["AITUNE_CACHE_DIR"] = str(tmp_path / "cache")
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    took = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"status": {"Encoder": "tuning"}, "correct": True, "mode": "background"}
+    assert took < 45, f"exit waited for the build ({took:.0f} s)"
+    assert "tuning Encoder in the background" in done.stderr

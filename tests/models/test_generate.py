@@ -95,3 +95,52 @@ def test_greedy_generate_with_a_static_cache(flow, build, tmp_path):
     fresh, _ = build()
     ait.load(fresh, path)
     assert torch.equal(generate(fresh, unseen), expected[-1])
+
+
+def whisper() -> torch.nn.Module:
+    config = transformers.WhisperConfig(
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        vocab_size=100,
+        num_mel_bins=16,
+        max_source_positions=16,
+        max_target_positions=32,
+        decoder_start_token_id=1,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
+    return transformers.WhisperForConditionalGeneration(config).eval()
+
+
+def test_whisper_generate_tunes_its_encoder_and_its_decode_step(flow):
+    """An encoder-decoder cache: the decoder's own static cache is updated in place, the cross-attention
+    one is filled by the first decoder call and read after; the encoder runs once per generate()."""
+    torch.manual_seed(0)
+    model = whisper()
+    g = torch.Generator().manual_seed(4)
+    features = [torch.randn(1, 16, 32, generator=g) for _ in range(3)]
+
+    def transcribe(f: torch.Tensor) -> torch.Tensor:
+        return model.generate(
+            f, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation="static"
+        )
+
+    with torch.no_grad():
+        expected = [transcribe(f) for f in features]
+    ait.wrap(model, ["model.encoder", "model.decoder"], strategy=flow.strategy("torch_inductor_jit", "onnxruntime"))
+    report = ait.tune(transcribe, features[:2])
+    decisions = {m.name: [g.decision for g in m.graphs] for m in report.modules}
+    assert decisions["model.encoder"] != ["torch_eager"], decisions
+    assert decisions["model.decoder"] == ["torch_eager", "torch_inductor_jit"], "prefill eager, decode step tuned"
+    served = counted(model.model.decoder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for f, want in zip(features, expected):  # the third was never recorded
+            assert torch.equal(transcribe(f), want)
+    assert served[0] == 3 * (NEW_TOKENS - 1)

@@ -1,14 +1,15 @@
 """State objects: inputs a module updates in place, described as tensors plus plain attributes.
 
-transformers' static KV cache (``cache_implementation="static"``) is the one kind known: a
-``Cache`` whose layers hold preallocated ``keys``/``values`` tensors and a ``cumulative_length``
-counter, all written in place by each decode step. Its tensors are leaves of the call like any
-other input, so a backend that supports input mutation (``Backend.mutates_inputs``) can run the
-decode step, and validation compares what the candidate left in them with what eager left.
+transformers' static KV cache (``cache_implementation="static"``) is the kind known: a ``Cache``
+whose layers hold preallocated ``keys``/``values`` tensors and a ``cumulative_length`` counter,
+all written in place by each decode step, and the encoder-decoder cache that pairs two of them
+(Whisper). Its tensors are leaves of the call like any other input, so a backend that supports
+input mutation (``Backend.mutates_inputs``) can run the decode step, and validation compares
+what the candidate left in them with what eager left.
 
 Why an allow-list and no generic "any object": a structure can come from a file, and rebuilding
-an object from it must not run the type's code or set anything but tensors, devices and JSON
-scalars. A cache whose layers are not all static (a ``DynamicCache``, whose tensors grow by
+an object from it must not run the type's code or set anything but tensors, devices, layer flags
+and JSON scalars. A cache whose layers are not all static (a ``DynamicCache``, whose tensors grow by
 concatenation and are replaced, not updated) is refused with the reason, and its call runs eager.
 """
 
@@ -34,16 +35,27 @@ def is_cache(cls: type) -> bool:
     return any(base.__module__ == "transformers.cache_utils" and base.__name__ in CACHE_BASES for base in cls.__mro__)
 
 
+PAIRED = ("self_attention_cache", "cross_attention_cache")
+"""An encoder-decoder cache (Whisper, T5): a cache for the decoder's own attention and one for the
+encoder's outputs, each described as a cache of its own."""
+
+
 def is_state(obj: Any) -> bool:
     """``obj`` is a transformers cache object (static or not): :func:`describe` decides whether it can be described."""
-    return not isinstance(obj, type) and is_cache(type(obj)) and hasattr(obj, "layers")
+    return (
+        not isinstance(obj, type)
+        and is_cache(type(obj))
+        and (hasattr(obj, "layers") or all(hasattr(obj, a) for a in PAIRED))
+    )
 
 
 def describe(obj: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     """The plain attributes of a static cache and its children (``layers``), or an
     :class:`UnsupportedValueError` saying why the cache cannot be run by a backend."""
-    layers = getattr(obj, "layers", None)
     name = type(obj).__name__
+    if not hasattr(obj, "layers") and all(hasattr(obj, a) for a in PAIRED):
+        return _plain(obj, path, exclude=set(PAIRED)), [(a, getattr(obj, a)) for a in PAIRED]
+    layers = getattr(obj, "layers", None)
     if not isinstance(layers, list) or not layers:
         raise UnsupportedValueError(f"the {name} at {path or 'input'} has no layers aitune can describe")
     kinds = {type(layer).__name__ for layer in layers}
@@ -79,6 +91,8 @@ def _plain(obj: Any, path: str, exclude: frozenset[str] | set[str]) -> dict[str,
             out[key] = {"device": str(value)}
         elif value is None or isinstance(value, (bool, int, float, str)):
             out[key] = value
+        elif isinstance(value, dict) and all(type(k) is int and type(v) is bool for k, v in value.items()):
+            out[key] = {"flags": {str(k): v for k, v in value.items()}}  # an encoder-decoder cache's is_updated
         else:
             raise UnsupportedValueError(
                 f"the {type(obj).__name__} at {path or 'input'} holds {key}={type(value).__name__}, which aitune "
@@ -89,10 +103,15 @@ def _plain(obj: Any, path: str, exclude: frozenset[str] | set[str]) -> dict[str,
 
 def attribute_value(value: Any) -> Any:
     """An attribute as :func:`describe` wrote it, back to its value (a device or a JSON scalar)."""
+    if isinstance(value, dict) and set(value) == {"flags"} and isinstance(value["flags"], dict):
+        flags = value["flags"]
+        if not all(isinstance(k, str) and k.isdigit() and type(v) is bool for k, v in flags.items()):
+            raise ValueError(f"an attribute holds {value!r}: flags map layer numbers to booleans")
+        return {int(k): v for k, v in flags.items()}
     if isinstance(value, dict):
         device = value.get("device")
         if set(value) != {"device"} or not isinstance(device, str):
-            raise ValueError(f"an attribute holds {value!r}: only devices and JSON scalars are allowed")
+            raise ValueError(f"an attribute holds {value!r}: only devices, layer flags and JSON scalars are allowed")
         return torch.device(device)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -110,6 +129,12 @@ def bare(cls: type, attrs: dict[str, Any]) -> Any:
 def key_of(obj: Any, leaves: list[torch.Tensor]) -> Any:
     """A hashable key of a static cache's form (its attributes, its tensors' dtype and rank);
     appends its tensors to ``leaves`` in :func:`describe`'s order. Not a valid cache: identity."""
+    if not hasattr(obj, "layers") and all(hasattr(obj, a) for a in PAIRED):
+        both: list[torch.Tensor] = []
+        flags = repr(sorted(getattr(obj, "is_updated", {}).items()))
+        paired = (type(obj), flags, *(key_of(getattr(obj, a), both) for a in PAIRED))
+        leaves.extend(both)
+        return paired
     layers = getattr(obj, "layers", None)
     if not isinstance(layers, list) or not all(type(la).__name__ in STATIC_LAYERS for la in layers):
         return (type(obj), id(obj))
