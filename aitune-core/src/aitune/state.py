@@ -140,13 +140,15 @@ def key_of(obj: Any, leaves: list[torch.Tensor]) -> Any:
         return (type(obj), id(obj))
     found: list[torch.Tensor] = []
     try:
-        parts: list[Any] = [type(obj), tuple(sorted((k, repr(v)) for k, v in vars(obj).items() if k != "layers"))]
+        parts: list[Any] = [type(obj), tuple(sorted((k, v) for k, v in vars(obj).items() if k != "layers"))]
         for layer in layers:
-            plain = tuple(sorted((k, repr(v)) for k, v in vars(layer).items() if k not in LAYER_ATTRS))
+            plain = tuple(sorted((k, v) for k, v in vars(layer).items() if k not in LAYER_ATTRS))
             tensors = [getattr(layer, a) for a in sorted(LAYER_ATTRS)]
             parts.append((type(layer), plain, tuple((t.dtype, t.dim(), t.device.type) for t in tensors)))
             found.extend(tensors)
-    except (AttributeError, TypeError):  # not filled yet (the prefill): described by identity, runs eager
+        key = tuple(parts)
+        hash(key)  # attribute values are hashed as they are (no repr on this per-call path)
+    except (AttributeError, TypeError):  # not filled yet (the prefill), or an odd attribute: identity, runs eager
         return (type(obj), id(obj))
     leaves.extend(found)
-    return tuple(parts)
+    return key

@@ -486,7 +486,7 @@ def _differ(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> bool:
         mine = own.get(name)
         if mine is None or mine.device.type == "meta":
             continue
-        if mine.shape != saved.shape or not torch.equal(mine.detach().cpu(), saved):
+        if mine.shape != saved.shape or not torch.equal(mine.detach(), saved.to(mine.device)):
             return True
     return False
 

@@ -13,9 +13,10 @@ threads at once; each backend's ``infer`` must be, too (see docs/serving.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -145,6 +146,16 @@ class Dispatcher:
         if self.strict:
             raise error(f"{self.name}: this call cannot run tuned: {reason}")
         return self._eager_because(reason, args, kwargs)
+
+    @contextlib.contextmanager
+    def warnings_kept(self) -> Iterator[None]:
+        """Calls made inside (aitune timing the whole model) leave each once-per-reason warning
+        for the user's own first call."""
+        before = set(self._warned)
+        try:
+            yield
+        finally:
+            self._warned = before
 
     def _eager_because(self, reason: str, args: Any, kwargs: Any) -> Any:
         """Run this call eager, warning once per reason."""

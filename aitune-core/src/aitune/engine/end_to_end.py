@@ -10,6 +10,7 @@ wrapped module, gives each module's share of the time: the most tuning it can sa
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 import warnings
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..profiling import spread
 from ..report import MAX_NOISE, EndToEndReport, noise_of
 from . import recording
 
@@ -40,10 +42,12 @@ def measure(
         return EndToEndReport(reason="no dataset items were kept")
     eager_passes: list[float] = []
     tuned_passes: list[float] = []
-    warned = [(m, set(m._dispatcher._warned)) for m in modules if getattr(m, "_dispatcher", None) is not None]
     try:
-        with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        with torch.no_grad(), warnings.catch_warnings(record=True) as seen, contextlib.ExitStack() as kept:
             warnings.simplefilter("always")
+            for module in modules:  # the user's own first calls still get each warning once
+                if getattr(module, "_dispatcher", None) is not None:
+                    kept.enter_context(module._dispatcher.warnings_kept())
             _pass(call, items, eager=True)  # warm-up: lazy inits, caches
             _pass(call, items, eager=False)
             deadline = time.perf_counter() + budget_s
@@ -58,9 +62,6 @@ def measure(
             shares = _shares(call, items, modules)
     except Exception as exc:  # the figure is a report, never a reason to fail the tune
         return EndToEndReport(reason=f"timing the whole call raised {type(exc).__name__}: {exc}")
-    finally:  # the user's own first calls still get each warning once
-        for module, before in warned:
-            module._dispatcher._warned = before
     eager_calls = sorted({str(w.message) for w in seen if "running this call eager" in str(w.message)})
     speedup, low, high = _figure(eager_passes, tuned_passes)
     return EndToEndReport(
@@ -91,12 +92,7 @@ def _pass(call: Callable[[Any], Any], items: Sequence[Any], eager: bool) -> floa
 
 def _figure(eager: Sequence[float], tuned: Sequence[float]) -> tuple[float, float, float]:
     speedup = statistics.median(eager) / statistics.median(tuned)
-    ratios = [e / t for e, t in zip(eager, tuned) if t > 0]
-    if len(ratios) < 4:
-        low, high = min(ratios), max(ratios)
-    else:
-        q = statistics.quantiles(ratios, n=4, method="inclusive")
-        low, high = q[0], q[2]
+    low, high = spread([e / t for e, t in zip(eager, tuned) if t > 0])
     floor = speedup * MIN_HALF_WIDTH
     return speedup, min(low, speedup - floor), max(high, speedup + floor)
 

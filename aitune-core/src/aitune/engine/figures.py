@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from ..graph import GraphSpec, Sample
+from ..profiling import spread
 from ..report import MAX_NOISE, ProfileResult, format_speedup, noise_of
 from . import recording
 
@@ -61,13 +62,7 @@ def compare(candidate: ProfileResult, baseline: ProfileResult | None = None) -> 
         raise ValueError("compare() needs a baseline: this result was profiled without eager")
     speedup = base_p50 / candidate.p50_ms if candidate.p50_ms > 0 else float("inf")
     ratios = [e / c for e, c in zip(base_windows, candidate.window_p50_ms) if c > 0]
-    if len(ratios) < 2:
-        low = high = speedup
-    elif len(ratios) < 4:
-        low, high = min(ratios), max(ratios)
-    else:
-        q = statistics.quantiles(ratios, n=4, method="inclusive")
-        low, high = q[0], q[2]
+    low, high = spread(ratios) if len(ratios) >= 2 else (speedup, speedup)
     return Comparison(speedup, min(low, speedup), max(high, speedup))
 
 

@@ -198,7 +198,7 @@ class Guard:
                     return f"{backend.name} cannot load new weights into its payload"
             except Exception as exc:
                 return f"loading them into {backend.name} raised {type(exc).__name__}: {exc}"
-            cases = list({which: graph.example(which) for which in ("min", "opt", "max")}.values())
+            cases = [graph.example(which) for which in (("min", "opt", "max") if graph.dims else ("opt",))]
             with torch.no_grad():
                 result = validate(backend, self.reference, cases, graph)
             if not result.passed:

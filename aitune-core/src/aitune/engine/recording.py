@@ -188,13 +188,18 @@ def _check_output(output: Any) -> None:
         ) from exc
 
 
+def _check_describable(args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Raise :class:`UnsupportedValueError` for an input aitune cannot describe, naming its parameter."""
+    for i, value in enumerate(args):
+        tree.flatten(value, names[i] if i < len(names) else f"args.{i}")
+    for name, value in kwargs.items():
+        tree.flatten(value, name)
+
+
 def _unsupported(args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...]) -> str:
     """Why these inputs cannot be described, naming the parameter."""
     try:
-        for i, value in enumerate(args):
-            tree.flatten(value, names[i] if i < len(names) else f"args.{i}")
-        for name, value in kwargs.items():
-            tree.flatten(value, name)
+        _check_describable(args, kwargs, names)
     except UnsupportedValueError as exc:
         return str(exc)
     return "the inputs cannot be described"
@@ -341,10 +346,7 @@ class RecordingSession(Generic[W]):
             try:  # refuses inputs aitune cannot describe, naming the path
                 if before is not None and before.unsupported:  # as they were before the call
                     raise UnsupportedValueError(before.unsupported)
-                for i, value in enumerate(args):
-                    tree.flatten(value, names[i] if i < len(names) else f"args.{i}")
-                for name, value in kwargs.items():
-                    tree.flatten(value, name)
+                _check_describable(args, kwargs, names)
                 _check_output(output)
             except UnsupportedValueError as exc:
                 eager = rec.graphs.setdefault(("eager", str(exc)), GraphRecording(layout))

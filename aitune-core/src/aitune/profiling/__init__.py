@@ -156,7 +156,7 @@ def summarize(times_ms: Sequence[float], batch_size: int, window: int) -> Profil
     s = sorted(times_ms)
     mean = statistics.fmean(s)
     p50 = _percentile(s, 0.5)
-    windows = [statistics.median(times_ms[i : i + window]) for i in range(0, len(times_ms), window)]
+    windows = window_medians(times_ms, window)
     return ProfileResult(
         batch_size=batch_size,
         steps=len(s),
@@ -228,13 +228,22 @@ def profile_runners(
 def window_spread(times_ms: Sequence[float], window: int) -> float:
     """Half the interquartile range of a runner's window medians, as a share of their median
     (min to max below four windows): how far apart its windows still are."""
-    medians = [statistics.median(times_ms[i : i + window]) for i in range(0, len(times_ms), window)]
+    medians = window_medians(times_ms, window)
     if len(medians) < 2:
         return 0.0
-    if len(medians) < 4:
-        low, high = min(medians), max(medians)
-    else:
-        q = statistics.quantiles(medians, n=4, method="inclusive")
-        low, high = q[0], q[2]
+    low, high = spread(medians)
     middle = statistics.median(medians)
     return (high - low) / (2 * middle) if middle > 0 else 0.0
+
+
+def window_medians(times_ms: Sequence[float], window: int) -> list[float]:
+    return [statistics.median(times_ms[i : i + window]) for i in range(0, len(times_ms), window)]
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """The lower and upper quartiles of ``values`` (their min and max below four values): the
+    interval every figure aitune shows comes with."""
+    if len(values) < 4:
+        return min(values), max(values)
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
