@@ -53,14 +53,33 @@ def test_every_member_with_gpu_tests_gets_a_budget_torchtrt_first_and_the_tune_k
 
 def test_the_table_has_one_row_per_pair_and_the_documented_columns(check):
     rows = [
-        {"model": "cnn", "backend": "ort cuda", "build": "3.1s", "correct": "ok, max err 2.0e-06", "speedup": "1.80x"},
+        {"model": "cnn", "backend": "ort cuda", "build": "3.1s", "correct": "ok, rel err 2.0e-06", "speedup": "1.80x"},
         {"model": "cnn", "backend": "ort tensorrt", "build": "availability: its TensorRT library ..."},
     ]
     lines = check.table(rows).splitlines()
-    assert lines[0].replace(" ", "") == "|model|backend|build|correct|speedup|load|"
-    assert len(lines) == 4 and "availability" in lines[3] and lines[3].count("| -") == 3, "a missing cell is '-'"
+    assert lines[0].replace(" ", "") == "|model|backend|build|precision|correct|speedup|load|A-B-A|"
+    assert len(lines) == 4 and "availability" in lines[3] and lines[3].count("| -") == 5, "a missing cell is '-'"
     documented = (ROOT / "scripts" / "README.md").read_text()
-    assert "| model | backend | build | correct | speedup | load |" in documented
+    assert "| model | backend | build | precision | correct | speedup | load | A-B-A |" in documented
+
+
+def test_a_lowered_row_whose_error_is_fp32_sized_is_a_precision_mismatch(check):
+    """An fp16 engine built fp32 passes the fp16 bound; only its too-small error gives it away."""
+    assert check.precision_cell("torchao int8wo", "fp32", 3e-3, {}) == "int8: error 3.0e-03"
+    mismatch = check.precision_cell("tensorrt fp16+graphs", "fp32", 4e-7, {})
+    assert mismatch.startswith("MISMATCH: asked fp16") and "floor 2e-05" in mismatch
+    assert check.precision_cell("inductor", "bf16", 0.0, {}) == "bf16", "a row at the model's own dtype has no floor"
+    counted = check.precision_cell("tensorrt fp16+graphs", "fp32", 4e-7, {"layer_precisions": {"fp16": 9, "fp32": 2}})
+    assert counted == "fp16: layers fp16 9, fp32 2", "the engine's own layer count beats the error heuristic"
+
+
+def test_a_row_that_ran_elsewhere_than_its_name_is_a_silent_fallback(check):
+    assert check.fallback("torch_tensorrt_aot", {"tensorrt_subgraphs": 0}).startswith("silent fallback")
+    assert check.fallback("torch_tensorrt_aot", {"tensorrt_subgraphs": 2}) is None
+    cpu = {"session_providers": ["CPUExecutionProvider"]}
+    assert "not CUDAExecutionProvider" in check.fallback("ort cuda", cpu)
+    assert check.fallback("ort cuda", {"session_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]}) is None
+    assert check.fallback("inductor", {}) is None
 
 
 def test_without_a_cuda_torch_it_says_so_and_exits_2(check, monkeypatch, capsys):
@@ -122,11 +141,15 @@ def test_the_offline_check_installs_the_wheelhouse_on_pythonpath_then_stops_with
 
 
 def test_rows_the_machine_cannot_run_do_not_fail_the_check_but_wrong_outputs_do(check):
+    ok = {"build": "2.0s", "precision": "fp32", "correct": "ok, rel err 1e-06", "load": "0.12s", "A-B-A": "ok: A 1e-06"}
     rows = [
         {"build": "not installed here: tensorrt is not installed"},
-        {"build": "2.0s", "correct": "ok, max err 1e-06", "load": "0.12s; A 1e-06"},
-        {"build": "2.0s", "correct": "NO: off by 3; max err 3e+00"},
-        {"build": "2.0s", "correct": "ok, max err 1e-06", "load": "ArtifactError: boom"},
+        ok,
+        {"build": "2.0s", "correct": "NO: off by 3; rel err 3e+00"},
+        {**ok, "load": "ArtifactError: boom"},
         {"build": "validate: failed"},
+        {**ok, "A-B-A": "NO: A 1e-06, B 1e-06, A 9e-01, b=1 1e-06, bound 1e-03"},
+        {**ok, "precision": "MISMATCH: asked fp16, error 4.0e-07 is under fp16's floor 2e-05"},
+        {**ok, "build": "silent fallback: no TensorRT engine in the compiled module"},
     ]
     assert check.failures(rows) == rows[2:]

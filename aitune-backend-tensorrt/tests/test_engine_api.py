@@ -86,6 +86,7 @@ def fake_tensorrt(version: str, builder_config: BuilderConfig, input_shape=(-1, 
         NetworkDefinitionCreationFlag=SimpleNamespace(**({"STRONGLY_TYPED": 5} if weak else {})),
         BuilderFlag=SimpleNamespace(**flags),
         MemoryPoolType=SimpleNamespace(WORKSPACE="workspace"),
+        ProfilingVerbosity=SimpleNamespace(DETAILED="detailed"),
         HardwareCompatibilityLevel=SimpleNamespace(AMPERE_PLUS="ampere+"),
         network=network,
     )
@@ -113,6 +114,7 @@ def test_tensorrt_10_weak_typing_sets_the_precision_flags():
     trt = fake_tensorrt("10.9.0", cfg)
     configure_builder(trt, cfg, TensorRTBackendConfig(strongly_typed=False, builder_flags=("FP16",), tf32=False))
     assert cfg.set == ["FP16"] and cfg.cleared == ["TF32"]
+    assert cfg.profiling_verbosity == "detailed"  # the build's precision check reads each layer's formats
     assert not only_strongly_typed(trt)
     assert network_flags(trt, strongly_typed=True) == 1 << 5 and network_flags(trt, strongly_typed=False) == 0
 

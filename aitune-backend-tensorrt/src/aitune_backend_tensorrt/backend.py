@@ -13,7 +13,7 @@ from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, To
 from aitune.errors import ArtifactError, BackendUnavailableError, BuildError, ConfigError
 from aitune.graph import GraphSpec
 
-from . import compat
+from . import compat, layers
 from .config import ModelOptQuantizationConfig, ONNXAutoCastConfig, TensorRTBackendConfig
 from .profiles import ShapeProfile, resolve_profiles, uncovered
 
@@ -168,6 +168,12 @@ class TensorRTBackend(Backend):
         cache = timing_cache_path(context.cache_dir, machine) if config.use_timing_cache else None
         with torch.cuda.device(context.device):  # TensorRT builds for the current CUDA device
             plan, engine_info = build_plan(onnx_path, profiles, names, config, cache)
+            opt = [(name, triple[1]) for name, triple in zip(names, profiles[0].shapes)]
+            counts = layers.layer_precisions(layers.plan_information(plan, opt, config.version_compatible))
+        problem = layers.precision_problem(layers.requested_precision(config), counts)
+        if problem:
+            raise BuildError(problem)
+        engine_info["layer_precisions"] = counts or "not reported by this TensorRT"
         if not engine_info["dynamic"]:
             profiles = profiles[:1]
         (Path(payload) / PLAN_FILE).write_bytes(plan)

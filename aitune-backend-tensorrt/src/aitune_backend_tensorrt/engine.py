@@ -118,6 +118,8 @@ def configure_builder(trt: Any, builder_config: Any, config: TensorRTBackendConf
     if config.workspace_size is not None:
         builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, config.workspace_size)
     builder_config.builder_optimization_level = config.optimization_level
+    # each layer's formats stay in the plan, so the build can check the precision it got (layers.py)
+    builder_config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     if not config.tf32:
         builder_config.clear_flag(_builder_flag(trt, "TF32", "tf32=False clears it"))
     for name in config.builder_flags:

@@ -12,7 +12,11 @@ With CUDA graphs on, the first call of each shape copies its inputs into static 
 engine once (TensorRT finishes shape-dependent setup then), captures a graph, and replays it; later
 calls of that shape copy inputs in, replay, and copy outputs out of the graph's buffers (a
 graph's outputs are overwritten by its next replay, so handing them out would alias results).
-At most ``max_graphs`` graphs are kept, least recently used dropped first.
+A graph holds what its context set up for its shape, and TensorRT allows one context per profile,
+so shapes of one profile share a context: a graph is replayed only while its context is still set
+to its shape, and recaptured once the context was set to another one in between (the A-B-A case;
+TensorRT's guidance for graphs whose shapes change). Shapes that alternate keep their graphs when
+each has a profile of its own. At most ``max_graphs`` graphs are kept, least recently used first.
 
 Thread safety: the contexts, their bound shapes and addresses and the graphs are shared, so a
 lock makes each call's binding and enqueue one step, and a call on another stream first waits for
@@ -63,6 +67,8 @@ class _Graph:
     graph: Any
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
+    binding: int
+    """Its context's binding count at capture: the graph is current while the count is unchanged."""
 
 
 class EngineRunner:
@@ -126,11 +132,15 @@ class EngineRunner:
             # enqueue on another stream, and every later call enqueues on the caller's stream.
             setup.synchronize()
         self._bound: list[tuple[Shape, ...] | None] = [None] * n_profiles
+        self._bindings = [0] * n_profiles
+        """Per context, how many times its input shapes were set: a graph captured at another count is stale."""
         self._out_shapes: list[list[Shape]] = [[] for _ in range(n_profiles)]
         self._selected: dict[tuple[Shape, ...], int] = {}
         self.use_cuda_graphs, self.max_graphs = use_cuda_graphs, max_graphs
         self._graphs: collections.OrderedDict[tuple[int, tuple[Shape, ...]], _Graph] = collections.OrderedDict()
         self.captures = 0
+        self.recaptures = 0
+        """Captures of a shape whose graph had gone stale (its context was set to another shape since)."""
         self._lock = threading.Lock()
         with torch.cuda.device(self.device):
             self._done = torch.cuda.Event()  # recorded after each call's work
@@ -185,6 +195,7 @@ class EngineRunner:
                     "backend does not support; keep such ops (nonzero, unique...) outside the tuned module"
                 )
             self._bound[index], self._out_shapes[index] = shapes, out_shapes
+            self._bindings[index] += 1
         for name, t in zip(self.input_names, inputs):
             context.set_tensor_address(name, t.data_ptr())
         outputs = [
@@ -204,9 +215,12 @@ class EngineRunner:
     def _replay(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         key = (index, shapes)
         entry = self._graphs.get(key)
-        if entry is None:
+        if entry is None or entry.binding != self._bindings[index]:
+            if entry is not None:
+                self.recaptures += 1
             entry = self._capture(index, shapes, inputs)
             self._graphs[key] = entry
+            self._graphs.move_to_end(key)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
         else:
@@ -229,7 +243,7 @@ class EngineRunner:
                 self._execute(index, side.cuda_stream)
         current.wait_stream(side)
         self.captures += 1
-        return _Graph(graph, static_inputs, outputs)
+        return _Graph(graph, static_inputs, outputs, self._bindings[index])
 
     @property
     def cached_graphs(self) -> list[tuple[Shape, ...]]:

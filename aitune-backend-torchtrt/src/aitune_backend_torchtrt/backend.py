@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from aitune import tree
 from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, Tolerance, exported_file
@@ -43,6 +44,8 @@ TF32_TOLERANCE = Tolerance(atol=1e-4, rtol=5e-3, min_cosine=0.9999)
 PROGRAM_FILE = "program.pt2"
 EXPORTED_FILE = "exported.pt2"
 """The plain exported program an isolated build hands its worker (scratch, never part of a payload)."""
+CALIBRATION_FILE = "calibration.safetensors"
+"""The recorded calls autocast calibrates on, handed to an isolated build's worker (scratch too)."""
 
 
 def require_runtime(backend: str, device: torch.device) -> None:
@@ -223,7 +226,9 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
         require_runtime(self.name, context.device)
         program = self._export(module, context)
-        self._program, self._facts = _compile_program(program, self.compile_config, context)
+        self._program, self._facts = _compile_program(
+            program, self.compile_config, context, calibration_batches(context.samples)
+        )
         self._graph = context.graph
         with torch.no_grad():
             for call in warmup_samples(context.graph, context.samples):
@@ -239,7 +244,15 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
         """
         program = self._export(module, context)
         torch.export.save(program, Path(directory) / EXPORTED_FILE)
-        return {"program": EXPORTED_FILE, "dynamic_dims": _dims(context.graph)}
+        notes: dict[str, Any] = {"program": EXPORTED_FILE, "dynamic_dims": _dims(context.graph)}
+        batches = calibration_batches(context.samples) if self.compile_config.lowest_precision != torch.float32 else []
+        if batches:
+            save_file(
+                {f"{i}.{j}": t.detach().contiguous() for i, b in enumerate(batches) for j, t in enumerate(b)},
+                str(Path(directory) / CALIBRATION_FILE),
+            )
+            notes["calibration"] = {"file": CALIBRATION_FILE, "batches": len(batches), "tensors": len(batches[0])}
+        return notes
 
     @classmethod
     def build_exported(
@@ -259,7 +272,9 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
             raise TypeError(f"{cls.__name__} builds from a TorchTensorRTAotBackendConfig, got {type(config).__name__}")
         require_runtime(cls.name, context.device)
         program = torch.export.load(exported_file(exported, notes, "program", EXPORTED_FILE))
-        compiled, facts = _compile_program(program, config.compile_config, context)
+        compiled, facts = _compile_program(
+            program, config.compile_config, context, _read_calibration(exported, notes, context)
+        )
         metadata = _save_program(cls.name, compiled, Path(payload) / PROGRAM_FILE)
         return {**metadata, "build": facts}
 
@@ -306,12 +321,23 @@ def _dims(graph: GraphSpec) -> dict[str, list[int]]:
 
 
 def _compile_program(
-    program: torch.export.ExportedProgram, config: TorchTensorRTConfig, context: BuildContext
+    program: torch.export.ExportedProgram,
+    config: TorchTensorRTConfig,
+    context: BuildContext,
+    calibration: list[tuple[torch.Tensor, ...]],
 ) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
-    """``torch_tensorrt.dynamo.compile`` for the graph's shape ranges; the module and facts for the report."""
+    """``torch_tensorrt.dynamo.compile`` for the graph's shape ranges; the module and facts for the report.
+
+    ``calibration``: recorded calls for autocast to measure each node's output range on, so nodes
+    whose values overflow the low type stay in fp32 (what Torch-TensorRT's data-range rule needs).
+    """
     torch_tensorrt = import_torch_tensorrt(TorchTensorRTAotBackend.name)
     arg_inputs, kwarg_inputs = tensorrt_inputs(context.graph, torch_tensorrt.Input)
     settings = compile_settings(torch_tensorrt, config)
+    notes = {}
+    if settings.get("enable_autocast"):  # said, so a reader of the report knows what the rules saw
+        extra, notes["autocast_calibration"] = autocast_calibration(calibration, known_settings(torch_tensorrt))
+        settings.update(extra)
     compiled = torch_tensorrt.dynamo.compile(
         program,
         arg_inputs=list(arg_inputs),
@@ -321,19 +347,60 @@ def _compile_program(
         **settings,
     )
     children = [name for name, _ in compiled.named_children()]
-    notes = {}
-    if settings.get("enable_autocast"):  # said, so a reader of the report knows what the rules saw
-        notes["autocast_calibration"] = (
-            "none: aitune hands Torch-TensorRT's autocast no calibration data, so its data-range rule "
-            "keeps no node in fp32; the check against eager with the low-precision bound is what guards it"
+    engines = sum(c.startswith("_run_on_acc") for c in children)
+    if engines == 0:
+        raise BuildError(
+            "Torch-TensorRT converted no part of the graph to TensorRT (every node runs in PyTorch), so the "
+            "candidate would run eager under a TensorRT name; see the Torch-TensorRT log for the unsupported ops"
         )
     return compiled, {
         **notes,
         "torch_tensorrt": str(torch_tensorrt.__version__),
         "dynamic_dims": _dims(context.graph),
-        "tensorrt_subgraphs": sum(c.startswith("_run_on_acc") for c in children),
+        "tensorrt_subgraphs": engines,
         "pytorch_subgraphs": sum(c.startswith("_run_on_gpu") for c in children),
     }
+
+
+def calibration_batches(samples: list[Sample]) -> list[tuple[torch.Tensor, ...]]:
+    """The recorded calls autocast can calibrate on: positional tensors only, all of one shape.
+
+    Torch-TensorRT runs its lowered graph on each batch's tensors as its flat inputs, which are the
+    positional ones in order, and concatenates each node's outputs over the batches along axis 0,
+    so calls of another shape are left out (the most common shape is kept).
+    """
+    usable = [
+        tuple(s.args) for s in samples if not s.kwargs and s.args and all(isinstance(a, torch.Tensor) for a in s.args)
+    ]
+    groups: dict[tuple[tuple[int, ...], ...], list[tuple[torch.Tensor, ...]]] = {}
+    for batch in usable:
+        groups.setdefault(tuple(tuple(t.shape) for t in batch), []).append(batch)
+    return max(groups.values(), key=len) if groups else []
+
+
+def autocast_calibration(
+    batches: list[tuple[torch.Tensor, ...]], known: frozenset[str] | None
+) -> tuple[dict[str, Any], str]:
+    """The compile setting that hands autocast ``batches`` (if the release takes one), and the report's note."""
+    if known is not None and "autocast_calibration_dataloader" not in known:
+        return {}, "none: this Torch-TensorRT release takes no autocast calibration data"
+    if not batches:
+        return {}, (
+            "none: no recorded call passes positional tensors only, which is what Torch-TensorRT's autocast "
+            "calibrates on; its data-range rule kept no node in fp32, the check against eager guards it"
+        )
+    loader = torch.utils.data.DataLoader(batches, batch_size=None)  # one recorded call per batch, as recorded
+    shapes = [list(t.shape) for t in batches[0]]
+    return {"autocast_calibration_dataloader": loader}, f"{len(batches)} recorded call(s) of shapes {shapes}"
+
+
+def _read_calibration(exported: Path, notes: dict[str, Any], context: BuildContext) -> list[tuple[torch.Tensor, ...]]:
+    """The calibration batches ``export`` saved (safetensors: no pickle), on the build's device."""
+    facts = notes.get("calibration")
+    if not facts:
+        return []
+    tensors = load_file(str(exported_file(exported, facts, "file", CALIBRATION_FILE)), device=str(context.device))
+    return [tuple(tensors[f"{i}.{j}"] for j in range(int(facts["tensors"]))) for i in range(int(facts["batches"]))]
 
 
 def _save_program(backend: str, program: Any, path: Path) -> dict[str, Any]:
