@@ -305,6 +305,7 @@ def backends() -> list[tuple[str, Any]]:
         ("ort tensorrt", lambda: b.ONNXRuntimeBackend(b.ONNXRuntimeBackendConfig(execution_provider="tensorrt"))),
         ("torchao int8dq", lambda: b.TorchAOBackend()),
         ("inductor", lambda: b.TorchInductorJitBackend()),
+        ("inductor cudagraphs", lambda: b.TorchInductorJitBackend(b.TorchInductorJitBackendConfig(mode="reduce-overhead"))),
     ]  # fmt: skip
     out: list[tuple[str, Any]] = []
     for label, make in wanted:

@@ -3,8 +3,11 @@
 # torch in its system Python (CPython 3.12, manylinux x86_64, no network) lacks, into DIR:
 # aitune's own members (built here), and their pure or binary dependencies for that Python.
 # Then carry DIR to the GPU machine and run: python3 scripts/gpu_check.py --wheelhouse DIR
+# WHEELHOUSE_PYTHON (default 3.12, the GPU image's) names another CPython, to rehearse the offline
+# install in a CPU container whose Python differs.
 set -euo pipefail
 dir=${1:?usage: scripts/gpu_wheelhouse.sh DIR}
+py=${WHEELHOUSE_PYTHON:-3.12}
 cd "$(dirname "$0")/.."
 mkdir -p "$dir"
 python3 -m pip wheel --quiet --no-deps --wheel-dir "$dir" \
@@ -13,7 +16,7 @@ python3 -m pip wheel --quiet --no-deps --wheel-dir "$dir" \
 # what torch's image does not bring: the plugin system, configs, the CLI's terminal, safetensors,
 # torchao; torch, triton, numpy, onnx and typing_extensions are the image's own
 python3 -m pip download --quiet --no-deps --dest "$dir" --only-binary=:all: \
-  --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
+  --python-version "$py" --implementation cp --abi "cp${py/./}" --abi abi3 --abi none \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
   pluggy attrs cattrs packaging rich markdown-it-py mdurl pygments typer click shellingham safetensors torchao \
   onnxscript onnx-ir ml_dtypes
