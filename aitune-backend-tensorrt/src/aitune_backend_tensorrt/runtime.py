@@ -15,7 +15,7 @@ graph's outputs are overwritten by its next replay, so handing them out would al
 A graph holds what its context set up for its shape, and TensorRT allows one context per profile,
 so shapes of one profile share a context: a graph is replayed only while its context is still set
 to its shape, and recaptured once the context was set to another one in between (the A-B-A case;
-TensorRT's guidance for graphs whose shapes change). Shapes that alternate keep their graphs when
+TensorRT's guidance for graphs whose shapes change; the policy is ``graphs.GraphCache``). Shapes that alternate keep their graphs when
 each has a profile of its own. At most ``max_graphs`` graphs are kept, least recently used first.
 
 Thread safety: the contexts, their bound shapes and addresses and the graphs are shared, so a
@@ -25,17 +25,15 @@ the previous call's work (an event), since two enqueues of one context must not 
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Sequence
-from typing import Any
 
-import attrs
 import torch
 
 from aitune.errors import BuildError, InputError
 
 from .config import Shape
+from .graphs import CapturedGraph, GraphCache
 from .profiles import ShapeProfile, select_profile
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -60,15 +58,6 @@ def torch_dtype(trt_dtype_name: str) -> torch.dtype:
             f"the engine has a tensor of TensorRT type {trt_dtype_name}, which has no torch equivalent here; "
             "keep that tensor inside the model or change its dtype"
         ) from None
-
-
-@attrs.define
-class _Graph:
-    graph: Any
-    inputs: list[torch.Tensor]
-    outputs: list[torch.Tensor]
-    binding: int
-    """Its context's binding count at capture: the graph is current while the count is unchanged."""
 
 
 class EngineRunner:
@@ -137,10 +126,8 @@ class EngineRunner:
         self._out_shapes: list[list[Shape]] = [[] for _ in range(n_profiles)]
         self._selected: dict[tuple[Shape, ...], int] = {}
         self.use_cuda_graphs, self.max_graphs = use_cuda_graphs, max_graphs
-        self._graphs: collections.OrderedDict[tuple[int, tuple[Shape, ...]], _Graph] = collections.OrderedDict()
+        self._graphs = GraphCache(max_graphs)
         self.captures = 0
-        self.recaptures = 0
-        """Captures of a shape whose graph had gone stale (its context was set to another shape since)."""
         self._lock = threading.Lock()
         with torch.cuda.device(self.device):
             self._done = torch.cuda.Event()  # recorded after each call's work
@@ -214,23 +201,17 @@ class EngineRunner:
 
     def _replay(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         key = (index, shapes)
-        entry = self._graphs.get(key)
-        if entry is None or entry.binding != self._bindings[index]:
-            if entry is not None:
-                self.recaptures += 1
+        entry = self._graphs.current(key, self._bindings[index])
+        if entry is None:
             entry = self._capture(index, shapes, inputs)
-            self._graphs[key] = entry
-            self._graphs.move_to_end(key)
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
+            self._graphs.add(key, entry)
         else:
-            self._graphs.move_to_end(key)
             for static, t in zip(entry.inputs, inputs):
                 static.copy_(t)
         entry.graph.replay()
         return [o.clone() for o in entry.outputs]
 
-    def _capture(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> _Graph:
+    def _capture(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> CapturedGraph:
         static_inputs = [t.clone() for t in inputs]
         outputs = self._bind(index, shapes, static_inputs)
         current = torch.cuda.current_stream(self.device)
@@ -243,9 +224,14 @@ class EngineRunner:
                 self._execute(index, side.cuda_stream)
         current.wait_stream(side)
         self.captures += 1
-        return _Graph(graph, static_inputs, outputs, self._bindings[index])
+        return CapturedGraph(graph, static_inputs, outputs, self._bindings[index])
 
     @property
     def cached_graphs(self) -> list[tuple[Shape, ...]]:
         """Input shapes of the captured graphs kept now, least recently used first."""
-        return [shapes for _, shapes in self._graphs]
+        return [key[1] for key in self._graphs.kept()]  # type: ignore[index]
+
+    @property
+    def recaptures(self) -> int:
+        """Captures of a shape whose graph had gone stale (its context was set to another shape since)."""
+        return self._graphs.recaptures

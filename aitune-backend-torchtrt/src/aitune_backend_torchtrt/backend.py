@@ -389,7 +389,8 @@ def autocast_calibration(
             "none: no recorded call passes positional tensors only, which is what Torch-TensorRT's autocast "
             "calibrates on; its data-range rule kept no node in fp32, the check against eager guards it"
         )
-    loader = torch.utils.data.DataLoader(batches, batch_size=None)  # one recorded call per batch, as recorded
+    # a list is a map-style dataset; batch_size=None hands each recorded call over as it was recorded
+    loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(batches, batch_size=None)  # type: ignore[arg-type]
     shapes = [list(t.shape) for t in batches[0]]
     return {"autocast_calibration_dataloader": loader}, f"{len(batches)} recorded call(s) of shapes {shapes}"
 
