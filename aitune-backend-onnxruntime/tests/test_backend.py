@@ -444,6 +444,46 @@ def test_outputs_of_unnamed_shape_are_preallocated_after_the_first_call_of_a_sha
     assert out.shape == (96,) and float((out - want).abs().max()) < 1e-5
 
 
+def test_a_gpu_build_for_another_cuda_major_than_torch_is_named_in_the_listing(monkeypatch, tmp_path):
+    """PyPI's onnxruntime-gpu and torch may be built for different CUDA majors: the providers would
+    fail to load their CUDA libraries and fall back, so the probe says which build to install."""
+    assert (
+        plugin.cuda_major_of("package_name = 'onnxruntime-gpu'\n__version__ = '1.24.1'\ncuda_version = '13.0'\n") == 13
+    )
+    assert plugin.cuda_major_of("package_name = 'onnxruntime'\n__version__ = '1.24.1'\n") is None  # the CPU build
+    assert plugin.cuda_major_of("cuda_version = (") is None
+    assert plugin.cuda_mismatch("onnxruntime-gpu", "1.24.1", 12, "12.8") is None
+    assert plugin.cuda_mismatch("onnxruntime-gpu", "1.24.1", None, "13.0") is None
+    reason = plugin.cuda_mismatch("onnxruntime-gpu", "1.24.1", 13, "12.8")
+    assert "built for CUDA 13 and torch for CUDA 12" in reason and "build for CUDA 12" in reason
+    monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime-gpu", "1.24.1"))
+    monkeypatch.setattr(plugin, "runtime_cuda_major", lambda: 13)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert "built for CUDA 13 and torch for CUDA 12" in plugin.provider_unavailable("cuda")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(plugin, "tensorrt_library", lambda: ("libnvinfer.so.10", None))
+    assert plugin.provider_unavailable("cuda") is None and plugin.provider_unavailable("tensorrt") is None
+
+
+def test_the_cuda_major_is_read_from_the_installed_build_info_without_importing_it(monkeypatch, tmp_path):
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    package = tmp_path / "onnxruntime"
+    (package / "capi").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (package / "capi" / "build_and_package_info.py").write_text("cuda_version = '12.4'\n")
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: importlib.machinery.PathFinder.find_spec(name, [str(tmp_path)])
+    )
+    assert plugin.runtime_cuda_major() == 12
+    assert "onnxruntime" not in sys.modules or not str(getattr(sys.modules["onnxruntime"], "__file__", "")).startswith(
+        str(tmp_path)
+    )
+
+
 def test_the_gpu_extra_floor_is_the_one_the_probe_enforces():
     import importlib.metadata
 

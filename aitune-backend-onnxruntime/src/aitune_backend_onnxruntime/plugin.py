@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.metadata
 import importlib.util
@@ -54,6 +55,54 @@ def runtime_unavailable() -> str | None:
     return None
 
 
+def runtime_cuda_major() -> int | None:
+    """The CUDA major the installed ONNX Runtime is built for; None for a CPU build or when unknown.
+
+    Read from ``onnxruntime/capi/build_and_package_info.py`` as text (its ``cuda_version``), so
+    nothing of ONNX Runtime is imported or run.
+    """
+    try:
+        spec = importlib.util.find_spec("onnxruntime")  # a top-level package: found, not imported
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        info = Path(folder) / "capi" / "build_and_package_info.py"
+        if info.is_file():
+            return cuda_major_of(info.read_text(encoding="utf-8", errors="replace"))
+    return None
+
+
+def cuda_major_of(build_info: str) -> int | None:
+    """``cuda_version = '13.0'`` in ONNX Runtime's build info -> 13; None when absent or unreadable."""
+    try:
+        body = ast.parse(build_info).body
+    except SyntaxError:
+        return None
+    for node in body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "cuda_version" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            head = node.value.value.split(".")[0]
+            return int(head) if head.isdigit() else None
+    return None
+
+
+def cuda_mismatch(dist: str, version: str, ort_cuda: int | None, torch_cuda: str | None) -> str | None:
+    """Why an ONNX Runtime built for another CUDA major than torch cannot run its GPU providers here."""
+    torch_major = int(torch_cuda.split(".")[0]) if torch_cuda and torch_cuda.split(".")[0].isdigit() else None
+    if ort_cuda is None or torch_major is None or ort_cuda == torch_major:
+        return None
+    return (
+        f"{dist} {version} is built for CUDA {ort_cuda} and torch for CUDA {torch_major}: its CUDA provider "
+        f"needs CUDA {ort_cuda}'s libraries, which torch's install does not bring, and ONNX Runtime would fall "
+        f"back to the CPU; install the {dist} build for CUDA {torch_major} (onnxruntime.ai lists where each "
+        f"CUDA major's build is published) or a torch built for CUDA {ort_cuda}"
+    )
+
+
 def provider_unavailable(provider: str) -> str | None:
     """Why the execution provider ``"cpu"``, ``"cuda"`` or ``"tensorrt"`` cannot run here, or None."""
     reason = runtime_unavailable()
@@ -75,6 +124,8 @@ def provider_unavailable(provider: str) -> str | None:
         reasons.append(
             f"{dist} {version} is installed, but the GPU providers need >= {floor}: pip install -U '{dist}>={floor}'"
         )
+    else:
+        reasons.append(cuda_mismatch(dist, version, runtime_cuda_major(), torch.version.cuda) or "")
     if not reasons and provider == "tensorrt":
         reasons.append(tensorrt_library()[1] or "")
     return "; ".join(r for r in reasons if r) or None
