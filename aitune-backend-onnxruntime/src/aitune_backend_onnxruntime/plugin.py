@@ -124,8 +124,8 @@ def provider_unavailable(provider: str) -> str | None:
         reasons.append(
             f"{dist} {version} is installed, but the GPU providers need >= {floor}: pip install -U '{dist}>={floor}'"
         )
-    else:
-        reasons.append(cuda_mismatch(dist, version, runtime_cuda_major(), torch.version.cuda) or "")
+    elif mismatch := cuda_mismatch(dist, version, runtime_cuda_major(), torch.version.cuda):
+        reasons.append(mismatch)
     if not reasons and provider == "tensorrt":
         reasons.append(tensorrt_library()[1] or "")
     return "; ".join(r for r in reasons if r) or None
