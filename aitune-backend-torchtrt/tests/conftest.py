@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -57,3 +59,23 @@ def make_samples():
 @pytest.fixture(scope="session")
 def make_graph():
     return encoder_graph
+
+
+BASE_SETTINGS = (
+    "workspace_size", "min_block_size", "truncate_double", "require_full_compilation", "torch_executed_ops",
+    "sparse_weights", "hardware_compatible", "version_compatible", "disable_tf32", "optimization_level",
+)  # fmt: skip
+"""The compile settings every supported Torch-TensorRT release has, as far as aitune passes them."""
+
+
+def release_settings(*extra: str) -> type:
+    """A stand-in for a release's ``CompilationSettings`` dataclass: the base settings plus ``extra``.
+
+    aitune reads only the field names (``known_settings``), so every field defaults to None.
+    """
+    return dataclasses.make_dataclass("CompilationSettings", [(n, object, None) for n in (*BASE_SETTINGS, *extra)])
+
+
+@pytest.fixture(scope="session")
+def make_release_settings():
+    return release_settings

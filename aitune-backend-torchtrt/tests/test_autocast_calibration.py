@@ -91,29 +91,16 @@ class _Compiled(torch.nn.Module):
             self.add_module(name, torch.nn.Identity())
 
 
-def _fake_release(monkeypatch, children: list[str]) -> dict:
+def _fake_release(monkeypatch, make_release_settings, children: list[str]) -> dict:
     """A Torch-TensorRT 2.13 stand-in whose compile records its settings and returns ``children``."""
-    import dataclasses
     import sys
     from types import SimpleNamespace
 
     seen: dict = {}
 
-    @dataclasses.dataclass
-    class Settings:
-        enable_autocast: bool = False
-        autocast_low_precision_type: object = None
-        autocast_calibration_dataloader: object = None
-        disable_tf32: bool = False
-        min_block_size: int = 5
-        workspace_size: int = 0
-        truncate_double: bool = False
-        require_full_compilation: bool = False
-        torch_executed_ops: object = None
-        sparse_weights: bool = False
-        hardware_compatible: bool = False
-        version_compatible: bool = False
-        optimization_level: object = None
+    Settings = make_release_settings(
+        "enable_autocast", "autocast_low_precision_type", "autocast_calibration_dataloader"
+    )
 
     def compile(program, **kwargs):
         seen.update(kwargs)
@@ -139,8 +126,8 @@ def _compile(tmp_path: Path, samples: list[Sample]):
     return _compile_program(object(), fp16, context, calibration_batches(samples))  # type: ignore[arg-type]
 
 
-def test_the_compile_gets_the_recorded_calls_and_the_report_says_so(monkeypatch, tmp_path: Path):
-    seen = _fake_release(monkeypatch, ["_run_on_acc_0", "_run_on_gpu_0"])
+def test_the_compile_gets_the_recorded_calls_and_the_report_says_so(monkeypatch, make_release_settings, tmp_path):
+    seen = _fake_release(monkeypatch, make_release_settings, ["_run_on_acc_0", "_run_on_gpu_0"])
     _, facts = _compile(tmp_path, _samples(4, 4, 2))
     assert seen["enable_autocast"] is True and seen["autocast_low_precision_type"] is torch.float16
     assert len(list(seen["autocast_calibration_dataloader"])) == 2
@@ -148,9 +135,11 @@ def test_the_compile_gets_the_recorded_calls_and_the_report_says_so(monkeypatch,
     assert facts["tensorrt_subgraphs"] == 1 and facts["pytorch_subgraphs"] == 1
 
 
-def test_a_compile_that_left_every_node_in_pytorch_fails_instead_of_running_eager(monkeypatch, tmp_path: Path):
+def test_a_compile_that_left_every_node_in_pytorch_fails_instead_of_running_eager(
+    monkeypatch, make_release_settings, tmp_path: Path
+):
     from aitune.errors import BuildError
 
-    _fake_release(monkeypatch, ["_run_on_gpu_0"])
+    _fake_release(monkeypatch, make_release_settings, ["_run_on_gpu_0"])
     with pytest.raises(BuildError, match="converted no part of the graph to TensorRT"):
         _compile(tmp_path, _samples(4))

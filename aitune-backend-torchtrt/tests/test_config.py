@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -93,24 +92,13 @@ def test_from_2_13_the_removed_python_runtime_is_refused_by_name() -> None:
         to_torch_tensorrt_kwargs(config, "2.14.0")
 
 
-def test_settings_the_release_does_not_know_are_refused_not_swallowed() -> None:
+def test_settings_the_release_does_not_know_are_refused_not_swallowed(make_release_settings) -> None:
     from types import SimpleNamespace
 
     from aitune.errors import BuildError
     from aitune_backend_torchtrt.backend import compile_settings
 
-    @dataclasses.dataclass
-    class Settings:  # a 2.13-like release that lacks autocast
-        workspace_size: int = 0
-        min_block_size: int = 5
-        truncate_double: bool = False
-        require_full_compilation: bool = False
-        torch_executed_ops: object = None
-        sparse_weights: bool = False
-        hardware_compatible: bool = False
-        version_compatible: bool = False
-        disable_tf32: bool = False
-
+    Settings = make_release_settings()  # a 2.13-like release that lacks autocast
     release = SimpleNamespace(__version__="2.13.0", dynamo=SimpleNamespace(CompilationSettings=Settings))
     assert compile_settings(release, TorchTensorRTConfig())["disable_tf32"] is True
     with pytest.raises(
