@@ -169,11 +169,15 @@ class TensorRTBackend(Backend):
         with torch.cuda.device(context.device):  # TensorRT builds for the current CUDA device
             plan, engine_info = build_plan(onnx_path, profiles, names, config, cache)
             opt = [(name, triple[1]) for name, triple in zip(names, profiles[0].shapes)]
-            counts = layers.layer_precisions(layers.plan_information(plan, opt, config.version_compatible))
+            try:
+                counts = layers.layer_precisions(layers.plan_information(plan, opt, config.version_compatible))
+                unreported = "not reported by this TensorRT"
+            except Exception as exc:  # describing the plan is a check: TensorRT failing at it fails no build
+                counts, unreported = {}, f"not reported: the engine inspector failed ({type(exc).__name__}: {exc})"
         problem = layers.precision_problem(layers.requested_precision(config), counts)
         if problem:
             raise BuildError(problem)
-        engine_info["layer_precisions"] = counts or "not reported by this TensorRT"
+        engine_info["layer_precisions"] = counts or unreported
         if not engine_info["dynamic"]:
             profiles = profiles[:1]
         (Path(payload) / PLAN_FILE).write_bytes(plan)

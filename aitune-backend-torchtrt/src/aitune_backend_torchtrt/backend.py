@@ -346,8 +346,8 @@ def _compile_program(
         timing_cache_path=_timing_cache(context.cache_dir),
         **settings,
     )
-    children = [name for name, _ in compiled.named_children()]
-    engines = sum(c.startswith("_run_on_acc") for c in children)
+    children = list(compiled.named_children())
+    engines = sum(n.startswith("_run_on_acc") or "TensorRT" in type(c).__name__ for n, c in children)
     if engines == 0:
         raise BuildError(
             "Torch-TensorRT converted no part of the graph to TensorRT (every node runs in PyTorch), so the "
@@ -358,7 +358,7 @@ def _compile_program(
         "torch_tensorrt": str(torch_tensorrt.__version__),
         "dynamic_dims": _dims(context.graph),
         "tensorrt_subgraphs": engines,
-        "pytorch_subgraphs": sum(c.startswith("_run_on_gpu") for c in children),
+        "pytorch_subgraphs": sum(n.startswith("_run_on_gpu") for n, _ in children),
     }
 
 
