@@ -183,6 +183,16 @@ def test_autocast_fp16_engine_is_within_fp16_tolerance(tmp_path):
         report = validate(backend, module, samples, graph)
     assert report.passed, report.reason
     assert "fp16" in backend.build_info["precision"]
+    layers = backend.build_info["layer_precisions"]  # the engine inspector's own count, checked by the build
+    assert isinstance(layers, dict) and layers.get("fp16", 0) > 0, layers
+
+
+def test_an_fp32_engine_reports_no_fp16_layer(tmp_path):
+    from aitune_backend_tensorrt import TensorRTBackendConfig
+
+    backend, *_ = _build(TensorRTBackendConfig(tf32=False), tmp_path)
+    layers = backend.build_info["layer_precisions"]
+    assert isinstance(layers, dict) and layers.get("fp32", 0) > 0 and "fp16" not in layers, layers
 
 
 def test_int8_quantized_engine_calibrates_on_all_samples(tmp_path):

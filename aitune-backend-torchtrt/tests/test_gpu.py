@@ -105,5 +105,9 @@ def test_an_fp16_config_builds_an_fp16_engine_and_fp32_stays_fp32(tmp_path: Path
         backend.build(module, context)
         with torch.no_grad():
             errors[name] = float((backend.infer(*samples[1].args) - module(*samples[1].args)).abs().max())
+        assert backend.build_info["tensorrt_subgraphs"] >= 1
+        note = backend.build_info.get("autocast_calibration")
+        if name == "fp16" and note is not None:  # 2.13+: autocast measured the recorded calls
+            assert note.startswith(("1 recorded", "none: this Torch-TensorRT release")), note
     assert errors["fp32"] < 1e-4, f"fp32 without TF32: {errors}"
     assert errors["fp16"] > 1e-4, f"an fp16 engine rounds visibly more than fp32: {errors}"
