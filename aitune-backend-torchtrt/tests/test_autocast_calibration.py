@@ -84,6 +84,19 @@ def test_an_isolated_build_hands_its_worker_the_calls_in_safetensors(tmp_path: P
     )
 
 
+def test_a_call_recorded_twice_is_written_once_per_batch(tmp_path: Path):
+    """The same tensors passed twice share memory, which safetensors refuses: each batch is a copy."""
+    module = torch.nn.Linear(8, 8).eval()
+    x = torch.randn(4, 8)
+    samples = [Sample((x,)), Sample((x,))]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+    fp16 = TorchTensorRTAotBackendConfig(compile_config=TorchTensorRTConfig(enabled_precisions=("fp16",)))
+    context = BuildContext(graph, samples, torch.device("cuda"), tmp_path, tmp_path / "cache")
+    notes = TorchTensorRTAotBackend(fp16).export(module, context, tmp_path)
+    assert notes["calibration"]["batches"] == 2 and (tmp_path / CALIBRATION_FILE).is_file()
+
+
 class _Compiled(torch.nn.Module):
     def __init__(self, children: list[str]) -> None:
         super().__init__()

@@ -248,7 +248,8 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
         batches = calibration_batches(context.samples) if self.compile_config.lowest_precision != torch.float32 else []
         if batches:
             save_file(
-                {f"{i}.{j}": t.detach().contiguous() for i, b in enumerate(batches) for j, t in enumerate(b)},
+                # copies: a call recorded twice shares its tensors, which safetensors refuses to write
+                {f"{i}.{j}": t.detach().to("cpu", copy=True) for i, b in enumerate(batches) for j, t in enumerate(b)},
                 str(Path(directory) / CALIBRATION_FILE),
             )
             notes["calibration"] = {"file": CALIBRATION_FILE, "batches": len(batches), "tensors": len(batches[0])}
