@@ -199,29 +199,26 @@ def profile_runners(
             torch.cuda.synchronize(device)
         times: dict[str, list[float]] = {n: [] for n in names}
         rotation = 0
-        while True:
-            pending = [n for n in names if not stop.done(times[n])]
-            if not pending:
-                break
-            order = pending[rotation % len(pending) :] + pending[: rotation % len(pending)]
+
+        def one_round(among: list[str], capped: bool) -> None:
+            """One window per runner of ``among``, interleaved, starting one further each round."""
+            nonlocal rotation
+            order = among[rotation % len(among) :] + among[: rotation % len(among)]
             rotation += 1
             for name in order:
-                fn, prepare = runners[name], prepares[name]
                 for _ in range(stop.window):
-                    prepare()
-                    times[name].append(measure(fn, device))
-                    if len(times[name]) >= stop.max_steps:
+                    prepares[name]()
+                    times[name].append(measure(runners[name], device))
+                    if capped and len(times[name]) >= stop.max_steps:
                         break
+
+        while pending := [n for n in names if not stop.done(times[n])]:
+            one_round(pending, capped=True)
         deadline = time.perf_counter() + config.extend_s
         while config.extend_s > 0 and time.perf_counter() < deadline:
             if all(window_spread(times[n], stop.window) <= config.max_noise / 2 for n in names):
                 break
-            order = names[rotation % len(names) :] + names[: rotation % len(names)]
-            rotation += 1
-            for name in order:  # one more window each, still interleaved
-                for _ in range(stop.window):
-                    prepares[name]()
-                    times[name].append(measure(runners[name], device))
+            one_round(names, capped=False)  # one more window each, still interleaved
     return {n: summarize(times[n], batch_size, stop.window) for n in names}
 
 
