@@ -27,6 +27,8 @@ STATIC_LAYERS = frozenset({"StaticLayer", "StaticSlidingWindowLayer"})
 """Cache layers that preallocate their tensors and only ever update them in place."""
 LAYER_ATTRS = frozenset({"keys", "values", "cumulative_length"})
 """The tensors of a static layer; every other attribute is a JSON scalar or a device."""
+LAYER_TENSORS = tuple(sorted(LAYER_ATTRS))
+"""The order a layer's tensors are described (and flattened) in."""
 
 
 def is_cache(cls: type) -> bool:
@@ -40,20 +42,21 @@ PAIRED = ("self_attention_cache", "cross_attention_cache")
 encoder's outputs, each described as a cache of its own."""
 
 
+def _paired(obj: Any) -> bool:
+    """``obj`` is an encoder-decoder cache: two caches, no layers of its own."""
+    return not hasattr(obj, "layers") and all(hasattr(obj, a) for a in PAIRED)
+
+
 def is_state(obj: Any) -> bool:
     """``obj`` is a transformers cache object (static or not): :func:`describe` decides whether it can be described."""
-    return (
-        not isinstance(obj, type)
-        and is_cache(type(obj))
-        and (hasattr(obj, "layers") or all(hasattr(obj, a) for a in PAIRED))
-    )
+    return not isinstance(obj, type) and is_cache(type(obj)) and (hasattr(obj, "layers") or _paired(obj))
 
 
 def describe(obj: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     """The plain attributes of a static cache and its children (``layers``), or an
     :class:`UnsupportedValueError` saying why the cache cannot be run by a backend."""
     name = type(obj).__name__
-    if not hasattr(obj, "layers") and all(hasattr(obj, a) for a in PAIRED):
+    if _paired(obj):
         return _plain(obj, path, exclude=set(PAIRED)), [(a, getattr(obj, a)) for a in PAIRED]
     layers = getattr(obj, "layers", None)
     if not isinstance(layers, list) or not layers:
@@ -76,10 +79,10 @@ def describe(obj: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]
 
 def layer_parts(layer: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     """The plain attributes of one static layer and its tensors, in a fixed order."""
-    missing = [a for a in sorted(LAYER_ATTRS) if not isinstance(getattr(layer, a, None), torch.Tensor)]
+    missing = [a for a in LAYER_TENSORS if not isinstance(getattr(layer, a, None), torch.Tensor)]
     if missing:
         raise UnsupportedValueError(f"the cache layer at {path} has no tensor {missing[0]!r}")
-    return _plain(layer, path, exclude=LAYER_ATTRS), [(a, getattr(layer, a)) for a in sorted(LAYER_ATTRS)]
+    return _plain(layer, path, exclude=LAYER_ATTRS), [(a, getattr(layer, a)) for a in LAYER_TENSORS]
 
 
 def _plain(obj: Any, path: str, exclude: frozenset[str] | set[str]) -> dict[str, Any]:
@@ -129,9 +132,9 @@ def bare(cls: type, attrs: dict[str, Any]) -> Any:
 def key_of(obj: Any, leaves: list[torch.Tensor]) -> Any:
     """A hashable key of a static cache's form (its attributes, its tensors' dtype and rank);
     appends its tensors to ``leaves`` in :func:`describe`'s order. Not a valid cache: identity."""
-    if not hasattr(obj, "layers") and all(hasattr(obj, a) for a in PAIRED):
+    if _paired(obj):
         both: list[torch.Tensor] = []
-        flags = repr(sorted(getattr(obj, "is_updated", {}).items()))
+        flags = tuple(sorted(getattr(obj, "is_updated", {}).items()))
         paired = (type(obj), flags, *(key_of(getattr(obj, a), both) for a in PAIRED))
         leaves.extend(both)
         return paired
@@ -143,7 +146,7 @@ def key_of(obj: Any, leaves: list[torch.Tensor]) -> Any:
         parts: list[Any] = [type(obj), tuple(sorted((k, v) for k, v in vars(obj).items() if k != "layers"))]
         for layer in layers:
             plain = tuple(sorted((k, v) for k, v in vars(layer).items() if k not in LAYER_ATTRS))
-            tensors = [getattr(layer, a) for a in sorted(LAYER_ATTRS)]
+            tensors = [getattr(layer, a) for a in LAYER_TENSORS]
             parts.append((type(layer), plain, tuple((t.dtype, t.dim(), t.device.type) for t in tensors)))
             found.extend(tensors)
         key = tuple(parts)
