@@ -613,9 +613,10 @@ def refit_plan(model: Path, weights: Mapping[str, torch.Tensor]) -> dict[str, tu
     by_shape: dict[tuple[int, ...], list[tuple[str, torch.Tensor, bool]]] = collections.defaultdict(list)
     for key, tensor in weights.items():
         if tensor.dtype in _NUMPY_DTYPES and tensor.device.type != "meta":
-            by_shape[tuple(tensor.shape)].append((key, tensor, False))
-            if tensor.dim() == 2:
-                by_shape[tuple(tensor.t().shape)].append((key, tensor, True))
+            host = tensor.detach().cpu()  # once per weight, however many initializers it is compared with
+            by_shape[tuple(host.shape)].append((key, host, False))
+            if host.dim() == 2:
+                by_shape[tuple(host.t().shape)].append((key, host.t(), True))
     plan: dict[str, tuple[str, bool]] = {}
     for init in onnx.load(str(model), load_external_data=False).graph.initializer:
         key = init.name.removeprefix("module.")
@@ -626,9 +627,7 @@ def refit_plan(model: Path, weights: Mapping[str, torch.Tensor]) -> dict[str, tu
         if not candidates or init.data_location == onnx.TensorProto.EXTERNAL:
             continue  # an external-data tensor is not read here: only its name can map it
         value = torch.from_numpy(numpy_helper.to_array(init).copy())
-        found = {
-            (k, t) for k, tensor, t in candidates if torch.equal((tensor.t() if t else tensor).detach().cpu(), value)
-        }
+        found = {(k, t) for k, host, t in candidates if torch.equal(host, value)}
         if len({k for k, _ in found}) == 1:
             plan[init.name] = next(iter(found))
     return plan
