@@ -17,6 +17,8 @@ from aitune.testing import assert_matches_eager
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
+pytestmark = pytest.mark.busy  # tuned on a busy machine: no test here may need to win a timing race
+
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
 
 

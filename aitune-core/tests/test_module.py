@@ -16,6 +16,8 @@ from aitune.testing import assert_matches_eager
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
+pytestmark = pytest.mark.busy  # tuned on a busy machine: no test here may need to win a timing race
+
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
 
 
@@ -186,7 +188,8 @@ def test_report_json_round_trip_and_log_line(toy_backends, tmp_path, caplog):
     assert again.modules[0].graphs[0].candidates[0].validation.passed
     assert report.environment["torch"] == torch.__version__
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: toy, "))
-    assert "] eager at batch" in line and "(p50" in line and "max rel err" in line
+    measured = "] eager at batch" in line or "not measured: noise ±" in line  # timing decides which
+    assert measured and "(p50" in line and "max rel err" in line, line
     steps = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("encoder: build toy done in") for m in steps), "every step is logged"
     assert any(m.startswith("encoder: profile torch_eager, toy at batch") for m in steps)

@@ -16,6 +16,8 @@ from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, Profiling
 
 FAST = ToyConfig(speed=0.0)
 SLOW = ToyConfig(speed=2.0)
+pytestmark = pytest.mark.busy  # tuned on a busy machine: no test here may need to win a timing race
+
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5))
 
 
@@ -228,13 +230,31 @@ def test_min_latency_always_profiles_at_batch_one(toy_backends):
     assert graph.decision == "toy"
 
 
-def test_latency_budget_picks_the_best_batch_within_budget(toy_backends):
-    # latency = 1 ms + 0.25 ms per row, so throughput grows with the batch and the budget bites
-    module = SlowModule(delay_s=0.001, per_row_s=0.00025)
+def _per_row_clock(fixed_ms: dict[str, float], per_row_ms: dict[str, float]):
+    """Like :func:`_clock`, with latencies that grow with the batch: ``fixed + per_row * batch``."""
+    from aitune import hookimpl
+    from aitune.profiling import summarize
+
+    class Clock:
+        @hookimpl
+        def aitune_profile(self, runners, batch_size, config, device):
+            def latency(name: str) -> float:
+                backend = name.split("#")[0]
+                return fixed_ms[backend] + per_row_ms[backend] * batch_size
+
+            return {name: summarize([latency(name)] * 4, batch_size, 1) for name in runners}
+
+    return Clock()
+
+
+def test_latency_budget_picks_the_best_batch_within_budget(toy_backends, register_plugin):
+    # eager: 1 ms + 0.25 ms per row, the candidate half that, so throughput grows with the batch and
+    # the budget bites; scripted, so a busy machine cannot move a batch across the budget
+    register_plugin(_per_row_clock({"torch_eager": 1.0, "toy": 0.5}, {"torch_eager": 0.25, "toy": 0.125}))
     strategy = ait.LatencyBudgetStrategy(
         latency_budget_ms=2.0, backends=[ToyBackend(ToyConfig(speed=0.5))], profiling_config=QUICK
     )
-    model = ait.Module(module.eval(), "budget", strategy=strategy)
+    model = ait.Module(SlowModule(delay_s=0.001, per_row_s=0.00025).eval(), "budget", strategy=strategy)
     report = ait.tune(model, data(1, 2), batch_sizes=[1, 2, 4, 8, 16])
     graph = graph_report(report)
     chosen = graph.candidates[0]

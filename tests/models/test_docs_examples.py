@@ -25,13 +25,15 @@ def test_the_page_has_every_example():
 
 
 class QuickMaxThroughput(ait.MaxThroughputStrategy):
-    """The examples' strategy with short measurements (the code runs as written, only timed less)."""
+    """The examples' strategy with short measurements and no eager gate (the code runs as written,
+    only timed less, and its tuned backend serves whatever else the machine is doing)."""
 
     def __init__(self, backends=None, profiling_config=None, **kwargs):
         quick = ProfilingConfig(
             measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5)
         )
         super().__init__(backends, profiling_config or quick, **kwargs)
+        self.enable_performance_validation(False)  # the tuned backend serves, whoever wins on a busy machine
 
 
 @pytest.mark.parametrize("index", range(len(EXAMPLES)), ids=["transformers", "generate", "diffusers"][: len(EXAMPLES)])

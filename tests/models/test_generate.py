@@ -14,6 +14,7 @@ import torch
 import aitune.torch as ait
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.busy  # tokens and routes must not depend on a timing race
 
 NEW_TOKENS = 6
 
@@ -70,7 +71,9 @@ def test_greedy_generate_with_a_static_cache(flow, build, tmp_path):
     unseen = torch.randint(1, 100, (1, 8), generator=g)  # new tokens, the prompt length tuned for
     with torch.no_grad():
         expected = [generate(model, ids) for ids in [*recorded, unseen]]
-    ait.wrap(model, [body], strategy=flow.strategy("torch_inductor_jit", "onnxruntime"))
+    # the gate off: the decode step is tuned whichever wins the timing race on a busy machine
+    strategy = flow.strategy("torch_inductor_jit", "onnxruntime").enable_performance_validation(False)
+    ait.wrap(model, [body], strategy=strategy)
     report = ait.tune(lambda ids: generate(model, ids), recorded)
 
     graphs = report.modules[0].graphs
@@ -133,7 +136,8 @@ def test_whisper_generate_tunes_its_encoder_and_its_decode_step(flow):
 
     with torch.no_grad():
         expected = [transcribe(f) for f in features]
-    ait.wrap(model, ["model.encoder", "model.decoder"], strategy=flow.strategy("torch_inductor_jit", "onnxruntime"))
+    strategy = flow.strategy("torch_inductor_jit", "onnxruntime").enable_performance_validation(False)
+    ait.wrap(model, ["model.encoder", "model.decoder"], strategy=strategy)
     report = ait.tune(transcribe, features[:2])
     decisions = {m.name: [g.decision for g in m.graphs] for m in report.modules}
     assert decisions["model.encoder"] != ["torch_eager"], decisions

@@ -8,14 +8,38 @@ library must not change the test suites of the projects installed next to it.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+_SPIN = """
+import os, sys
+parent = os.getppid()
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {int(sys.argv[1])})
+while os.getppid() == parent:  # ends by itself when the test process is gone
+    for _ in range(1_000_000):
+        pass
+"""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--busy-core",
+        action="store_true",
+        help="run every test with one core kept busy by another process (as tests marked busy always run)",
+    )
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU with CUDA (skipped visibly without one)")
+    config.addinivalue_line(
+        "markers", "busy: runs with one core kept busy by another process, so a timing dependence fails at once"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -29,6 +53,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def busy_core() -> Iterator[int]:
+    """Another process spinning on one of this process's cores for the test's duration, as on a
+    shared laptop or CI runner; yields the core's number. A test that needs a candidate to win a
+    timing race fails under it, which is the point: decide with a scripted clock or the gate off."""
+    core = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    spinner = subprocess.Popen([sys.executable, "-c", _SPIN, str(core)])
+    try:
+        yield core
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+@pytest.fixture(autouse=True)
+def _busy_when_asked(request: pytest.FixtureRequest) -> None:
+    """Tests marked ``busy`` (every test under ``--busy-core``) get :func:`busy_core`."""
+    if request.node.get_closest_marker("busy") or request.config.getoption("--busy-core"):
+        request.getfixturevalue("busy_core")
 
 
 @pytest.fixture
