@@ -66,6 +66,10 @@ class TensorRTBackend(Backend):
             return Tolerance(atol=1e-4, rtol=5e-3, min_cosine=0.9999)  # TF32 keeps 10 mantissa bits
         return None
 
+    def computes_tf32(self) -> bool:
+        """``tf32`` leaves TensorRT's TF32 builder flag on (its default); False clears it."""
+        return self.config.tf32
+
     # -- build ----------------------------------------------------------------------------------
     #
     # A build is three steps, the same in-process and isolated: ``export`` (ONNX, then AutoCast or
