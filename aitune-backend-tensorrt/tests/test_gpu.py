@@ -186,6 +186,18 @@ def test_autocast_fp16_engine_is_within_fp16_tolerance(tmp_path):
     assert isinstance(layers, dict) and layers.get("fp16", 0) > 0, layers
 
 
+def test_an_fp16_engine_with_two_profiles_passes_the_check_in_each(tmp_path):
+    pytest.importorskip("modelopt.onnx.autocast")
+    from aitune_backend_tensorrt import ONNXAutoCastConfig, TensorRTBackendConfig, TensorRTProfile
+
+    profiles = [TensorRTProfile(shapes={"x": ((b, 3, 16, 16),) * 3}) for b in (2, 8)]
+    config = TensorRTBackendConfig(quantization_config=ONNXAutoCastConfig(low_precision_type="fp16"), profiles=profiles)
+    backend, module, samples, graph = _build(config, tmp_path, batches=(2, 8))
+    assert backend.build_info["layer_precisions"].get("fp16", 0) > 0
+    with torch.no_grad():
+        assert validate(backend, module, samples, graph).passed
+
+
 def test_an_fp32_engine_reports_no_fp16_layer(tmp_path):
     from aitune_backend_tensorrt import TensorRTBackendConfig
 
