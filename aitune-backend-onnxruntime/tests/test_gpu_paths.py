@@ -359,3 +359,35 @@ def test_a_refit_under_the_tensorrt_provider_serves_the_new_weights(tmp_path):
         assert backend.refit(dict(module.state_dict()))
         x = torch.randn(4, 16, device=cuda)
         assert float((backend.infer(x) - module(x)).abs().max()) < 1e-2, "the engine of the old weights was reused"
+
+
+# -- TensorRT 11 (aitune-backend-tensorrt's extras) and the provider's TensorRT 10 ------------------
+
+
+def test_tensorrt_11_beside_the_tensorrt_provider_is_refused_with_the_fix(monkeypatch):
+    from aitune_backend_onnxruntime import plugin
+
+    conflict = plugin.tensorrt_conflict(("tensorrt-cu12", "11.4.0.106"), "12")
+    assert "TensorRT 11" in conflict and "built against TensorRT 10 (libnvinfer.so.10)" in conflict
+    assert "pip install 'tensorrt-cu12>=10,<11' 'tensorrt-cu12-libs>=10,<11'" in conflict
+    assert plugin.tensorrt_conflict(("tensorrt-cu13-libs", "10.13.3.9"), "13") is None
+    assert plugin.tensorrt_conflict(None, "13") is None
+
+    monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime-gpu", "1.32.0"))
+    monkeypatch.setattr(plugin, "runtime_cuda_major", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(plugin, "tensorrt_library", lambda: ("libnvinfer.so.10", None))
+    monkeypatch.setattr(plugin, "installed_tensorrt", lambda: ("tensorrt-cu13", "11.4.0.106"))
+    reason = plugin.provider_unavailable("tensorrt")
+    assert reason and "tensorrt-cu13>=10,<11" in reason, "refused even where a stray libnvinfer.so.10 loads"
+    assert plugin.provider_unavailable("cuda") is None, "the CUDA provider needs no TensorRT"
+    monkeypatch.setattr(plugin, "installed_tensorrt", lambda: ("tensorrt-cu13", "10.16.0.72"))
+    assert plugin.provider_unavailable("tensorrt") is None
+
+
+def test_the_backend_description_names_the_tensorrt_major_of_the_provider():
+    from aitune.plugins import get_manager
+
+    spec = get_manager().registry.spec("onnxruntime")
+    assert "the TensorRT provider needs TensorRT 10" in spec.description
