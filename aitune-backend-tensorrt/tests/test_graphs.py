@@ -108,6 +108,7 @@ def _runner(monkeypatch, log: list[str]) -> EngineRunner:
     runner._engine_out_dtypes = [torch.float32]
     runner._graphs = GraphCache(8)
     runner.captures = 0
+    runner._slots, runner._claimed = [Slot(create_execution_context())], set()  # the profile's own, made at load
     return runner
 
 
@@ -140,7 +141,8 @@ def test_shapes_alternating_within_one_profile_keep_their_graphs(monkeypatch):
 def test_when_tensorrt_cannot_create_a_context_the_oldest_graph_makes_room(monkeypatch):
     log: list[str] = []
     runner = _runner(monkeypatch, log)
-    runner._replay(0, ((2, 3),), [torch.zeros(2, 3)])
+    runner._replay(0, ((2, 3),), [torch.zeros(2, 3)])  # on the profile's own context
+    runner._replay(0, ((3, 3),), [torch.zeros(3, 3)])
     create = runner.engine.create_execution_context
     calls = []
 
@@ -150,7 +152,7 @@ def test_when_tensorrt_cannot_create_a_context_the_oldest_graph_makes_room(monke
 
     runner.engine.create_execution_context = out_of_memory_once
     runner._replay(0, ((4, 3),), [torch.zeros(4, 3)])
-    assert runner.cached_graphs == [((4, 3),)], "the (2, 3) graph was dropped for the new context's memory"
+    assert runner.cached_graphs == [((3, 3),), ((4, 3),)], "the oldest graph was dropped for the new context"
 
 
 def test_the_backend_declares_tf32_as_configured():

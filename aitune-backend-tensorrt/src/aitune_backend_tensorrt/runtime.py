@@ -112,6 +112,8 @@ class EngineRunner:
         if any(c is None for c in contexts):
             raise BuildError("TensorRT could not create an execution context (out of GPU memory?)")
         self._slots = [Slot(c) for c in contexts]
+        self._claimed: set[int] = set()
+        """Profiles whose own context a graph has taken (with graphs on, calls use no other)."""
         self._selected: dict[tuple[Shape, ...], int] = {}
         self.use_cuda_graphs, self.max_graphs = use_cuda_graphs, max_graphs
         self._graphs = GraphCache(max_graphs)
@@ -216,7 +218,11 @@ class EngineRunner:
         return [o.clone() for o in entry.outputs]
 
     def _graph_slot(self, index: int) -> Slot:
-        """A new context on profile ``index`` for one graph, dropping kept graphs while TensorRT cannot allocate it."""
+        """A context on profile ``index`` for one graph: the profile's own the first time, then a new
+        one, dropping kept graphs while TensorRT cannot allocate it."""
+        if index not in self._claimed:
+            self._claimed.add(index)
+            return self._slots[index]
         context = self._create_context(index)
         while context is None and self._graphs.kept():
             torch.cuda.current_stream(self.device).synchronize()
