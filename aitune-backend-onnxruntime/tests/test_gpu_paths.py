@@ -172,6 +172,7 @@ def test_a_session_that_puts_compute_on_the_cpu_fails_with_the_nodes_named(gpu_r
     backend = ONNXRuntimeBackend()
     _open(backend, conv_model, tmp_path)
     assert backend._session is gpu_runtime.opened[-1] and not backend._profiling
+    assert "graph assignment" in backend.build_info["placement"]
 
 
 def test_before_1_24_the_first_run_at_build_is_profiled_and_read(gpu_runtime, monkeypatch, conv_model, tmp_path):
@@ -327,6 +328,7 @@ def test_a_dynamic_reshape_export_builds_on_the_gpu_and_matches_eager(tmp_path, 
     samples = [Sample((torch.randn(b, 3, 8, 8, device=cuda),)) for b in (2, 6)]
     backend, graph = _gpu_build(tmp_path, module, samples, provider)
     assert backend.build_info["session_providers"][0] == provider.ort_name
+    assert backend.build_info["placement"].startswith("no compute node on the CPU")
     with torch.no_grad():
         assert validate(backend, module, samples, graph).passed
 

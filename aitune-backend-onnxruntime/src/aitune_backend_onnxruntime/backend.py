@@ -367,6 +367,7 @@ class ONNXRuntimeBackend(Backend):
             )
             if error:
                 raise BuildError(error)
+            self.build_info["placement"] = "no compute node on the CPU (the session's graph assignment)"
         self._profiling = profiling
         self._session = session
         self._graph = graph
@@ -392,6 +393,7 @@ class ONNXRuntimeBackend(Backend):
         error = fallback_error(read_profile(path), self._provider.ort_name, "in the profile of the first run")
         if error:
             raise BuildError(error)
+        self.build_info["placement"] = "no compute node on the CPU (the profile of the first run)"
 
     # -- run ------------------------------------------------------------------------------------
 
