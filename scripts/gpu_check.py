@@ -30,14 +30,16 @@ not a failure.
 
 The script itself imports neither torch nor aitune: it runs every step in the environment's
 Python, so nothing it installs can change under it. Exit status: 0 when the tests passed and every
-backend the machine has built, matched eager and loaded; 1 otherwise (a wrong output, a load
-error, a wrong output after loading, a precision other than asked for, a silent fallback); 2
-without a CUDA GPU. ``scripts/README.md`` shows the table's layout.
+planned row (``planned_rows``) exists and its backend, if the machine has it, built, matched eager
+and loaded; 1 otherwise (a row missing after a tune that ran out of time or crashed, a wrong output,
+a load error, a wrong output after loading, a precision other than asked for, a silent fallback);
+2 without a CUDA GPU. ``scripts/README.md`` shows the table's layout.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -45,6 +47,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +131,9 @@ def install_wheelhouse(wheelhouse: Path) -> Path:
         raise SystemExit(
             f"no wheels in {wheelhouse}: run scripts/gpu_wheelhouse.sh {wheelhouse} on a networked machine"
         )
+    wheels, kept = wheels_to_install(wheels, lambda module: importlib.util.find_spec(module) is not None)
+    for name in kept:
+        print(f"{name}: the image's own (its wheel is left out)", flush=True)
     target = Path(tempfile.mkdtemp(prefix="aitune-gpu-wheelhouse-"))
     cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet", "--target", str(target)]
     if run([*cmd, *(str(w) for w in wheels)], max(left(), 60)) != 0:
@@ -138,6 +144,28 @@ def install_wheelhouse(wheelhouse: Path) -> Path:
     if run([sys.executable, "-c", where], 120) != 0:
         raise SystemExit("aitune does not import from the wheelhouse (the error is above)")
     return target
+
+
+IMAGE_OPTIONAL = {"numpy": "numpy", "onnx": "onnx", "protobuf": "google.protobuf"}
+"""Distributions the wheelhouse carries for an image that lacks them (distribution -> module): put
+on ``PYTHONPATH`` beside an image's own numpy they would shadow the one torch was built with."""
+
+
+def wheel_distribution(wheel: Path) -> str:
+    """``onnx_ir-1.1.0-py3-none-any.whl`` -> ``onnx-ir`` (a wheel's file name starts with its normalised name)."""
+    return wheel.name.split("-")[0].lower().replace("_", "-")
+
+
+def wheels_to_install(wheels: list[Path], present: Callable[[str], bool]) -> tuple[list[Path], list[str]]:
+    """The wheels to install, and the optional distributions left out because the image has them."""
+    install, kept = [], []
+    for wheel in wheels:
+        name = wheel_distribution(wheel)
+        if name in IMAGE_OPTIONAL and present(IMAGE_OPTIONAL[name]):
+            kept.append(name)
+        else:
+            install.append(wheel)
+    return install, kept
 
 
 def venv_python(venv: Path) -> str:
@@ -274,6 +302,31 @@ NOT_INSTALLED = "not installed here"
 MODEL_BACKENDS = {"cnn bf16": ("inductor aot", "inductor", "inductor cudagraphs")}
 """Models tuned with some backends only (the rest: all). bf16 is Inductor's to show; the others
 lower precision their own way, and the time goes to the fp32 models' rows."""
+MODELS = ("cnn", "cnn bf16", "encoder")
+"""The models of :func:`models`, in order."""
+BACKEND_LABELS = (
+    "inductor aot", "torchao int8wo", "torchao fp8wo", "tensorrt fp16+graphs", "torch_tensorrt_jit",
+    "torch_tensorrt_aot", "ort cuda", "ort tensorrt", "torchao int8dq", "inductor", "inductor cudagraphs",
+)  # fmt: skip
+"""The rows of :func:`backends`, in order; ``torchao fp8wo`` on Hopper and later only."""
+HOPPER_ONLY = ("torchao fp8wo",)
+
+
+def planned_rows(capability: list[int] | None) -> list[tuple[str, str]]:
+    """(model, backend) of every row the check must print for a GPU of this compute capability."""
+    hopper = capability is not None and tuple(capability) >= (9, 0)
+    labels = [label for label in BACKEND_LABELS if hopper or label not in HOPPER_ONLY]
+    return [(m, label) for m in MODELS for label in labels if label in MODEL_BACKENDS.get(m, (label,))]
+
+
+def missing_rows(rows: list[dict[str, Any]], planned: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """A row for each planned pair the tune never wrote (it ran out of time or crashed first)."""
+    have = {(r.get("model"), r.get("backend")) for r in rows}
+    return [
+        {"model": m, "backend": b, "build": "missing: the tune ended before this row"}
+        for m, b in planned
+        if (m, b) not in have
+    ]
 
 
 LOWERED = {"tensorrt fp16+graphs": "fp16", "torchao int8wo": "int8", "torchao fp8wo": "fp8", "torchao int8dq": "int8"}
@@ -539,6 +592,8 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="aitune-gpu-check-"))
     results = {} if args.skip_tests else tests(python, workdir)
     rows = [] if args.skip_tune else tune_and_load(python, workdir)
+    if not args.skip_tune:
+        rows += missing_rows(rows, planned_rows(facts["cc"]))
 
     print("\n## GPU check\n")
     print(f"{facts['gpu']}, torch {facts['torch']}, CUDA {facts['cuda']}; logs in {workdir}\n")
@@ -554,8 +609,8 @@ def main() -> int:
 
 
 def failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows that fail the check: not built (a runtime the machine lacks excepted), a silent fallback,
-    a precision other than asked for, a wrong output, a load error or a wrong output after loading."""
+    """Rows that fail the check: not built or missing (a runtime the machine lacks excepted), a silent
+    fallback, a precision other than asked for, a wrong output, a load error or a wrong output after loading."""
     bad = []
     for row in rows:
         build, load = str(row.get("build", "")), str(row.get("load", "-"))

@@ -14,12 +14,14 @@ python3 -m pip wheel --quiet --no-deps --wheel-dir "$dir" \
   ./aitune-core ./aitune-backend-inductor ./aitune-backend-torchao ./aitune-backend-onnxruntime \
   ./aitune-backend-tensorrt ./aitune-backend-torchtrt
 # what torch's image does not bring: the plugin system, configs, the CLI's terminal, safetensors,
-# torchao; torch, triton, numpy, onnx and typing_extensions are the image's own
+# torchao, ONNX export; and numpy, onnx and protobuf, which some torch images have and some lack:
+# gpu_check.py installs those three only where the image cannot import them (torch, triton and
+# typing_extensions are always the image's own)
 python3 -m pip download --quiet --no-deps --dest "$dir" --only-binary=:all: \
   --python-version "$py" --implementation cp --abi "cp${py/./}" --abi abi3 --abi none \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
   pluggy attrs cattrs packaging rich markdown-it-py mdurl pygments typer click shellingham safetensors torchao \
-  onnxscript onnx-ir ml_dtypes
+  onnxscript onnx-ir ml_dtypes numpy onnx protobuf
 du -sh "$dir"
 size=$(du -sm "$dir" | cut -f1)
 if [ "$size" -gt 60 ]; then

@@ -153,3 +153,35 @@ def test_rows_the_machine_cannot_run_do_not_fail_the_check_but_wrong_outputs_do(
         {**ok, "build": "silent fallback: no TensorRT engine in the compiled module"},
     ]
     assert check.failures(rows) == rows[2:]
+
+
+def test_a_tune_that_ended_early_leaves_missing_rows_that_fail_the_check(check):
+    """A tune that timed out or crashed wrote a partial table: every planned row must exist."""
+    planned = check.planned_rows([8, 0])
+    assert ("cnn", "ort tensorrt") in planned and ("encoder", "tensorrt fp16+graphs") in planned
+    assert ("cnn bf16", "ort cuda") not in planned, "bf16 is Inductor's rows only"
+    assert not any(b == "torchao fp8wo" for _, b in planned) and ("cnn", "torchao fp8wo") in check.planned_rows([9, 0])
+    written = [{"model": "cnn", "backend": "inductor aot", "build": "2.0s", "correct": "ok", "load": "0.1s"}]
+    missing = check.missing_rows(written, planned)
+    assert len(missing) == len(planned) - 1 and all(r["build"].startswith("missing") for r in missing)
+    assert check.failures(missing) == missing
+    assert check.missing_rows([{"model": m, "backend": b} for m, b in planned], planned) == []
+
+
+def test_the_planned_rows_are_the_rows_the_tune_makes(check):
+    pytest.importorskip("aitune.torch")
+    labels = [label for label, _ in check.backends()]  # on CPU: no Hopper, so no fp8 row
+    assert labels == [b for b in check.BACKEND_LABELS if b not in check.HOPPER_ONLY]
+
+
+def test_numpy_onnx_and_protobuf_come_from_the_wheelhouse_only_where_the_image_lacks_them(check, tmp_path):
+    wheels = [tmp_path / n for n in ("numpy-2.3.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+              "onnx-1.19.0-cp312-cp312-manylinux_2_17_x86_64.whl", "onnx_ir-0.1.10-py3-none-any.whl",
+              "protobuf-6.31.1-cp39-abi3-manylinux2014_x86_64.whl", "torchao-0.18.0-py3-none-any.whl")]  # fmt: skip
+    install, kept = check.wheels_to_install(wheels, lambda module: module in {"numpy", "google.protobuf"})
+    assert kept == ["numpy", "protobuf"], "never shadow the numpy torch was built with"
+    assert [check.wheel_distribution(w) for w in install] == ["onnx", "onnx-ir", "torchao"]
+    install, kept = check.wheels_to_install(wheels, lambda module: False)
+    assert install == wheels and kept == []
+    script = (ROOT / "scripts" / "gpu_wheelhouse.sh").read_text()
+    assert "onnx-ir ml_dtypes numpy onnx protobuf" in script

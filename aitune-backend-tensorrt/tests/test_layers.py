@@ -11,9 +11,11 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from aitune_backend_tensorrt.config import ModelOptQuantizationConfig, ONNXAutoCastConfig, TensorRTBackendConfig
 from aitune_backend_tensorrt.layers import (
+    MIN_SHARE,
     format_precision,
     layer_precisions,
     plan_information,
@@ -68,19 +70,54 @@ def test_an_engine_without_detailed_layer_information_gives_no_counts():
     names_only = json.dumps({"Layers": ["conv1 + relu1", "fc"], "Bindings": ["x", "y"]})
     assert layer_precisions(names_only) == {}
     assert layer_precisions("") == {}
-    assert precision_problem("fp16", {}) is None  # nothing to judge by: the bound against eager still applies
+    assert precision_problem(None, [names_only]) is None, "nothing asked: nothing to check"
+    problem = precision_problem("fp16", [names_only])
+    assert problem and "cannot be checked" in problem and "no layer formats" in problem
+
+
+def test_an_inspector_that_fails_fails_a_build_that_asked_for_a_lower_precision():
+    problem = precision_problem("int8", [], "the engine inspector failed (RuntimeError: boom)")
+    assert problem and "cannot be checked: the engine inspector failed (RuntimeError: boom)" in problem
+    assert precision_problem(None, [], "the engine inspector failed") is None
 
 
 def test_an_fp16_request_that_built_fp32_fails_and_says_what_it_got():
-    problem = precision_problem("fp16", layer_precisions(FP32_ENGINE))
+    problem = precision_problem("fp16", [FP32_ENGINE])
     assert problem is not None
-    assert "asked for fp16" in problem and "{'fp32': 2}" in problem and "quantization_config" in problem
+    assert "asked for fp16" in problem and "only 0 of its 2 compute layers" in problem
+    assert "{'fp32': 2}" in problem and "quantization_config" in problem
 
 
 def test_a_request_honoured_or_no_request_passes():
     half = _engine(_layer("CaskConvolution", ["Half"], ["Half"]))
-    assert precision_problem("fp16", layer_precisions(half)) is None
-    assert precision_problem(None, layer_precisions(FP32_ENGINE)) is None
+    assert precision_problem("fp16", [half]) is None
+    assert precision_problem(None, [FP32_ENGINE]) is None
+
+
+def test_one_cast_in_the_requested_precision_does_not_make_an_fp16_engine():
+    cast_only = _engine(
+        _layer("Cast", ["Float"], ["Half"]),
+        _layer("CaskConvolution", ["Float"], ["Float"]),
+        _layer("CaskGemmMatrixMultiply", ["Float"], ["Float"]),
+        _layer("kgen", ["Float"], ["Float"]) | {"Name": "__myl_MhaSoftmax_myl0_3"},
+    )
+    problem = precision_problem("fp16", [cast_only])
+    assert problem and "only 0 of its 3 compute layers" in problem, "the Cast layer is not compute"
+    mostly = _engine(
+        _layer("CaskConvolution", ["Half"], ["Half"]),
+        _layer("CaskGemmMatrixMultiply", ["Half"], ["Half"]),
+        _layer("gemm", ["Float"], ["Float"]),  # one kept in fp32 by AutoCast's data range rule
+    )
+    assert precision_problem("fp16", [mostly]) is None, f"2 of 3 is over {MIN_SHARE:.0%}"
+    elementwise = _engine(_layer("PointWiseV2", ["Half"], ["Half"]))
+    assert precision_problem("fp16", [elementwise]) is None, "no compute layer: any layer in fp16 will do"
+
+
+def test_every_profile_must_compute_in_the_requested_precision():
+    half = _engine(_layer("CaskConvolution", ["Half"], ["Half"]))
+    problem = precision_problem("fp16", [half, FP32_ENGINE])
+    assert problem and "in profile 1 only 0 of its 2" in problem
+    assert precision_problem("fp16", [half, half]) is None
 
 
 def test_the_requested_precision_comes_from_the_lowering_config():
@@ -91,33 +128,42 @@ def test_the_requested_precision_comes_from_the_lowering_config():
     assert requested_precision(TensorRTBackendConfig(quantization_config=quantized)) == "fp8"
 
 
-def test_the_plan_is_inspected_with_the_profiles_opt_shapes_set(monkeypatch):
-    """With dynamic shapes the engine alone reports "N/A": the inspector gets a context with shapes."""
-    seen: dict = {}
+def test_each_profile_is_inspected_with_its_opt_shapes_set(monkeypatch):
+    """With dynamic shapes the engine alone reports "N/A": the inspector gets a context on each
+    profile in turn, its inputs set to that profile's opt shapes."""
+    log: list = []
 
     class Context:
+        def __init__(self):
+            self.profile = 0
+
+        def set_optimization_profile_async(self, index, stream):
+            log.append(("profile", index, stream))
+            self.profile = index
+            return True
+
         def set_input_shape(self, name, shape):
-            seen.setdefault("shapes", []).append((name, shape))
+            log.append(("shape", self.profile, name, shape))
             return True
 
     class Inspector:
         execution_context = None
 
         def get_engine_information(self, fmt):
-            seen["context_shapes"] = list(seen.get("shapes", [])) if self.execution_context else None
-            seen["format"] = fmt
+            log.append(("describe", self.execution_context.profile, fmt))
             return FP32_ENGINE
 
-    engine = SimpleNamespace(create_engine_inspector=Inspector, create_execution_context=Context)
+    engine = SimpleNamespace(
+        create_engine_inspector=Inspector, create_execution_context=Context, num_optimization_profiles=2
+    )
 
     class Runtime:
         engine_host_code_allowed = False
 
         def __init__(self, logger):
-            seen["runtime"] = self
+            log.append(("runtime", self))
 
         def deserialize_cuda_engine(self, plan):
-            seen["plan"] = plan
             return engine
 
     trt = SimpleNamespace(
@@ -127,10 +173,20 @@ def test_the_plan_is_inspected_with_the_profiles_opt_shapes_set(monkeypatch):
     )
     trt.Logger.WARNING = 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    text = plan_information(b"plan", [("x", (4, 3, 16, 16))], version_compatible=True)
-    assert text == FP32_ENGINE and seen["plan"] == b"plan" and seen["format"] == "json"
-    assert seen["context_shapes"] == [("x", (4, 3, 16, 16))]
-    assert seen["runtime"].engine_host_code_allowed is True
+    stream = SimpleNamespace(cuda_stream=5, synchronize=lambda: log.append(("synchronize",)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    profiles = [[("x", (4, 3, 16, 16))], [("x", (32, 3, 16, 16))], [("x", (64, 3, 16, 16))]]
+    described = plan_information(b"plan", profiles, version_compatible=True)
+    assert described == [FP32_ENGINE, FP32_ENGINE], "one description per profile the engine has"
+    assert log[0][1].engine_host_code_allowed is True
+    assert log[1:] == [
+        ("shape", 0, "x", (4, 3, 16, 16)),
+        ("describe", 0, "json"),
+        ("profile", 1, 5),
+        ("synchronize",),
+        ("shape", 1, "x", (32, 3, 16, 16)),
+        ("describe", 1, "json"),
+    ]
 
 
 @pytest.mark.parametrize("broken", ["{not json", "[]", json.dumps({"Layers": [42, None]})])

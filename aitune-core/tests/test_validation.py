@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from aitune.backend import Tolerance
@@ -109,3 +110,120 @@ def test_integer_outputs_must_match_exactly():
 
 def test_default_bounds_loosen_with_lower_precision():
     assert DEFAULT_TOLERANCES["float32"].rtol < DEFAULT_TOLERANCES["float16"].rtol < DEFAULT_TOLERANCES["bfloat16"].rtol
+
+
+# -- TF32: the eager reference on a GPU in full fp32 unless the candidate computes TF32 -------------
+
+
+class _Precision(Fn):
+    def __init__(self, fn, tf32):
+        super().__init__(fn)
+        self.tf32 = tf32
+
+    def computes_tf32(self):
+        return self.tf32
+
+
+def _flags():
+    return (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+
+
+def test_on_a_gpu_the_eager_reference_runs_in_full_fp32_and_the_flags_come_back(monkeypatch):
+    """The flags are process-wide: switched for the reference only, restored after, even on error."""
+    from aitune import validation
+
+    if not hasattr(torch.backends.cudnn, "conv"):
+        pytest.skip("torch before 2.9 has no fp32_precision")
+    monkeypatch.setattr(validation, "_on_cuda", lambda sample: True)  # the samples stand for CUDA tensors
+    module, samples, graph = setup()
+    seen = []
+
+    def reference(x):
+        seen.append(_flags())
+        assert validation._TF32_FLAGS.locked(), "switched under the lock"
+        return module(x)
+
+    before = _flags()
+    torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32"
+    try:
+        report = validate(_Precision(module, tf32=False), reference, samples, graph)
+        assert report.passed and "eager reference in full fp32" in report.checks
+        assert seen and set(seen) == {("ieee", "ieee")}
+        assert _flags() == ("tf32", "tf32"), "restored afterwards"
+
+        seen.clear()
+        report = validate(_Precision(module, tf32=True), reference, samples, graph)
+        assert set(seen) == {("tf32", "tf32")}, "a TF32 candidate is compared with eager under the user's flags"
+
+        def broken(x):
+            raise RuntimeError("eager fails")
+
+        assert not validate(_Precision(module, tf32=False), broken, samples, graph).passed
+        assert _flags() == ("tf32", "tf32") and not validation._TF32_FLAGS.locked()
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+
+
+def test_before_torch_2_9_the_allow_tf32_flags_are_switched(monkeypatch):
+    from types import SimpleNamespace
+
+    from aitune import validation
+
+    fake = SimpleNamespace(
+        cuda=SimpleNamespace(matmul=SimpleNamespace(allow_tf32=True)), cudnn=SimpleNamespace(allow_tf32=True)
+    )
+    monkeypatch.setattr(torch, "backends", fake)
+    with validation.full_fp32():
+        assert (fake.cuda.matmul.allow_tf32, fake.cudnn.allow_tf32) == (False, False)
+    assert (fake.cuda.matmul.allow_tf32, fake.cudnn.allow_tf32) == (True, True)
+
+
+def test_a_tf32_candidate_gets_tf32s_bound_on_a_gpu_only(monkeypatch):
+    from aitune import validation
+
+    module, samples, graph = setup()
+
+    def tf32_like(x):  # fp32 outputs off by TF32's rounding, beyond fp32's bound
+        return module(x) * (1 + 2e-3)
+
+    assert not validate(_Precision(tf32_like, tf32=True), module, samples, graph).passed, "on CPU: fp32's bound"
+    monkeypatch.setattr(validation, "_on_cuda", lambda sample: True)
+    assert validate(_Precision(tf32_like, tf32=True), module, samples, graph).passed
+    assert not validate(_Precision(tf32_like, tf32=False), module, samples, graph).passed
+    assert validation.tolerance_for(torch.float16, ToyBackend(), None, tf32=True) == DEFAULT_TOLERANCES["float16"]
+
+
+def test_by_default_a_backend_follows_torchs_tf32_flags():
+    if not hasattr(torch.backends.cudnn, "conv"):
+        pytest.skip("torch before 2.9 has no fp32_precision")
+    before = _flags()
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"  # torch's default for convolutions
+        assert ToyBackend().computes_tf32()
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        assert not ToyBackend().computes_tf32()
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        assert ToyBackend().computes_tf32()
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_full_fp32_candidate_meets_fp32s_bound_against_a_full_fp32_reference():
+    cuda = torch.device("cuda")
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1).to(cuda).eval()
+    samples = [Sample((torch.randn(b, 64, 32, 32, device=cuda),)) for b in (2, 4)]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[conv(*s.args) for s in samples])
+
+    def ieee(x):
+        from aitune.validation import full_fp32
+
+        with full_fp32():
+            return conv(x)
+
+    with torch.no_grad():
+        report = validate(_Precision(ieee, tf32=False), conv, samples, graph)
+    assert report.passed, report.reason
+    assert report.outputs[0].max_rel_error < 1e-4, "both sides computed in IEEE fp32"

@@ -33,6 +33,7 @@ from aitune.graph import GraphSpec
 from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
 
 from .config import INT8_TOLERANCE, TF32_TOLERANCE, ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from .placement import RECORD_KEY, cpu_compute_from_assignment, fallback_error, read_profile, records_assignment
 from .plugin import preload_tensorrt, provider_unavailable
 
 OPTIMIZED_FILE = "model.optimized.onnx"
@@ -80,6 +81,8 @@ class ONNXRuntimeBackend(Backend):
         self._initializers: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         self._refit_plan: dict[str, tuple[str, bool]] = {}
         """Per initializer of the exported graph, the module weight it holds and whether transposed."""
+        self._profiling = False
+        """The session profiles its runs until the first one shows where the nodes ran (ONNX Runtime < 1.24)."""
 
     @classmethod
     def default_configs(cls) -> list[ONNXRuntimeBackendConfig]:
@@ -114,9 +117,14 @@ class ONNXRuntimeBackend(Backend):
     def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
         if self.config.quantization is not None and dtype.is_floating_point:
             return INT8_TOLERANCE
-        if self.config.tf32 and dtype == torch.float32:
+        if self.computes_tf32() and dtype == torch.float32:
             return TF32_TOLERANCE
         return None
+
+    def computes_tf32(self) -> bool:
+        """CUDA with ``use_tf32``, or the TensorRT provider: TensorRT's TF32 builder flag is on by
+        default and the provider has no option that clears it."""
+        return self.config.tf32 or self.config.execution_provider is ONNXExecutionProvider.TENSORRT
 
     # -- what the engine asks first -------------------------------------------------------------
 
@@ -175,6 +183,7 @@ class ONNXRuntimeBackend(Backend):
             provider,
             context.cache_dir,
             optimized_to=folder / OPTIMIZED_FILE if save_optimized else None,
+            profile_to=folder / "placement",
         )
         session_seconds = time.perf_counter() - start
         if save_optimized:
@@ -188,6 +197,8 @@ class ONNXRuntimeBackend(Backend):
                     f"{type(exc).__name__}: {exc}; try the other exporter (ONNXExportConfig(exporter=...)) "
                     "or another backend"
                 ) from exc
+            if self._profiling:
+                self._check_profiled_placement()
         self.build_info.update(
             exporter=export.exporter,
             opset=export.opset,
@@ -276,7 +287,10 @@ class ONNXRuntimeBackend(Backend):
         optimized_to: Path | None = None,
         preoptimized: bool = False,
         initializers: Mapping[str, Any] | None = None,
+        profile_to: Path | None = None,
     ) -> None:
+        """A session on ``model``. On a GPU provider, where its nodes run is checked: here when ONNX
+        Runtime records the assignment, else (``profile_to``, at build) on the profile of the first run."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -296,8 +310,13 @@ class ONNXRuntimeBackend(Backend):
         options.inter_op_num_threads = 1 if inter is None else inter  # execution is sequential
         self.build_info["threads"] = options.intra_op_num_threads or "onnxruntime's default"
         options.log_severity_level = 3
-        for key, value in session_config(provider).items():
+        record = provider is not ONNXExecutionProvider.CPU and records_assignment(ort.InferenceSession)
+        for key, value in session_config(provider, record).items():
             options.add_session_config_entry(key, value)
+        profiling = provider is not ONNXExecutionProvider.CPU and not record and profile_to is not None
+        if profiling:
+            options.enable_profiling = True
+            options.profile_file_prefix = str(profile_to)
         if optimized_to is not None:
             options.optimized_model_filepath = str(optimized_to)
         available = ort.get_available_providers()
@@ -323,7 +342,9 @@ class ONNXRuntimeBackend(Backend):
             self.config.provider_options,
             cache_dir,
             stream=stream.cuda_stream if stream is not None else None,
-            model_digest=_model_digest(model, self._files) if provider is ONNXExecutionProvider.TENSORRT else "",
+            model_digest=(
+                _model_digest(model, self._files, initializers) if provider is ONNXExecutionProvider.TENSORRT else ""
+            ),
         )
         try:
             session = ort.InferenceSession(str(model), options, providers=chain)
@@ -338,6 +359,16 @@ class ONNXRuntimeBackend(Backend):
                 "(its libraries failed to load: check that the CUDA, cuDNN and TensorRT versions match the "
                 "installed onnxruntime-gpu), so this would not measure what was asked for"
             )
+        if record:
+            error = fallback_error(
+                cpu_compute_from_assignment(session.get_provider_graph_assignment_info()),
+                provider.ort_name,
+                "by the session's graph assignment",
+            )
+            if error:
+                raise BuildError(error)
+            self.build_info["placement"] = "no compute node on the CPU (the session's graph assignment)"
+        self._profiling = profiling
         self._session = session
         self._graph = graph
         self._device = device
@@ -352,6 +383,17 @@ class ONNXRuntimeBackend(Backend):
         self.build_info.update(
             provider=provider.value, session_providers=session.get_providers(), io_binding=self._bound
         )
+
+    def _check_profiled_placement(self) -> None:
+        """End the profile of the first run and fail the build if it ran compute nodes on the CPU."""
+        self._profiling = False
+        path = self._session.end_profiling()  # also stops profiling: later runs are not recorded
+        if not path:
+            raise BuildError("ONNX Runtime wrote no profile of the first run, so where its nodes ran is unknown")
+        error = fallback_error(read_profile(path), self._provider.ort_name, "in the profile of the first run")
+        if error:
+            raise BuildError(error)
+        self.build_info["placement"] = "no compute node on the CPU (the profile of the first run)"
 
     # -- run ------------------------------------------------------------------------------------
 
@@ -375,13 +417,14 @@ class ONNXRuntimeBackend(Backend):
         binding = self._session.io_binding()
         device_id = self._device.index or 0
         caller, stream = torch.cuda.current_stream(self._device), self._stream
-        stream.wait_stream(caller)  # the inputs are written on the caller's stream
         kept, sizes = [], {}
-        for name, t, spec in zip(self._input_names, tensors, self._graph.inputs):
-            t = t.detach().to(self._device).contiguous()
-            t.record_stream(stream)  # ONNX Runtime reads it on its stream: not reused before that is done
+        for t, spec in zip(tensors, self._graph.inputs):
+            t = t.detach().to(self._device).contiguous()  # a copy, if any, is queued on the caller's stream
             kept.append(t)
             sizes.update({dim: t.shape[axis] for axis, dim in enumerate(spec.dims) if dim is not None})
+        stream.wait_stream(caller)  # after the copies: ONNX Runtime reads the inputs only once they landed
+        for name, t in zip(self._input_names, kept):
+            t.record_stream(stream)  # ONNX Runtime reads it on its stream: not reused before that is done
             binding.bind_input(name, "cuda", device_id, _numpy_dtype(t.dtype), tuple(t.shape), t.data_ptr())
         key = tuple(tuple(t.shape) for t in kept)
         known = self._out_shapes.get(key)
@@ -519,7 +562,8 @@ def provider_chain(
     For TensorRT, the graph's min/opt/max shapes become the engine's optimisation profile and
     engines are cached under aitune's cache folder, so a load does not rebuild them. The provider's
     cache key hashes names, not weights, so each payload's engines get a prefix of their own from
-    ``model_digest``: a fine-tune never reuses its base model's engine. CUDA runs fp32 as fp32
+    ``model_digest`` (which covers a refit's new initializers): neither a fine-tune nor a refit
+    reuses the engine of the old weights. CUDA runs fp32 as fp32
     (``use_tf32`` off, unless the options say otherwise), so fp32's bound holds. ``stream`` (a CUDA
     stream handle) is the stream the GPU providers run on.
     """
@@ -542,22 +586,29 @@ def provider_chain(
     return [("TensorrtExecutionProvider", trt), cuda, cpu]
 
 
-def session_config(provider: ONNXExecutionProvider) -> dict[str, str]:
-    """Session config entries: on a GPU provider, a node that would fall back to the CPU fails the
-    session instead of running there unnoticed (only a whole-provider fallback used to be caught)."""
-    if provider is ONNXExecutionProvider.CPU:
+def session_config(provider: ONNXExecutionProvider, record_assignment: bool) -> dict[str, str]:
+    """Session config entries. A GPU session may leave nodes to the CPU provider (the CUDA provider
+    keeps shape arithmetic there on purpose), so ``session.disable_cpu_ep_fallback`` is never set:
+    it refuses such graphs, and refuses any session that lists the CPU provider. Instead the
+    placement is recorded, where ONNX Runtime can, and checked for compute nodes (``placement``)."""
+    if provider is ONNXExecutionProvider.CPU or not record_assignment:
         return {}
-    return {"session.disable_cpu_ep_fallback": "1"}
+    return {RECORD_KEY: "1"}
 
 
-def _model_digest(model: Path, files: Sequence[str]) -> str:
-    """SHA-256 of the graph and the external-data files beside it: what its TensorRT engine is of."""
+def _model_digest(model: Path, files: Sequence[str], initializers: Mapping[str, Any] | None = None) -> str:
+    """SHA-256 of the graph, the external-data files beside it and the initializers that replace the
+    graph's own (a refit): what its TensorRT engine is of."""
     digest = hashlib.sha256()
     for path in [model, *(model.parent / f for f in files if f != model.name)]:
         if path.is_file():
             with open(path, "rb") as f:
                 for block in iter(lambda f=f: f.read(1 << 20), b""):
                     digest.update(block)
+    for name in sorted(initializers or {}):
+        array = initializers[name]  # type: ignore[index]
+        digest.update(f"\0{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+        digest.update(array.tobytes())
     return digest.hexdigest()
 
 

@@ -26,6 +26,11 @@ TENSORRT_LIBRARIES = tuple(
 )
 """The TensorRT libraries ONNX Runtime's TensorRT provider links (onnxruntime-gpu is built against TensorRT 10)."""
 NVINFER = TENSORRT_LIBRARIES[0]
+TENSORRT_MAJOR = 10
+"""The TensorRT major the TensorRT provider of onnxruntime-gpu is built against (ONNX Runtime's
+requirements table lists TensorRT 10.x from 1.18 on); TensorRT 11 has ``libnvinfer.so.11``."""
+TENSORRT_DISTRIBUTIONS = ("tensorrt-cu13-libs", "tensorrt-cu12-libs", "tensorrt-cu13", "tensorrt-cu12", "tensorrt")
+"""pip's TensorRT, whichever one is installed: they share one ``tensorrt_libs`` folder, so one major per environment."""
 
 
 def installed_runtime() -> tuple[str, str] | None:
@@ -127,8 +132,37 @@ def provider_unavailable(provider: str) -> str | None:
     elif mismatch := cuda_mismatch(dist, version, runtime_cuda_major(), torch.version.cuda):
         reasons.append(mismatch)
     if not reasons and provider == "tensorrt":
-        reasons.append(tensorrt_library()[1] or "")
+        major = (torch.version.cuda or "13").split(".")[0]
+        reasons.append(tensorrt_conflict(installed_tensorrt(), major) or tensorrt_library()[1] or "")
     return "; ".join(r for r in reasons if r) or None
+
+
+def installed_tensorrt() -> tuple[str, str] | None:
+    """pip's TensorRT distribution and version, found by metadata alone (None when there is none)."""
+    for dist in TENSORRT_DISTRIBUTIONS:
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def tensorrt_conflict(installed: tuple[str, str] | None, cuda_major: str) -> str | None:
+    """Why pip's TensorRT cannot serve the TensorRT provider: another major than it links (TensorRT 11,
+    which ``aitune-backend-tensorrt[cu12]``/``[cu13]`` resolve to, beside the provider's TensorRT 10)."""
+    if installed is None:
+        return None
+    dist, version = installed
+    head = version.split(".")[0]
+    if not head.isdigit() or int(head) == TENSORRT_MAJOR:
+        return None
+    return (
+        f"{dist} {version} is TensorRT {head}, but ONNX Runtime's TensorRT provider is built against TensorRT "
+        f"{TENSORRT_MAJOR} ({NVINFER}), and one environment holds one TensorRT; pin TensorRT {TENSORRT_MAJOR} for "
+        f"both (pip install 'tensorrt-cu{cuda_major}>={TENSORRT_MAJOR},<{TENSORRT_MAJOR + 1}' "
+        f"'tensorrt-cu{cuda_major}-libs>={TENSORRT_MAJOR},<{TENSORRT_MAJOR + 1}', which aitune-backend-tensorrt "
+        "accepts too), or use the CUDA provider or aitune's tensorrt backend here"
+    )
 
 
 def nvinfer_candidates() -> list[Path]:
@@ -210,6 +244,9 @@ def aitune_register_backends(registry: BackendRegistry) -> None:
             requirements=("onnx>=1.16", "onnxscript>=0.1"),
             devices=("cpu", "cuda"),
             probe=_probe,
-            description="ONNX export run by ONNX Runtime (CPU, CUDA or TensorRT execution provider)",
+            description=(
+                "ONNX export run by ONNX Runtime (CPU, CUDA or TensorRT execution provider; "
+                f"the TensorRT provider needs TensorRT {TENSORRT_MAJOR})"
+            ),
         )
     )

@@ -66,6 +66,10 @@ class TensorRTBackend(Backend):
             return Tolerance(atol=1e-4, rtol=5e-3, min_cosine=0.9999)  # TF32 keeps 10 mantissa bits
         return None
 
+    def computes_tf32(self) -> bool:
+        """``tf32`` leaves TensorRT's TF32 builder flag on (its default); False clears it."""
+        return self.config.tf32
+
     # -- build ----------------------------------------------------------------------------------
     #
     # A build is three steps, the same in-process and isolated: ``export`` (ONNX, then AutoCast or
@@ -168,16 +172,19 @@ class TensorRTBackend(Backend):
         cache = timing_cache_path(context.cache_dir, machine) if config.use_timing_cache else None
         with torch.cuda.device(context.device):  # TensorRT builds for the current CUDA device
             plan, engine_info = build_plan(onnx_path, profiles, names, config, cache)
-            opt = [(name, triple[1]) for name, triple in zip(names, profiles[0].shapes)]
+            opts = [[(name, triple[1]) for name, triple in zip(names, p.shapes)] for p in profiles]
+            failure = None
             try:
-                counts = layers.layer_precisions(layers.plan_information(plan, opt, config.version_compatible))
-                unreported = "not reported by this TensorRT"
-            except Exception as exc:  # describing the plan is a check: TensorRT failing at it fails no build
-                counts, unreported = {}, f"not reported: the engine inspector failed ({type(exc).__name__}: {exc})"
-        problem = layers.precision_problem(layers.requested_precision(config), counts)
+                described = layers.plan_information(plan, opts, config.version_compatible)
+            except Exception as exc:  # without a description a lower precision cannot be checked (below)
+                described, failure = [], f"the engine inspector failed ({type(exc).__name__}: {exc})"
+        problem = layers.precision_problem(layers.requested_precision(config), described, failure)
         if problem:
             raise BuildError(problem)
-        engine_info["layer_precisions"] = counts or unreported
+        counts = layers.layer_precisions(described[0]) if described else {}
+        engine_info["layer_precisions"] = counts or (
+            f"not reported: {failure}" if failure else "not reported by this TensorRT"
+        )
         if not engine_info["dynamic"]:
             profiles = profiles[:1]
         (Path(payload) / PLAN_FILE).write_bytes(plan)

@@ -8,15 +8,17 @@ synchronized before the first call. There is one execution
 context per optimisation profile, each bound to its profile once, so a call only picks the
 tightest profile containing its shapes; input shapes are set only when they change.
 
-With CUDA graphs on, the first call of each shape copies its inputs into static buffers, runs the
-engine once (TensorRT finishes shape-dependent setup then), captures a graph, and replays it; later
-calls of that shape copy inputs in, replay, and copy outputs out of the graph's buffers (a
-graph's outputs are overwritten by its next replay, so handing them out would alias results).
-A graph holds what its context set up for its shape, and TensorRT allows one context per profile,
-so shapes of one profile share a context: a graph is replayed only while its context is still set
-to its shape, and recaptured once the context was set to another one in between (the A-B-A case;
-TensorRT's guidance for graphs whose shapes change; the policy is ``graphs.GraphCache``). Shapes that alternate keep their graphs when
-each has a profile of its own. At most ``max_graphs`` graphs are kept, least recently used first.
+With CUDA graphs on, the first call of each shape gets an execution context of its own on its
+profile (TensorRT 10 lets contexts share a profile), copies its inputs into static buffers, runs
+the engine once (TensorRT finishes shape-dependent setup then), captures a graph
+(``capture_error_mode="thread_local"``: other threads, such as background tuning, may use CUDA
+meanwhile) and replays it; later calls of that shape copy inputs in, replay, and copy outputs out
+of the graph's buffers (a graph's outputs are overwritten by its next replay, so handing them out
+would alias results). Since its context is never set to another shape, shapes that alternate
+within one profile keep their graphs; a graph whose context did change shape would be captured
+again, never replayed (``graphs.GraphCache``). Each context holds its own activation memory: at
+most ``max_graphs`` graphs and their contexts are kept, least recently used first, and one more is
+dropped when TensorRT cannot create a context.
 
 Thread safety: the contexts, their bound shapes and addresses and the graphs are shared, so a
 lock makes each call's binding and enqueue one step, and a call on another stream first waits for
@@ -27,13 +29,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from aitune.errors import BuildError, InputError
 
 from .config import Shape
-from .graphs import CapturedGraph, GraphCache
+from .graphs import CapturedGraph, GraphCache, Slot
 from .profiles import ShapeProfile, select_profile
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -103,27 +106,14 @@ class EngineRunner:
         self.profiles = list(profiles) if n_profiles == len(profiles) else list(profiles)[:1]
         if n_profiles != len(self.profiles):
             raise BuildError(f"the engine has {n_profiles} optimisation profiles, its metadata {len(profiles)}")
-        strategy = getattr(trt, "ExecutionContextAllocationStrategy", None)
-        self._contexts = []
+        self._strategy = getattr(trt, "ExecutionContextAllocationStrategy", None)
         with torch.cuda.device(self.device):
-            setup = torch.cuda.Stream(self.device)
-            for i in range(n_profiles):
-                if strategy is not None and n_profiles > 1:
-                    context = self.engine.create_execution_context(strategy.ON_PROFILE_CHANGE)
-                else:
-                    context = self.engine.create_execution_context()
-                if context is None:
-                    raise BuildError("TensorRT could not create an execution context (out of GPU memory?)")
-                if i and not context.set_optimization_profile_async(i, setup.cuda_stream):
-                    raise BuildError(f"TensorRT refused to select optimisation profile {i}")
-                self._contexts.append(context)
-            # The profile switches are enqueued on ``setup``; TensorRT requires them finished before any
-            # enqueue on another stream, and every later call enqueues on the caller's stream.
-            setup.synchronize()
-        self._bound: list[tuple[Shape, ...] | None] = [None] * n_profiles
-        self._bindings = [0] * n_profiles
-        """Per context, how many times its input shapes were set: a graph captured at another count is stale."""
-        self._out_shapes: list[list[Shape]] = [[] for _ in range(n_profiles)]
+            contexts = [self._create_context(i) for i in range(n_profiles)]
+        if any(c is None for c in contexts):
+            raise BuildError("TensorRT could not create an execution context (out of GPU memory?)")
+        self._slots = [Slot(c) for c in contexts]
+        self._claimed: set[int] = set()
+        """Profiles whose own context a graph has taken (with graphs on, calls use no other)."""
         self._selected: dict[tuple[Shape, ...], int] = {}
         self.use_cuda_graphs, self.max_graphs = use_cuda_graphs, max_graphs
         self._graphs = GraphCache(max_graphs)
@@ -131,6 +121,21 @@ class EngineRunner:
         self._lock = threading.Lock()
         with torch.cuda.device(self.device):
             self._done = torch.cuda.Event()  # recorded after each call's work
+
+    def _create_context(self, profile: int) -> Any:
+        """A new execution context on ``profile`` (None when TensorRT cannot allocate one). The
+        profile switch is enqueued on a stream of its own and finished before returning: TensorRT
+        requires that before any enqueue on another stream, and calls enqueue on the caller's."""
+        if self._strategy is not None and self.engine.num_optimization_profiles > 1:
+            context = self.engine.create_execution_context(self._strategy.ON_PROFILE_CHANGE)
+        else:
+            context = self.engine.create_execution_context()
+        if context is not None and profile:
+            setup = torch.cuda.Stream(self.device)
+            if not context.set_optimization_profile_async(profile, setup.cuda_stream):
+                raise BuildError(f"TensorRT refused to select optimisation profile {profile}")
+            setup.synchronize()
+        return context
 
     # -- per call ---------------------------------------------------------------------------
 
@@ -158,8 +163,8 @@ class EngineRunner:
             if self.use_cuda_graphs:
                 outputs = self._replay(index, shapes, inputs)
             else:
-                outputs = self._bind(index, shapes, inputs)
-                self._execute(index, torch.cuda.current_stream(self.device).cuda_stream)
+                outputs = self._bind(self._slots[index], shapes, inputs)
+                self._execute(self._slots[index], torch.cuda.current_stream(self.device).cuda_stream)
         return [o if o.dtype == want else o.to(want) for o, want in zip(outputs, self._out_dtypes)]
 
     def _prepare(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -169,9 +174,9 @@ class EngineRunner:
             t = t.to(dtype)
         return t.contiguous()
 
-    def _bind(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        context = self._contexts[index]
-        if self._bound[index] != shapes:
+    def _bind(self, slot: Slot, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        context = slot.context
+        if slot.bound != shapes:
             for name, shape in zip(self.input_names, shapes):
                 if not context.set_input_shape(name, shape):
                     raise InputError(f"TensorRT refused the shape {shape} for input {name!r}")
@@ -181,50 +186,67 @@ class EngineRunner:
                     f"output shapes {out_shapes} depend on the input values (data-dependent shapes), which this "
                     "backend does not support; keep such ops (nonzero, unique...) outside the tuned module"
                 )
-            self._bound[index], self._out_shapes[index] = shapes, out_shapes
-            self._bindings[index] += 1
+            slot.bound, slot.out_shapes = shapes, out_shapes
+            slot.bindings += 1
         for name, t in zip(self.input_names, inputs):
             context.set_tensor_address(name, t.data_ptr())
         outputs = [
             torch.empty(shape, dtype=dtype, device=self.device)
-            for shape, dtype in zip(self._out_shapes[index], self._engine_out_dtypes)
+            for shape, dtype in zip(slot.out_shapes, self._engine_out_dtypes)
         ]
         for name, t in zip(self.output_names, outputs):
             context.set_tensor_address(name, t.data_ptr())
         return outputs
 
-    def _execute(self, index: int, stream: int) -> None:
-        if not self._contexts[index].execute_async_v3(stream):
+    def _execute(self, slot: Slot, stream: int) -> None:
+        if not slot.context.execute_async_v3(stream):
             raise RuntimeError("TensorRT failed to enqueue the engine (see the TensorRT log above)")
 
     # -- CUDA graphs ------------------------------------------------------------------------
 
     def _replay(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         key = (index, shapes)
-        entry = self._graphs.current(key, self._bindings[index])
+        entry = self._graphs.current(key)
         if entry is None:
             entry = self._capture(index, shapes, inputs)
-            self._graphs.add(key, entry)
+            if self._graphs.add(key, entry):
+                torch.cuda.current_stream(self.device).synchronize()  # a dropped graph's last replay is done
         else:
             for static, t in zip(entry.inputs, inputs):
                 static.copy_(t)
         entry.graph.replay()
         return [o.clone() for o in entry.outputs]
 
+    def _graph_slot(self, index: int) -> Slot:
+        """A context on profile ``index`` for one graph: the profile's own the first time, then a new
+        one, dropping kept graphs while TensorRT cannot allocate it."""
+        if index not in self._claimed:
+            self._claimed.add(index)
+            return self._slots[index]
+        context = self._create_context(index)
+        while context is None and self._graphs.kept():
+            torch.cuda.current_stream(self.device).synchronize()
+            self._graphs.drop_oldest()
+            context = self._create_context(index)
+        if context is None:
+            raise RuntimeError("TensorRT could not create an execution context for a CUDA graph (out of GPU memory?)")
+        return Slot(context)
+
     def _capture(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> CapturedGraph:
+        slot = self._graph_slot(index)
         static_inputs = [t.clone() for t in inputs]
-        outputs = self._bind(index, shapes, static_inputs)
+        outputs = self._bind(slot, shapes, static_inputs)
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):
-            self._execute(index, side.cuda_stream)  # TensorRT finishes shape-dependent setup before capture
-            with torch.cuda.graph(graph, stream=side):
-                self._execute(index, side.cuda_stream)
+            self._execute(slot, side.cuda_stream)  # TensorRT finishes shape-dependent setup before capture
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                self._execute(slot, side.cuda_stream)
         current.wait_stream(side)
         self.captures += 1
-        return CapturedGraph(graph, static_inputs, outputs, self._bindings[index])
+        return CapturedGraph(graph, static_inputs, outputs, slot, slot.bindings)
 
     @property
     def cached_graphs(self) -> list[tuple[Shape, ...]]:

@@ -15,7 +15,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from aitune import tree
-from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, Tolerance, exported_file
+from aitune.backend import (
+    Backend,
+    BackendConfig,
+    BuildContext,
+    LoadContext,
+    Tolerance,
+    exported_file,
+    torch_allows_tf32,
+)
 from aitune.errors import BackendUnavailableError, BuildError, SerializationError
 from aitune.graph import GraphSpec, Sample
 from aitune.validation import DEFAULT_TOLERANCES
@@ -94,6 +102,58 @@ def compile_and_warm(
     return compiled
 
 
+def tensorrt_engines(module: Any) -> int:
+    """The TensorRT engines among ``module``'s children: Torch-TensorRT names each converted part
+    ``_run_on_acc_<i>`` and runs it in a ``TorchTensorRTModule`` (or ``PythonTorchTensorRTModule``)."""
+    if not isinstance(module, torch.nn.Module):
+        return 0  # an aot_autograd wrapper (distributed or higher-order ops): nothing to inspect
+    return sum(n.startswith("_run_on_acc") or "TensorRT" in type(c).__name__ for n, c in module.named_children())
+
+
+class EngineCounter:
+    """A ``torch.compile`` backend: Torch-TensorRT's own on every graph Dynamo hands over (one per
+    graph break or recompile), counting the TensorRT engines in what it returns.
+
+    When no node converts, or fewer than ``min_block_size`` do, Torch-TensorRT's ``compile_module``
+    returns the graph unchanged with a warning and no exception, so ``pass_through_build_failures``
+    does not catch it: counting is how a build learns it would run eager under a TensorRT name.
+    """
+
+    def __init__(self, tensorrt_backend: Callable[..., Any]) -> None:
+        self.tensorrt_backend = tensorrt_backend
+        self.graphs = 0
+        self.engines = 0
+        self.torch_parts = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        compiled = self.tensorrt_backend(gm, example_inputs, **kwargs)
+        self.graphs += 1
+        self.engines += tensorrt_engines(compiled)
+        if isinstance(compiled, torch.nn.Module):
+            self.torch_parts += sum(n.startswith("_run_on_gpu") for n, _ in compiled.named_children())
+        return compiled
+
+
+def compile_counting(
+    module: torch.nn.Module,
+    graph: GraphSpec,
+    samples: list[Sample],
+    tensorrt_backend: Callable[..., Any],
+    options: dict[str, Any],
+) -> tuple[Callable[..., Any], EngineCounter]:
+    """:func:`compile_and_warm` through an :class:`EngineCounter`; no TensorRT engine in any graph is a BuildError."""
+    counter = EngineCounter(tensorrt_backend)
+    compiled = compile_and_warm(module, graph, samples, counter, options)
+    if counter.engines == 0:
+        raise BuildError(
+            f"Torch-TensorRT converted no part of the {counter.graphs} graph(s) torch.compile gave it to TensorRT "
+            f"(no node converts, or fewer than min_block_size={options.get('min_block_size')} do; its log names the "
+            "unsupported ops), so the candidate would run eager under a TensorRT name; lower min_block_size, "
+            "or use another backend"
+        )
+    return compiled, counter
+
+
 def _tolerance(config: TorchTensorRTConfig, dtype: torch.dtype) -> Tolerance | None:
     """fp32 outputs computed with fp16/bf16 (or TF32) kernels get the looser bound of that precision.
 
@@ -149,6 +209,10 @@ class _TorchTensorRTBackend(Backend):
     def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
         return _tolerance(self.compile_config, dtype)
 
+    def computes_tf32(self) -> bool:
+        """TF32 layers when ``tf32`` is on; and the parts left to PyTorch follow torch's own flags."""
+        return self.compile_config.tf32 or (self.build_info.get("pytorch_subgraphs", 0) > 0 and torch_allows_tf32())
+
 
 class TorchTensorRTJitBackend(_TorchTensorRTBackend):
     """``torch.compile(module, backend="torch_tensorrt")``: unsupported parts stay in PyTorch.
@@ -178,10 +242,14 @@ class TorchTensorRTJitBackend(_TorchTensorRTBackend):
         torch_tensorrt = import_torch_tensorrt(self.name)
         options = compile_settings(torch_tensorrt, self.compile_config, jit=True)
         options.update(device=device, timing_cache_path=_timing_cache(cache))
-        self._compiled = compile_and_warm(module, graph, samples, "torch_tensorrt", options)
+        registered = torch._dynamo.lookup_backend("torch_tensorrt")  # importing torch_tensorrt registered it
+        self._compiled, counter = compile_counting(module, graph, samples, registered, options)
         self.build_info.update(
             torch_tensorrt=str(torch_tensorrt.__version__),
             dynamic_dims={n: [r.min, r.opt, r.max] for n, r in dynamic_ranges(graph).items()},
+            tensorrt_subgraphs=counter.engines,
+            pytorch_subgraphs=counter.torch_parts,
+            compiled_graphs=counter.graphs,
         )
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
@@ -348,7 +416,7 @@ def _compile_program(
         **settings,
     )
     children = list(compiled.named_children())
-    engines = sum(n.startswith("_run_on_acc") or "TensorRT" in type(c).__name__ for n, c in children)
+    engines = tensorrt_engines(compiled)
     if engines == 0:
         raise BuildError(
             "Torch-TensorRT converted no part of the graph to TensorRT (every node runs in PyTorch), so the "

@@ -75,6 +75,23 @@ class LoadContext:
     module_name: str = ""
 
 
+def torch_allows_tf32() -> bool:
+    """Whether torch's process-wide flags let CUDA fp32 matmuls or cuDNN convolutions use TF32
+    (``fp32_precision`` from torch 2.9, where ``"none"`` defers to the level above; the
+    ``allow_tf32`` flags before)."""
+    backends = torch.backends
+    if hasattr(backends.cudnn, "conv") and hasattr(backends.cuda.matmul, "fp32_precision"):
+        generic = backends.fp32_precision  # type: ignore[attr-defined]
+        conv = backends.cudnn.conv.fp32_precision
+        conv = backends.cudnn.fp32_precision if conv == "none" else conv
+        matmul = backends.cuda.matmul.fp32_precision
+        return "tf32" in (
+            generic if conv == "none" else conv,
+            generic if matmul == "none" else matmul,
+        )
+    return bool(backends.cuda.matmul.allow_tf32 or backends.cudnn.allow_tf32)
+
+
 def payload_file(directory: Path, name: Any) -> Path:
     """``directory / name`` for a file name a payload's metadata gives, refused unless it stays inside.
 
@@ -144,6 +161,13 @@ class Backend(abc.ABC):
         Quantizing backends return a looser bound here.
         """
         return None
+
+    def computes_tf32(self) -> bool:
+        """Whether this candidate may compute fp32 matmuls or convolutions in TF32 on a GPU. Then
+        its fp32 bound on a GPU is TF32's and validation leaves torch's TF32 flags as they are for
+        the eager reference; otherwise the reference runs in full fp32. By default a backend runs
+        torch's own kernels and follows torch's flags; a compiler says what it builds."""
+        return torch_allows_tf32()
 
     @classmethod
     def default_configs(cls) -> list[BackendConfig]:

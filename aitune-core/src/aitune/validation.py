@@ -6,11 +6,17 @@ quantizes, or by the user). Inputs must come back unchanged, and each dynamic ax
 its min and max and at sizes no recorded call had (:func:`interior_sizes`): an exported graph may
 have dropped a branch the model takes on a shape (``if x.shape[1] == 6``) that the recorded calls
 never hit, and only running that shape shows it.
+
+On a GPU the eager reference runs fp32 matmuls and convolutions in full fp32 (torch's defaults
+let cuDNN convolutions use TF32), unless the candidate computes in TF32 itself
+(:meth:`Backend.computes_tf32`), whose fp32 bound is then TF32's (:data:`TF32_TOLERANCE`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +33,10 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "bfloat16": Tolerance(atol=1e-2, rtol=5e-2, min_cosine=0.99),
 }
 """Bounds for floating outputs by dtype; integer and bool outputs must match exactly."""
+TF32_TOLERANCE = Tolerance(atol=1e-4, rtol=5e-3, min_cosine=0.9999)
+"""The fp32 bound on a GPU of a candidate that computes in TF32 (10 mantissa bits)."""
+_TF32_FLAGS = threading.Lock()
+"""torch's TF32 flags are process-wide and tuning may run in a background thread: one switch at a time."""
 
 
 class _Mismatch(Exception):
@@ -37,14 +47,47 @@ class _NotClose(_Mismatch):
     """The outputs are eager's in form (structure, shape, dtype, finite) but not close enough."""
 
 
-def tolerance_for(dtype: torch.dtype, backend: Backend, overrides: Mapping[str, Any] | None) -> Tolerance:
+def tolerance_for(
+    dtype: torch.dtype, backend: Backend, overrides: Mapping[str, Any] | None, tf32: bool = False
+) -> Tolerance:
+    """The user's bound for ``dtype``, else the backend's, else TF32's for fp32 when ``tf32``, else the dtype's."""
     name = str(dtype).removeprefix("torch.")
     if overrides and name in overrides:
         return overrides[name]  # type: ignore[no-any-return]
     own = backend.tolerance(dtype)
     if own is not None:
         return own
+    if tf32 and dtype == torch.float32:
+        return TF32_TOLERANCE
     return DEFAULT_TOLERANCES.get(name, DEFAULT_TOLERANCES["float32"])
+
+
+@contextlib.contextmanager
+def full_fp32() -> Iterator[None]:
+    """CUDA fp32 matmuls and cuDNN convolutions in IEEE fp32 while the block runs, then torch's
+    flags as they were. Uses ``fp32_precision`` where torch has it (2.9 and later; mixing it with
+    the ``allow_tf32`` flags makes torch refuse to read them), else the ``allow_tf32`` flags."""
+    backends = torch.backends
+    with _TF32_FLAGS:
+        if hasattr(backends.cudnn, "conv") and hasattr(backends.cuda.matmul, "fp32_precision"):
+            saved = (backends.cuda.matmul.fp32_precision, backends.cudnn.conv.fp32_precision)
+            try:
+                backends.cuda.matmul.fp32_precision = "ieee"
+                backends.cudnn.conv.fp32_precision = "ieee"
+                yield
+            finally:
+                backends.cuda.matmul.fp32_precision, backends.cudnn.conv.fp32_precision = saved
+        else:
+            saved = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32)
+            try:
+                backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = False
+                yield
+            finally:
+                backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = saved
+
+
+def _on_cuda(sample: Sample) -> bool:
+    return any(t.is_cuda for t in sample.tensors())
 
 
 def validate(
@@ -79,11 +122,16 @@ def validate(
                 cases.append((f"{name}={value}", assemble(graph, samples, {**others, name: value})))
             report.checks.append(f"unrecorded {name} sizes {values} (others at opt)")
     recorded = len(samples)
+    tf32 = backend.computes_tf32()
+    if samples and _on_cuda(samples[0]):
+        report.checks.append("eager reference under torch's TF32 flags" if tf32 else "eager reference in full fp32")
     try:
         for index, (label, sample) in enumerate(cases):
             eager_inputs = sample.fresh()
+            on_gpu = _on_cuda(sample)
             try:
-                expected = reference(*eager_inputs.args, **eager_inputs.kwargs)
+                with full_fp32() if on_gpu and not tf32 else contextlib.nullcontext():
+                    expected = reference(*eager_inputs.args, **eager_inputs.kwargs)
             except Exception as exc:
                 if index < recorded:
                     raise
@@ -91,7 +139,7 @@ def validate(
                 report.checks.append(f"{label}: skipped, eager raises {type(exc).__name__}")
                 continue
             mask = _mask_of(graph, sample, masked_by) if masked_by is not None else None
-            _check_one(backend, expected, eager_inputs, sample, tolerances, comparisons, label, mask)
+            _check_one(backend, expected, eager_inputs, sample, tolerances, comparisons, label, mask, on_gpu and tf32)
             report.samples_checked += 1
     except _Mismatch as exc:
         report.passed = False
@@ -145,6 +193,7 @@ def _check_one(
     comparisons: dict[str, OutputComparison],
     label: str,
     mask: torch.Tensor | None = None,
+    tf32: bool = False,
 ) -> None:
     """One case: the candidate's outputs against eager's, and its inputs after the call against
     what eager left in them (unchanged, or updated in place as a static KV cache is)."""
@@ -158,7 +207,9 @@ def _check_one(
         if torch.equal(b, e):
             raise _Mismatch(f"{label}: the candidate modified input tensor {i} in place (eager does not)")
         path = f"input {i} after the call"
-        _compare(label, path, e, a.to(e.device), tolerance_for(e.dtype, backend, tolerances), OutputComparison(path))
+        _compare(
+            label, path, e, a.to(e.device), tolerance_for(e.dtype, backend, tolerances, tf32), OutputComparison(path)
+        )
 
     exp_leaves, exp_struct = tree.flatten(expected)
     act_leaves, act_struct = tree.flatten(actual)
@@ -176,7 +227,7 @@ def _check_one(
         if mask is not None and exp.dim() >= 2 and tuple(exp.shape[:2]) == tuple(mask.shape):
             keep = mask.to(exp.device) != 0
             exp, act = exp[keep], act[keep]
-        _compare(label, path, exp, act, tolerance_for(exp.dtype, backend, tolerances), cmp)
+        _compare(label, path, exp, act, tolerance_for(exp.dtype, backend, tolerances, tf32), cmp)
 
 
 def _mask_of(graph: GraphSpec, sample: Sample, name: str) -> torch.Tensor | None:
