@@ -13,7 +13,7 @@ import torch
 
 import aitune.torch as ait
 from aitune import hookimpl
-from aitune.engine import end_to_end
+from aitune.engine import end_to_end, inspection
 from aitune.engine.figures import compare
 from aitune.errors import InputError
 from aitune.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig, profile_runners, summarize
@@ -123,9 +123,44 @@ def data() -> list[torch.Tensor]:
     return [torch.randn(2, 8), torch.randn(4, 8)]
 
 
-def test_a_partial_wrap_reports_the_whole_and_each_share(toy_backends) -> None:
-    pipe = Pipeline().eval()
-    report = ait.tune(pipe, data())
+class VirtualTime:
+    """A clock that moves only when a :class:`Stage` runs: timings without a timing race."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __deepcopy__(self, memo: dict) -> VirtualTime:
+        return self  # a backend's copy of a stage moves the same clock
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def measure(self, fn: Any, device: torch.device) -> float:  # a profiling measuring strategy, in ms
+        start = self.now
+        fn()
+        return (self.now - start) * 1e3
+
+
+class Stage(SlowModule):
+    """A :class:`SlowModule` whose ``delay_s`` advances a :class:`VirtualTime` instead of sleeping
+    (toy backends scale ``delay_s`` as they do the sleep)."""
+
+    def __init__(self, clock: VirtualTime, delay_s: float) -> None:
+        super().__init__(delay_s=delay_s)
+        self.clock = clock
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        self.clock.now += self.delay_s
+        return torch.tanh(self.fc(x))
+
+
+def test_a_partial_wrap_reports_the_whole_and_each_share(toy_backends, monkeypatch) -> None:
+    clock = VirtualTime()
+    monkeypatch.setattr(end_to_end, "time", clock)  # the whole call, timed on the same clock
+    config = ProfilingConfig(measuring_strategy=clock, measurement_stop_strategy=QUICK.measurement_stop_strategy)
+    strategy = ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=0.1))], config)
+    pipe = torch.nn.Sequential(ait.Module(Stage(clock, 0.004), "first", strategy=strategy), Stage(clock, 0.004))
+    report = ait.tune(pipe.eval(), data())
     module_speedup = report.modules[0].graphs[0].candidates[0].speedup
     assert module_speedup is not None and module_speedup > 3
     e2e = report.end_to_end
@@ -171,20 +206,23 @@ def test_on_a_busy_machine_the_figure_holds_or_says_it_was_not_measured(toy_back
         assert "not measured" in first.describe() or "not measured" in again.describe()
 
 
-def test_inspect_predicts_the_bound_the_end_to_end_figure_respects(toy_backends) -> None:
-    class Plain(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.first = SlowModule(delay_s=0.004)
-            self.second = SlowModule(delay_s=0.004)
+def test_inspect_predicts_the_bound_the_end_to_end_figure_respects(toy_backends, monkeypatch) -> None:
+    clock = VirtualTime()
+    monkeypatch.setattr(inspection, "time", clock)  # ait.inspect and the end-to-end figure on one clock
+    monkeypatch.setattr(end_to_end, "time", clock)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.second(self.first(x))
+    def plain() -> torch.nn.Module:
+        return torch.nn.Sequential(Stage(clock, 0.004), Stage(clock, 0.004)).eval()
 
-    found = ait.inspect(Plain().eval(), data())
-    bound = found.max_speedup(["first"])
+    found = ait.inspect(plain(), data())
+    bound = found.max_speedup(["0"])
     assert 1.6 <= bound <= 2.5, "one of two equal stages: at most about 2x, whatever its own speed-up"
-    assert found.max_speedup(["first"], module_speedup=1.0) == pytest.approx(1.0)
-    report = ait.tune(Pipeline().eval(), data())
+    assert found.max_speedup(["0"], module_speedup=1.0) == pytest.approx(1.0)
+    config = ProfilingConfig(measuring_strategy=clock, measurement_stop_strategy=QUICK.measurement_stop_strategy)
+    pipe = plain()
+    pipe[0] = ait.Module(
+        pipe[0], "first", strategy=ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=0.1))], config)
+    )
+    report = ait.tune(pipe, data())
     assert report.end_to_end is not None and report.end_to_end.speedup is not None
-    assert report.end_to_end.speedup <= bound * 1.15
+    assert 1.2 <= report.end_to_end.speedup <= bound * 1.15
