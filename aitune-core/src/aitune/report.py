@@ -110,7 +110,11 @@ class CandidateStatus(_Status):
     REJECTED = "rejected"
     """Correct, but not chosen."""
     FAILED = "failed"
+    NOT_APPLICABLE = "not applicable"
+    """The candidate's variant does not apply to this module: listed in the detailed report, left out
+    of summaries and failure lists."""
     SKIPPED = "skipped"
+    """Never built: ``ait.tune(time_budget=...)`` ran out of time first (reason ``time budget``)."""
     BASELINE = "baseline"
     """Eager's own row in a rendered table (never a candidate's status in a report)."""
 
@@ -135,7 +139,8 @@ class CandidateReport:
     status: CandidateStatus = attrs.field(default=CandidateStatus.PENDING, converter=CandidateStatus)
     """Checked when set: a string that names no :class:`CandidateStatus` raises."""
     stage: str | None = None
-    """Where a failed candidate failed: ``availability``, ``build``, ``validate`` or ``profile``."""
+    """Where a failed (or not applicable) candidate stopped: ``availability``, ``build``, ``validate`` or
+    ``profile``."""
     reason: str | None = None
     build_time_s: float | None = None
     from_cache: bool = False

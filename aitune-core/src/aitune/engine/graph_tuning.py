@@ -29,7 +29,7 @@ import torch
 from ..backend import Backend, BuildContext, Tolerance
 from ..builtin import buildcache
 from ..builtin.eager import TorchEagerBackend
-from ..errors import ConfigError, SerializationError
+from ..errors import ConfigError, NotApplicableError, SerializationError
 from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
 from ..profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 from ..report import (
@@ -65,7 +65,7 @@ class Candidate:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.report.status != "failed"
+        return self.error is None and self.report.status not in (CandidateStatus.FAILED, CandidateStatus.NOT_APPLICABLE)
 
     def profile_at(self, batch_size: int) -> ProfileResult | None:
         return next((p for p in self.report.profiles if p.batch_size == batch_size), None)
@@ -169,6 +169,9 @@ class GraphTuning:
                     backend=backend, module=self.module, context=self._context(workdir), session=self.session
                 )
             candidate.backend = built if built is not None else backend
+        except NotApplicableError as exc:  # by design, not a fault: no build-error observers
+            candidate.report.build_time_s = time.perf_counter() - start
+            return self._not_applicable(candidate, str(exc), exc)
         except Exception as exc:
             candidate.report.build_time_s = time.perf_counter() - start
             self.hook.aitune_build_error(
@@ -484,6 +487,23 @@ class GraphTuning:
         logger.info("%s: %s failed at %s: %s", self.module_name, candidate.name, stage, reason)
         self._complete(candidate)
         return candidate
+
+    def _not_applicable(self, candidate: Candidate, reason: str, error: BaseException) -> Candidate:
+        candidate.report.status = CandidateStatus.NOT_APPLICABLE
+        candidate.report.stage = "build"
+        candidate.report.reason = reason
+        candidate.error = error
+        logger.info("%s: %s does not apply: %s", self.module_name, candidate.name, reason)
+        self._complete(candidate)
+        return candidate
+
+    def failures(self) -> str:
+        """``backend: reason`` of every candidate that failed, joined; not applicable ones are left out."""
+        return "; ".join(
+            f"{c.backend}{f' ({c.variant})' if c.variant else ''}: {c.reason}"
+            for c in self.report.candidates
+            if c.status == CandidateStatus.FAILED
+        )
 
     def _complete(self, candidate: Candidate) -> None:
         """Tell observers ``candidate``'s result, once: its status is ``failed``, or still ``pending``

@@ -208,8 +208,12 @@ class FirstWinsStrategy(_GateStrategy):
                 if candidate.ok:
                     candidate.report.status = CandidateStatus.REJECTED
                     candidate.report.reason = why
-            reasons.append(f"{candidate.name}: {candidate.report.reason}")
-        tuning.finish(None, "no backend passed; running eager. " + "; ".join(reasons) if reasons else "no backends")
+            if candidate.report.status != CandidateStatus.NOT_APPLICABLE:  # by design: the detailed report has it
+                reasons.append(f"{candidate.name}: {candidate.report.reason}")
+        if reasons:
+            tuning.finish(None, "no backend passed; running eager. " + "; ".join(reasons))
+        else:
+            tuning.finish(None, "no backend applies to this module; running eager" if tuning.built else "no backends")
         return None
 
 
@@ -247,7 +251,7 @@ class _ProfilingStrategy(TuneStrategy):
 
     def _decide(self, tuning: GraphTuning, correct: list[Candidate], measured: list[int]) -> Candidate | None:
         if not correct:
-            failures = "; ".join(f"{c.backend}: {c.reason}" for c in tuning.report.candidates)
+            failures = tuning.failures() or "no candidate applies to this module"
             tuning.finish(None, f"no backend built and passed validation; running eager. {failures}")
             return None
         if len(correct) == 1 and not self.with_baseline:
