@@ -143,6 +143,9 @@ class CandidateReport:
     ``profile``."""
     reason: str | None = None
     build_time_s: float | None = None
+    validate_time_s: float | None = None
+    profile_time_s: float | None = None
+    """Its share of the interleaved profiling sessions it ran in (each session's time over its runners)."""
     from_cache: bool = False
     build_info: dict[str, Any] = attrs.field(factory=dict)
     validation: ValidationReport | None = None
@@ -253,6 +256,11 @@ class TuneReport:
     end_to_end: EndToEndReport | None = None
     """Set by ``ait.tune`` after installing the winners (``end_to_end=False``, dry runs and ranks of a
     distributed job have none)."""
+    time_spent: dict[str, float] = attrs.field(factory=dict)
+    """Where the time went: seconds per stage (``recording``, ``build``, ``validate``, ``profile``,
+    ``end to end``, and ``other`` for the rest of ``duration_s``)."""
+    time_budget: float | None = None
+    """``ait.tune(time_budget=...)``, seconds; candidates not built in it are ``skipped``."""
 
     def to_json(self) -> dict[str, Any]:
         return unstructure(self)  # type: ignore[no-any-return]

@@ -198,7 +198,10 @@ class FirstWinsStrategy(_GateStrategy):
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
         reasons = []
-        for template in self.candidates(default_backends):
+        templates = self.candidates(default_backends)
+        if self.backends is None:  # the user's own list is the priority this rule keeps
+            templates = tuning.order(templates)
+        for template in templates:
             candidate = tuning.build(template)
             if candidate.ok and tuning.validate(candidate):
                 passed, why, batch = self._gate(tuning, candidate)
@@ -222,7 +225,7 @@ class _ProfilingStrategy(TuneStrategy):
 
     def _correct(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> list[Candidate]:
         correct = []
-        for template in self.candidates(default_backends):
+        for template in tuning.order(self.candidates(default_backends)):
             candidate = tuning.build(template)
             if candidate.ok and tuning.validate(candidate):
                 correct.append(candidate)

@@ -110,7 +110,17 @@ def _frontier(graph: GraphReport, plt: Any) -> str | None:
 
 
 def _table(columns: tuple[str, ...] | list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    numeric = {"build s", "max rel err", "cosine", "p50 ms", "p99 ms", "samples/s", "speedup"}
+    numeric = {
+        "build s",
+        "validate s",
+        "profile s",
+        "max rel err",
+        "cosine",
+        "p50 ms",
+        "p99 ms",
+        "samples/s",
+        "speedup",
+    }
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = []
     for i, row in enumerate(rows):
