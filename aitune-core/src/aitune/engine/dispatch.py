@@ -211,7 +211,11 @@ class Dispatcher:
         what to record to cover it. Runs once per call key (the warning is given once)."""
         closest: list[str] | None = None
         for check, _ in self.routes:
-            found = _differences(check.graph, self.canonicalize, args, kwargs)
+            try:
+                found = _differences(check.graph, self.canonicalize, args, kwargs)
+            except Exception:  # describing the call must never stop it from running eager
+                logger.debug("%s: could not compare a call with a tuned graph", self.name, exc_info=True)
+                continue
             if found and (closest is None or len(found) < len(closest)):
                 closest = found
         if not closest:
