@@ -30,6 +30,9 @@ CORE = "aitune-core"
 EXAMPLE = "examples/aitune-backend-example"  # a third-party plugin: tested here, never published with the members
 TESTKIT = "testkit"  # aitune's own fault backends and survival table: installed for tests, never published
 TORCH = "torch==2.13.0"  # the CPU wheel; a bare "torch" pulls a multi-GB CUDA build
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+"""Every install passes these: torch and the torchvision built for it (constraints.txt), so nothing a
+session installs (transformers, diffusers, timm) replaces torch or pairs it with another torchvision."""
 DEV = ["pytest>=8", "hypothesis>=6.100", "grimp>=3.4"]
 GPU_MEMBERS = ("aitune-backend-tensorrt", "aitune-backend-torchtrt")
 """Members whose GPU runtimes are real dependencies (TensorRT and ModelOpt; Torch-TensorRT through its
@@ -56,13 +59,13 @@ def _cpu_requirements(member: str) -> list[str]:
 
 
 def _install(session: nox.Session, *members: str) -> None:
-    session.install(TORCH)
-    session.install(*DEV)
+    session.install(*CONSTRAINTS, TORCH)
+    session.install(*CONSTRAINTS, *DEV)
     wanted = list(dict.fromkeys([CORE, *members]))
-    session.install(*(_requirement(m) for m in wanted if m not in GPU_MEMBERS))
+    session.install(*CONSTRAINTS, *(_requirement(m) for m in wanted if m not in GPU_MEMBERS))
     for member in (m for m in wanted if m in GPU_MEMBERS):
         session.install("--no-deps", f"./{member}")
-        session.install(*_cpu_requirements(member))
+        session.install(*CONSTRAINTS, *_cpu_requirements(member))
     session.install("--no-deps", f"./{TESTKIT}")
 
 
@@ -86,7 +89,7 @@ def tests(session: nox.Session) -> None:
     example's, the cross-distribution tests and the benchmark harness's own tests."""
     _install(session, *MEMBERS)
     _install_example(session)
-    session.install(*MODELS)
+    session.install(*CONSTRAINTS, *MODELS)
     paths = [f"{m}/tests" for m in MEMBERS] + [f"{EXAMPLE}/tests", "tests", "benchmarks/test_benchmarks.py"]
     session.run("pytest", *paths, *session.posargs, env=_test_env(session))
 
@@ -95,7 +98,7 @@ def tests(session: nox.Session) -> None:
 def models(session: nox.Session) -> None:
     """Only the real-architecture layer (tests/models: transformers and diffusers), every member installed."""
     _install(session, *MEMBERS)
-    session.install(*MODELS)
+    session.install(*CONSTRAINTS, *MODELS)
     session.run("pytest", "tests/models", *session.posargs, env=_test_env(session))
 
 
@@ -144,7 +147,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy over aitune-core."""
-    session.install(TORCH, "mypy>=1.10", f"./{CORE}")
+    session.install(*CONSTRAINTS, TORCH, "mypy>=1.10", f"./{CORE}")
     session.run("mypy", f"{CORE}/src/aitune")
 
 

@@ -52,3 +52,33 @@ def test_backend_member_registers_through_its_entry_point(member):
     for name in provided:
         status = manager.registry.status(name)
         assert status.available or status.reason(), "an unavailable backend says why"
+
+
+def _pins() -> dict[str, str]:
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+
+def test_the_constraints_pin_torch_and_the_torchvision_built_for_it():
+    pins = _pins()
+    torch_minor = int(pins["torch"].split(".")[1])
+    vision_minor = int(pins["torchvision"].split(".")[1])
+    assert pins["torch"].startswith("2.") and vision_minor == torch_minor + 15, (
+        f"torchvision {pins['torchvision']} is not built for torch {pins['torch']} (0.N pairs with 2.(N - 15))"
+    )
+
+
+def test_the_quick_start_and_the_test_sessions_install_with_the_constraints():
+    pins = _pins()
+    noxfile = (ROOT / "noxfile.py").read_text()
+    assert f'TORCH = "torch=={pins["torch"]}"' in noxfile, "the sessions' torch is the constraints' torch"
+    installs = [line.strip() for line in noxfile.splitlines() if "session.install(" in line and "--no-deps" not in line]
+    unconstrained = [
+        line for line in installs if "CONSTRAINTS" not in line and "ruff" not in line and "build>=" not in line
+    ]
+    assert not unconstrained, f"installs that may pull torch or torchvision without the constraints: {unconstrained}"
+    readme = (ROOT / "README.md").read_text()
+    quick_start = next(
+        line for line in readme.splitlines() if line.startswith("python3 -m venv .venv") and "torch" in line
+    )
+    assert "pip install -c constraints.txt torch " in quick_start, quick_start

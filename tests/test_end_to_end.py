@@ -104,3 +104,25 @@ def test_every_backend_round_trips_through_an_artifact(available, tmp_path: Path
     assert_matches_eager(torch.tensor(result["y"]), tuned)
     if "torch_inductor_aot" in available:
         assert result["compiled"]["torch_inductor_aot"] is False, "an AOT payload loads without compiling"
+
+
+def test_the_eager_attention_variant_on_a_model_without_attention_is_not_applicable_not_failed():
+    """The issue's report full of failures by design: ONNX Runtime's attention variant on an MLP."""
+    registry = get_manager().registry
+    if "onnxruntime" not in registry or registry.status("onnxruntime").reason("cpu"):
+        pytest.skip("onnxruntime cannot run here")
+    from aitune.render import render_markdown
+    from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    attention, dynamo = ONNXRuntimeBackendConfig(attention="eager"), ONNXRuntimeBackendConfig()
+    strategy = ait.FirstWinsStrategy([ONNXRuntimeBackend(attention), ONNXRuntimeBackend(dynamo)])
+    strategy.enable_performance_validation(False)
+    torch.manual_seed(0)
+    model = ait.Module(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), "mlp", strategy=strategy)
+    report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], end_to_end=False)
+    not_applicable, chosen = report.modules[0].graphs[0].candidates
+    assert (not_applicable.status, not_applicable.stage) == ("not applicable", "build"), not_applicable.reason
+    assert "applies to transformers models only" in not_applicable.reason
+    assert chosen.status == "selected" and model.state == "tuned"
+    assert "attention" not in report.modules[0].summary, report.modules[0].summary
+    assert "| onnxruntime (eager attention) | not applicable (build) |" in render_markdown(report)

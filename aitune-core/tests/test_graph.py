@@ -142,3 +142,51 @@ def test_key_is_stable_and_structure_sensitive():
 def test_unsupported_leaf_is_named():
     with pytest.raises(InputError, match="unsupported value of type object at .*1"):
         infer_graph([s(torch.zeros(1), object())], ["x", "y"])
+
+
+def test_differences_name_the_keyword_the_value_and_the_tensor_that_differ():
+    from aitune import tree
+
+    g = infer_graph([s(torch.zeros(2, 5), mode="fast", mask=None)], ["x"])
+
+    def call(*args, **kwargs):
+        leaves, structure = tree.flatten((args, kwargs))
+        return g.differences(structure, leaves)
+
+    assert call(torch.zeros(2, 5), mode="fast", mask=None) == []
+    assert call(torch.zeros(2, 5), mode="slow", mask=None) == ["mode is 'slow', tuned with 'fast'"]
+    assert call(torch.zeros(2, 5), mode="fast", mask=torch.ones(2, 5)) == ["mask is a tensor, tuned with None"]
+    assert call(torch.zeros(2, 5), mode="fast") == ["the keyword mask is missing, tuned calls passed None"]
+    assert call(torch.zeros(2, 5, dtype=torch.half), mode="fast", mask=None) == ["x is float16, tuned with float32"]
+    assert call(torch.zeros(2, 5), mode="fast", mask=None, extra=3) == [
+        "the keyword extra (3) was never passed while tuning"
+    ]
+
+
+def test_differences_name_a_cache_length_other_than_the_tuned_one():
+    transformers = pytest.importorskip("transformers")
+    from aitune import tree
+
+    config = transformers.LlamaConfig(
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1, intermediate_size=32
+    )
+
+    def cache(length):
+        c = transformers.StaticCache(config=config, max_cache_len=length)
+        c.update(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), 0, {"cache_position": torch.tensor([0])})
+        return c
+
+    g = infer_graph([s(torch.zeros(1, 1), past_key_values=cache(8))], ["x"])
+    leaves, structure = tree.flatten(((torch.zeros(1, 1),), {"past_key_values": cache(16)}))
+    assert "past_key_values.layers.0.max_cache_len is 16, tuned with 8" in g.differences(structure, leaves)
+
+
+def test_axes_of_one_input_that_happen_to_be_equal_stay_apart():
+    g = infer_graph(
+        [s(torch.zeros(1, 3, 8, 8), torch.zeros(1, 8, 8)), s(torch.zeros(1, 3, 12, 12), torch.zeros(1, 12, 12))],
+        ["image", "mask"],
+    )
+    image, mask = g.inputs
+    assert image.dims[2:] == mask.dims[1:], "height with height, width with width across inputs"
+    assert image.dims[2] != image.dims[3], "a square image keeps height and width apart"
+    assert g.mismatch([torch.zeros(1, 3, 8, 12), torch.zeros(1, 8, 12)]) is None

@@ -52,13 +52,17 @@ def test_tuned_module_routes_calls_and_falls_back_outside_the_range(toy_backends
     with torch.no_grad():  # inference: tuned backends compute no gradients
         assert_matches_eager(model(x), model.module(x))
         assert backend.calls == before + 1
-        with pytest.warns(RuntimeWarning, match=r"outside what was tuned \(x: axis 0 \(batch\) is 9, tuned for 2..4\)"):
+        with pytest.warns(
+            RuntimeWarning,
+            match=r"outside what was tuned \(x: axis 0 \(batch\) is 9, tuned for 2..4; record a call of that size "
+            r"while tuning, or widen the range: dynamic_shapes=\{'x': \{0: ait.BatchDim\(min=2, max=9\)\}\}\)",
+        ):
             model(torch.randn(9, 8))
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # warned once per reason
             model(torch.randn(9, 8))
         assert backend.calls == before + 1, "out-of-range calls run eager"
-        with pytest.warns(RuntimeWarning, match="input structure .* never seen"):
+        with pytest.warns(RuntimeWarning, match=r"x has rank 3 \(1, 3, 8\), tuned with rank 2; to cover it, record"):
             model(torch.randn(3, 8, dtype=torch.float64).float().unsqueeze(0))
 
 

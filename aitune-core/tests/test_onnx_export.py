@@ -201,6 +201,20 @@ def test_the_torchscript_fallback_never_freezes_a_data_dependent_branch_unless_a
         export_onnx(DataDependent(), graph, samples[0], tmp_path, ONNXExportConfig(fallback_to_torchscript=False))
 
 
+def test_the_torchscript_variant_on_data_dependent_control_flow_does_not_apply_and_says_why_in_whole_words(tmp_path):
+    """By design, not a fault: the report lists the TorchScript-export variant as not applicable, and
+    the tracer's words are cut after a whole word, never mid-word ("This means tha)")."""
+    from aitune.errors import NotApplicableError
+
+    samples = [Sample((torch.rand(3, 4) + 0.1,))]
+    graph = _graph(DataDependent(), samples, ["x"])
+    with pytest.raises(NotApplicableError, match="TorchScript tracer reports data-dependent control flow") as refused:
+        export_onnx(DataDependent(), graph, samples[0], tmp_path, ONNXExportConfig(exporter="torchscript"))
+    quoted = str(refused.value).split("Python value: ", 1)[1].split("), so its graph", 1)[0]
+    assert quoted.endswith(("…", ".", "!")), quoted
+    assert quoted.removesuffix("…").split()[-1] in {"means", "that", "the", "trace", "incorrect.", "future."}, quoted
+
+
 def test_an_axis_the_exporter_fixes_is_refused_not_silently_static(tmp_path):
     samples = [Sample((torch.randn(b, 4),)) for b in (2, 4)]
     graph = _graph(LoopsOverBatch(), samples, ["x"])

@@ -160,6 +160,8 @@ def test_tune_command_end_to_end(toy_backends, tmp_path, monkeypatch):
             "out.html",
             "--threads",
             "1",
+            "--time-budget",
+            "600",
         ],
         env={"COLUMNS": "200"},
     )
@@ -167,6 +169,9 @@ def test_tune_command_end_to_end(toy_backends, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "out.json").read_text())["environment"]["threads"] == 1
     assert "SlowModule" in result.output and "tuned" in result.output
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert saved["time_budget"] == 600 and saved["time_spent"]["build"] >= 0 and "recording" in saved["time_spent"]
+    assert "time spent: " in result.output and "(time budget 600 s)" in result.output, "where the time went"
     assert json.loads((tmp_path / "out.json").read_text())["modules"][0]["graphs"][0]["decision"] == "toy"
     assert (tmp_path / "out.ait").stat().st_size > 0 and "<svg" in (tmp_path / "out.html").read_text()
     bad = CliRunner().invoke(app, ["tune", "nope"])

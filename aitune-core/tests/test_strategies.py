@@ -651,3 +651,31 @@ def test_the_selected_candidate_is_never_beaten_beyond_its_interval(toy_backends
                 assert c.speedup_low <= figure, (c, figure)
 
     check()
+
+
+# -- candidates that cannot apply ---------------------------------------------------------------------
+
+
+def test_a_variant_that_does_not_apply_is_listed_as_such_and_left_out_of_the_summary(toy_backends):
+    from aitune.render import render_markdown
+    from aitune.testing.backends import NotApplicableBackend
+
+    strategy = ait.FirstWinsStrategy([NotApplicableBackend(FAST), WrongBackend(FAST)], performance_validation=False)
+    report = ait.tune(wrap(strategy), data(2, 4))
+    graph = graph_report(report)
+    assert statuses(graph) == [("toy_not_applicable", "not applicable"), ("toy_wrong", "failed")]
+    assert graph.candidates[0].reason == "the toy variant applies to no module, by design"
+    summary = report.modules[0].summary
+    assert "toy_wrong" in summary and "toy_not_applicable" not in summary, summary
+    assert "| toy_not_applicable | not applicable (build) |" in render_markdown(report), "the detailed report shows it"
+
+
+@pytest.mark.parametrize("strategy", [ait.FirstWinsStrategy, ait.MaxThroughputStrategy])
+def test_a_module_no_candidate_applies_to_runs_eager_without_a_failure_line(toy_backends, strategy):
+    from aitune.testing.backends import NotApplicableBackend
+
+    model = wrap(strategy([NotApplicableBackend(FAST)], performance_validation=False))
+    report = ait.tune(model, data(2, 4))
+    assert model.state != "tuned" and report.modules[0].status == "eager"
+    summary = report.modules[0].summary
+    assert "toy_not_applicable" not in summary and "applies" in summary, summary

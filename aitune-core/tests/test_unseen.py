@@ -304,3 +304,96 @@ def test_the_html_report_draws_the_speed_accuracy_frontier(unseen_backends):
     assert "speed-accuracy frontier" in page
     assert 'id="point-selected"' in page and 'id="point-candidate"' in page and 'id="accuracy-floor"' in page
     assert "toy_int8_like" in page
+
+
+# -- a call outside what was tuned says what differs and what would cover it ---------------------------
+
+
+class Scaled(torch.nn.Module):
+    """``x`` with an optional mask and a keyword-only scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, mask=None, *, scale=1.0):
+        y = self.fc(x) * scale
+        return y if mask is None else y * mask
+
+
+def _tuned(module, data, **tune):
+    model = ait.Module(module.eval(), "m", strategy=_strategy(ToyBackend(ToyConfig())))
+    ait.tune(model, data, **tune)
+    assert model.state == "tuned", model.report.summary
+    return model
+
+
+def _fallback_warning(model, *args, **kwargs):
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="outside what was tuned") as caught:
+        model(*args, **kwargs)
+    return str(caught[0].message)
+
+
+def test_a_keyword_no_tuned_call_passed_is_named(toy_backends):
+    model = _tuned(Scaled(), [torch.randn(2, 8), torch.randn(4, 8)])
+    text = _fallback_warning(model, torch.randn(2, 8), mask=torch.ones(2, 8))
+    assert "the keyword mask=<float32 tensor (2, 8)> was never passed while tuning" in text, text
+    assert "record calls like this one" in text
+
+
+def test_a_keyword_value_other_than_the_tuned_one_is_named(toy_backends):
+    model = _tuned(Scaled(), [((torch.randn(2, 8),), {"scale": 2.0}), ((torch.randn(4, 8),), {"scale": 2.0})])
+    text = _fallback_warning(model, torch.randn(2, 8), scale=3.0)
+    assert "scale is 3.0, tuned with 2.0" in text, text
+
+
+def test_a_dtype_other_than_the_tuned_one_is_named(toy_backends):
+    class Casting(Scaled):
+        def forward(self, x):
+            return self.fc(x.float())
+
+    model = _tuned(Casting(), [torch.randn(2, 8), torch.randn(4, 8)])
+    text = _fallback_warning(model, torch.randn(2, 8, dtype=torch.float64))
+    assert "x is float64, tuned with float32" in text, text
+
+
+def test_an_axis_outside_its_range_names_the_axis_the_sizes_and_the_declaration_that_covers_it(toy_backends):
+    model = _tuned(Sequence(), [torch.randn(2, 4, 8), torch.randn(2, 8, 8)])
+    text = _fallback_warning(model, torch.randn(2, 12, 8))
+    assert "x: axis 1 (d0) is 12, tuned for 4..8" in text, text
+    assert "dynamic_shapes={'x': {1: ait.DynamicDim(min=4, max=12)}}" in text, text
+
+
+class Image(torch.nn.Module):
+    """A 1x1 convolution over ``[batch, 3, height, width]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def test_height_and_width_stay_two_dims_after_tuning_on_square_images(toy_backends):
+    model = _tuned(Image(), [torch.randn(1, 3, 64, 64), torch.randn(1, 3, 96, 96)])
+    [(graph, backend)] = model.tuned_graphs
+    assert graph.inputs[0].dims[2] != graph.inputs[0].dims[3], graph.inputs[0].dims
+    calls = backend.calls
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback
+        assert_matches_eager(model(x), model.module(x))
+    assert backend.calls == calls + 1, "the tuned backend serves a 64x96 image"
+
+
+def test_a_dynamic_dim_name_still_ties_height_and_width(toy_backends):
+    side = ait.DynamicDim("side", 64, 96)
+    model = ait.Module(
+        Image().eval(), "m", strategy=_strategy(ToyBackend(ToyConfig())), dynamic_shapes={"x": {2: side, 3: side}}
+    )
+    ait.tune(model, [torch.randn(1, 3, 64, 64), torch.randn(1, 3, 96, 96)])
+    text = _fallback_warning(model, torch.randn(1, 3, 64, 96))
+    assert "x: axis 3 (side) is 96 but x axis 2 is 64" in text, text

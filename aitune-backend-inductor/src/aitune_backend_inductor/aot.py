@@ -41,6 +41,7 @@ class TorchInductorAotBackend(Backend):
     config_class = TorchInductorAotBackendConfig
     config: TorchInductorAotBackendConfig
     native_build = True
+    build_cost = 6.0  # export, then Inductor's kernels compiled ahead into a shared library
     retry_in_process = True
     """The worker compiles a program that went through torch.export.save/load, which torch
     miscompiles for some models (Llama, Wav2Vec2); in this process the live program compiles."""

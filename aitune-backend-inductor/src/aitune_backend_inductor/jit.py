@@ -33,6 +33,7 @@ class TorchInductorJitBackend(Backend):
     name = "torch_inductor_jit"
     config_class = TorchInductorJitBackendConfig
     compiles_anything = True
+    build_cost = 4.0  # Inductor generates and compiles kernels on the first calls
     mutates_inputs = True
     """torch.compile keeps the module's in-place updates of its inputs (a static KV cache)."""
     config: TorchInductorJitBackendConfig

@@ -28,7 +28,7 @@ import torch
 
 from aitune import tree
 from aitune.backend import Backend, BuildContext, LoadContext, Tolerance, payload_file
-from aitune.errors import BackendUnavailableError, BuildError, SerializationError
+from aitune.errors import BackendUnavailableError, BuildError, NotApplicableError, SerializationError
 from aitune.graph import GraphSpec
 from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
 
@@ -730,13 +730,14 @@ def _from_ort(value: Any, device: torch.device) -> torch.Tensor:
 @contextlib.contextmanager
 def attention_implementation(module: torch.nn.Module, chosen: str | None) -> Iterator[None]:
     """``module``'s transformers configs set to the attention implementation ``chosen`` while the block
-    runs, then restored; a module with no such config cannot take that variant (BuildError)."""
+    runs, then restored; a module with no such config cannot take that variant (NotApplicableError: the
+    report lists it as not applicable, not as a failure)."""
     if chosen is None:
         yield
         return
     configs = {id(c): c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")}
     if not configs:
-        raise BuildError(
+        raise NotApplicableError(
             f"the {chosen} attention variant applies to transformers models only; this one has no attention config"
         )
     before = {key: config._attn_implementation for key, config in configs.items()}

@@ -28,6 +28,7 @@ class TensorRTBackend(Backend):
     name = "tensorrt"
     config_class = TensorRTBackendConfig
     native_build = True
+    build_cost = 10.0  # TensorRT times kernel tactics for every layer
     native_payload = True  # a serialized engine (plan) the TensorRT runtime executes
     config: TensorRTBackendConfig
 

@@ -21,7 +21,7 @@ from aitune.errors import BuildError, ConfigError, SerializationError
 from aitune.graph import GraphSpec, Sample, resize
 from aitune.validation import DEFAULT_TOLERANCES
 
-from . import weights
+from . import quiet, weights
 from .config import TorchAOBackendConfig
 from .presets import CUSTOM_TOLERANCE, PRESETS, for_torchao_class
 
@@ -156,6 +156,7 @@ class TorchAOBackend(Backend):
 
     def _quantized(self, module: torch.nn.Module) -> torch.nn.Module:
         """A quantized deep copy of ``module``; the original is left as it was."""
+        quiet.import_torchao()
         from torchao.quantization import quantize_
 
         model = copy.deepcopy(module)

@@ -5,6 +5,10 @@ from __future__ import annotations
 from aitune import hookimpl
 from aitune.registry import BackendRegistry, BackendSpec
 
+from . import quiet
+
+quiet.install()  # before anything imports torchao through aitune, or transformers does later
+
 
 def _probe(device: str) -> str | None:
     import torch

@@ -202,6 +202,8 @@ def _timing_cache(cache_dir: Path) -> str:
 class _TorchTensorRTBackend(Backend):
     """What both Torch-TensorRT backends share: the compile settings and the bound they imply."""
 
+    build_cost = 10.0  # TensorRT times kernel tactics for every converted subgraph
+
     @property
     def compile_config(self) -> TorchTensorRTConfig:
         return self.config.compile_config  # type: ignore[attr-defined,no-any-return]

@@ -138,6 +138,10 @@ class Backend(abc.ABC):
     or memory limit) is worth one more try in the user's process, because the in-process build takes
     another path (AOTInductor compiles the live exported program; the worker one that went through
     ``torch.export.save``/``load``). Validation judges the retry as any build."""
+    build_cost: ClassVar[float] = 1.0
+    """What one build costs, relative to an export plus a runtime session (ONNX Runtime, torchao: 1);
+    compilers that generate and search kernels say more (Inductor 4-6, TensorRT 10). Under
+    ``ait.tune(time_budget=...)`` cheaper candidates are built first."""
     mutates_inputs: ClassVar[bool] = False
     """True when ``infer`` updates the inputs the module updates in place (a static KV cache's
     tensors), as eager does. A graph with such inputs (``GraphSpec.mutated``) is built only by a

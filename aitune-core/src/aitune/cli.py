@@ -358,8 +358,12 @@ def _write_reports(
 
 
 def _print_summary(report: Any) -> None:
+    from .render.tables import time_spent
+
     rows = [[m.name, m.status, m.summary.partition(": ")[2] or m.error or ""] for m in report.modules]
     print_table(("module", "status", "result"), rows, "aitune: tuned modules")
+    if report.time_spent:
+        typer.echo(f"time spent: {time_spent(report)}")
 
 
 THREADS_HELP = (
@@ -393,6 +397,9 @@ def tune(
     html: Path | None = typer.Option(None, "--html", help="Write the HTML report here."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of a table."),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    time_budget: float | None = typer.Option(
+        None, "--time-budget", min=0.001, help="Seconds the tune may take; candidates not built by then are skipped."
+    ),
 ) -> None:
     """Tune a model from a factory, save the artifact and the reports."""
     import aitune.torch as ait
@@ -406,7 +413,7 @@ def tune(
         ait.wrap(model, module, strategy=chosen)
     elif not wrapped_modules(model):
         model = ait.Module(model, type(model).__name__, strategy=chosen)
-    report = ait.tune(model, dataset, batch_sizes=batch_size or None, device=device)
+    report = ait.tune(model, dataset, batch_sizes=batch_size or None, device=device, time_budget=time_budget)
     if output is not None:
         ait.save(model, output)
     if as_json:

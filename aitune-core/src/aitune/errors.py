@@ -51,6 +51,12 @@ class BuildError(AituneError):
     """A backend failed to build a candidate."""
 
 
+class NotApplicableError(BuildError):
+    """A candidate's variant does not apply to this module (an attention variant on a model with no
+    attention config, a TorchScript trace of data-dependent control flow). The candidate is listed
+    as "not applicable", not as a failure."""
+
+
 class ValidationError(AituneError):
     """A candidate's outputs do not match eager PyTorch."""
 

@@ -3,8 +3,9 @@
 A *graph* is what one backend build covers: the tree of inputs (tensor paths, ranks, dtypes,
 devices, non-tensor values) plus, for every axis that varies, a named symbolic dimension with
 min/opt/max. ``batch`` is the shared batch dimension; other varying axes are grouped into ``d0``,
-``d1``... (axes that always take the same value share a name, as sequence length does across
-``input_ids`` and ``attention_mask``). Exporters turn names into ``torch.export.Dim`` s and
+``d1``... (axes of different inputs that always take the same value share a name, as sequence
+length does across ``input_ids`` and ``attention_mask``; two axes of one input never share one by
+accident, so square images keep height and width apart unless a ``DynamicDim`` name ties them). Exporters turn names into ``torch.export.Dim`` s and
 TensorRT optimisation profiles; the dispatcher checks calls against the ranges.
 
 Why one long module: graph specs, their inference from samples, shape checks and the resizing
@@ -199,24 +200,66 @@ class GraphSpec:
         )
 
     def mismatch(self, tensors: Sequence[torch.Tensor]) -> str | None:
-        """Why these flat input tensors fall outside this graph, or None when they fit."""
+        """Why these flat input tensors fall outside this graph and what would cover them, or None
+        when they fit."""
         if len(tensors) != len(self.inputs):
             return f"expected {len(self.inputs)} tensors, got {len(tensors)}"
-        seen: dict[str, int] = {}
+        seen: dict[str, tuple[int, str, int]] = {}
         for t, spec in zip(tensors, self.inputs):
             if t.dim() != spec.rank:
-                return f"{spec.path}: rank {t.dim()}, tuned for rank {spec.rank}"
+                return (
+                    f"{spec.path}: rank {t.dim()}, tuned for rank {spec.rank}; record a call of that rank while tuning"
+                )
             for axis, (size, static, name) in enumerate(zip(t.shape, spec.shape, spec.dims)):
                 if name is None:
                     if size != static:
-                        return f"{spec.path}: axis {axis} is {size}, tuned for the static size {static}"
+                        lo, hi = min(size, static), max(size, static)
+                        return (
+                            f"{spec.path}: axis {axis} is {size}, tuned for the static size {static}; record calls "
+                            f"of both sizes while tuning, or declare the axis dynamic: dynamic_shapes="
+                            f"{{{spec.path!r}: {{{axis}: ait.DynamicDim(min={lo}, max={hi})}}}}"
+                        )
                     continue
                 rng = self.dims[name]
                 if size not in rng:
-                    return f"{spec.path}: axis {axis} ({name}) is {size}, tuned for {rng.min}..{rng.max}"
-                if seen.setdefault(name, size) != size:
-                    return f"{spec.path}: axis {axis} ({name}) is {size} but another input has {seen[name]}"
+                    kind = "BatchDim" if name == BATCH else "DynamicDim"
+                    return (
+                        f"{spec.path}: axis {axis} ({name}) is {size}, tuned for {rng.min}..{rng.max}; record a call "
+                        f"of that size while tuning, or widen the range: dynamic_shapes={{{spec.path!r}: "
+                        f"{{{axis}: ait.{kind}(min={min(rng.min, size)}, max={max(rng.max, size)})}}}}"
+                    )
+                first = seen.setdefault(name, (size, spec.path, axis))
+                if first[0] != size:
+                    return (
+                        f"{spec.path}: axis {axis} ({name}) is {size} but {first[1]} axis {first[2]} is {first[0]}, "
+                        "and every tuned call had them equal; record calls where they differ while tuning, or "
+                        "declare them as two ait.DynamicDim names"
+                    )
         return None
+
+    def differences(self, structure: dict[str, Any], tensors: Sequence[torch.Tensor]) -> list[str]:
+        """What a call of another input structure has that this graph's calls did not, one phrase
+        each: a keyword passed or left out, a value, a container, a cache attribute, a tensor's dtype,
+        rank or device. ``structure`` and ``tensors`` are the call's, in this graph's form."""
+        out: list[str] = []
+        call_args, call_kwargs = structure["items"]
+        tuned_args, tuned_kwargs = self.structure["items"]
+        if len(call_args["items"]) != len(tuned_args["items"]):
+            out.append(f"{len(call_args['items'])} positional arguments, tuned with {len(tuned_args['items'])}")
+        for i, (tuned, call) in enumerate(zip(tuned_args["items"], call_args["items"])):
+            _differences(tuned, call, self.arg_names[i] if i < len(self.arg_names) else f"args.{i}", out)
+        _keyed_differences(tuned_kwargs, call_kwargs, "", out, "the keyword")
+        paths = leaf_paths(self.arg_names, structure)
+        if not out and paths == [spec.path for spec in self.inputs]:
+            for t, spec in zip(tensors, self.inputs):
+                dtype = str(t.dtype).removeprefix("torch.")
+                if dtype != spec.dtype:
+                    out.append(f"{spec.path} is {dtype}, tuned with {spec.dtype}")
+                if t.dim() != spec.rank:
+                    out.append(f"{spec.path} has rank {t.dim()} {tuple(t.shape)}, tuned with rank {spec.rank}")
+                if t.device.type != spec.device:
+                    out.append(f"{spec.path} is on {t.device.type}, tuned on {spec.device}")
+        return out
 
     def example(self, which: str = "opt", batch_size: int | None = None) -> Sample:
         """Random inputs of this graph with every dynamic axis at ``which`` (or a given batch size)."""
@@ -228,6 +271,65 @@ class GraphSpec:
             tensors.append(_random(spec, tuple(shape)))
         args, kwargs = self.unflatten(tensors)
         return Sample(args, kwargs)
+
+
+def _what(node: dict[str, Any]) -> str:
+    """A structure node in a few words: ``a tensor``, ``None``, ``a list of 2``, ``a DynamicCache``."""
+    kind = node["kind"]
+    if kind == "tensor":
+        return "a tensor"
+    if kind == "const":
+        return repr(node["value"])
+    if kind == "enum":
+        return f"{node['type'].rpartition(':')[2]}.{node['name']}"
+    if "type" in node:
+        return f"a {node['type'].rpartition(':')[2]}"
+    return f"a {kind} of {len(node['items'])}"
+
+
+def _differences(tuned: dict[str, Any], call: dict[str, Any], where: str, out: list[str]) -> None:
+    """Append where ``call``'s structure node differs from ``tuned``'s."""
+    if tuned["kind"] != call["kind"] or tuned.get("type") != call.get("type"):
+        out.append(f"{where} is {_what(call)}, tuned with {_what(tuned)}")
+        return
+    kind = call["kind"]
+    if kind in ("const", "enum"):
+        if tuned != call:
+            out.append(f"{where} is {_what(call)}, tuned with {_what(tuned)}")
+        return
+    if kind == "pytree" and tuned["context"] != call["context"]:
+        out.append(f"{where} ({_what(call)}) has another layout than when tuned")
+        return
+    if kind == "state":
+        for attr in sorted(set(tuned["attrs"]) | set(call["attrs"])):
+            mine, theirs = call["attrs"].get(attr), tuned["attrs"].get(attr)
+            if mine != theirs:
+                out.append(f"{where}.{attr} is {mine!r}, tuned with {theirs!r}")
+    if "keys" in call:
+        _keyed_differences(tuned, call, where, out)
+        return
+    if "items" in call:
+        if len(call["items"]) != len(tuned["items"]):
+            out.append(f"{where} has {len(call['items'])} items, tuned with {len(tuned['items'])}")
+            return
+        for i, (t, c) in enumerate(zip(tuned["items"], call["items"])):
+            _differences(t, c, f"{where}.{i}", out)
+
+
+def _keyed_differences(
+    tuned: dict[str, Any], call: dict[str, Any], where: str, out: list[str], label: str = "the key"
+) -> None:
+    prefix = f"{where}." if where else ""
+    tuned_items = dict(zip(tuned["keys"], tuned["items"]))
+    call_items = dict(zip(call["keys"], call["items"]))
+    for key, node in call_items.items():
+        if key not in tuned_items:
+            out.append(f"{label} {prefix}{key} ({_what(node)}) was never passed while tuning")
+        else:
+            _differences(tuned_items[key], node, f"{prefix}{key}", out)
+    for key, node in tuned_items.items():
+        if key not in call_items:
+            out.append(f"{label} {prefix}{key} is missing, tuned calls passed {_what(node)}")
 
 
 class FlatModule(torch.nn.Module):
@@ -307,8 +409,9 @@ def infer_graph(
     if batch_leaves:
         ranges[BATCH] = [sizes[s][batch_leaves[0]][0] for s in range(len(samples))]
 
-    groups: dict[tuple[int, ...], str] = {}
+    groups: dict[tuple[tuple[int, ...], int], str] = {}
     for i in range(n_leaves):
+        repeats: collections.Counter[tuple[int, ...]] = collections.Counter()  # of one tensor's own axes
         for axis in range(len(sizes[0][i])):
             values = [sizes[s][i][axis] for s in range(len(samples))]
             decl = declared.get((i, axis))
@@ -332,7 +435,12 @@ def infer_graph(
             if decl is not None and decl.name:
                 name = decl.name
             else:
-                name = groups.setdefault(tuple(values), f"d{len(groups)}")
+                # equal values tie axes of different inputs (a sequence length); within one input, the
+                # k-th axis with these values joins the k-th of the others, so a square image's height
+                # and width stay two dims (a DynamicDim name ties them on purpose)
+                nth = repeats[tuple(values)]
+                repeats[tuple(values)] += 1
+                name = groups.setdefault((tuple(values), nth), f"d{len(groups)}")
             names[i][axis] = name
             ranges.setdefault(name, values)
             if decl is not None:

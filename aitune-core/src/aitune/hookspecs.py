@@ -154,13 +154,14 @@ def aitune_tune_started(report: TuneReport, report_path: Path | None, session: S
 def aitune_build_error(
     module_name: str, graph: GraphSpec, backend: Backend, error: BaseException, session: Session
 ) -> None:
-    """A candidate failed to build; called before the strategy moves on. Return value ignored."""
+    """A candidate failed to build (not called for one that does not apply, ``NotApplicableError``);
+    called before the strategy moves on. Return value ignored."""
 
 
 @hookspec
 def aitune_candidate_result(module_name: str, graph: GraphSpec, candidate: CandidateReport, session: Session) -> None:
     """A candidate is complete, told once and at once: when it fails at any step (status ``failed``,
-    ``stage`` says where), when it has been profiled, or, for a correct candidate the strategy never
+    ``stage`` says where) or does not apply (``not applicable``), when it has been profiled, or, for a correct candidate the strategy never
     profiles, when the graph's decision is made. Until then its status is ``pending``; the decision
     is in the module report (``aitune_tune_finished``). Return value ignored."""
 

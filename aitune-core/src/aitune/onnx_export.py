@@ -34,8 +34,9 @@ import attrs
 import torch
 
 from . import tracing, tree
-from .errors import BuildError, ConfigError
+from .errors import BuildError, ConfigError, NotApplicableError
 from .graph import FlatModule, GraphSpec, Sample, TensorSpec, resize
+from .text import clip
 
 EXPORTERS = ("dynamo", "torchscript")
 EXTERNAL_DATA_THRESHOLD = 1 << 30
@@ -165,6 +166,9 @@ def export_onnx(
     if config.exporter == "dynamo" and not config.fallback_to_torchscript:
         order = ["dynamo"]
     failures: list[tuple[str, str]] = []
+    inapplicable = 0
+    """Failures by design (a TorchScript trace of data-dependent control flow): when every exporter
+    tried refused so, the candidate does not apply to this module rather than failing."""
     for exporter in order:
         try:
             with _quiet(), _modes_kept(module):
@@ -175,13 +179,15 @@ def export_onnx(
             _check_dynamic_axes(path, graph, input_names)
         except BuildError as exc:
             failures.append((exporter, str(exc)))
+            inapplicable += isinstance(exc, NotApplicableError)
             continue
         except Exception as exc:
             failures.append((exporter, _explain(exc)))
             continue
         break
     else:
-        raise BuildError(_failure_message(module, failures))
+        error = NotApplicableError if inapplicable == len(failures) else BuildError
+        raise error(_failure_message(module, failures))
 
     if config.check:
         _check(path)
@@ -365,9 +371,9 @@ def _torchscript(
             )
         frozen = next((str(w.message) for w in caught if TRACE_BRANCHES in str(w.message)), None)
         if frozen is not None and not config.trace_control_flow:
-            raise BuildError(
+            raise NotApplicableError(
                 "the TorchScript tracer reports data-dependent control flow (a tensor turned into a Python "
-                f"value: {frozen.splitlines()[0][:200]}), so its graph keeps only the branch this sample took and "
+                f"value: {clip(frozen.splitlines()[0], 200)}), so its graph keeps only the branch this sample took and "
                 "would answer other inputs wrongly; it is refused (ONNXExportConfig(trace_control_flow=True) "
                 "accepts it when that branch is the only one your inputs take)"
             )
@@ -439,7 +445,7 @@ def _check(path: Path) -> None:
         onnx.checker.check_model(str(path))
     except Exception as exc:  # onnx.checker.ValidationError and protobuf errors
         raise BuildError(
-            f"the exported ONNX model does not pass onnx.checker: {str(exc).strip()[:500]}; export with another "
+            f"the exported ONNX model does not pass onnx.checker: {clip(str(exc), 500)}; export with another "
             "exporter or opset (ONNXExportConfig(exporter=..., opset=...)), or turn the check off with check=False"
         ) from exc
 
@@ -486,7 +492,7 @@ def _explain(exc: Exception) -> str:
         return f"the model's code fixes the dynamic dims {m.group(1)} to constant sizes"
     summary = text.split("## Exception summary", 1)[-1].strip()
     first = next((line.strip() for line in summary.splitlines() if line.strip()), type(exc).__name__)
-    return f"{type(exc).__name__}: {first[:400]}"
+    return f"{type(exc).__name__}: {clip(first, 400)}"
 
 
 def _failure_message(module: torch.nn.Module, failures: list[tuple[str, str]]) -> str:

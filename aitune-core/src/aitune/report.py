@@ -110,7 +110,11 @@ class CandidateStatus(_Status):
     REJECTED = "rejected"
     """Correct, but not chosen."""
     FAILED = "failed"
+    NOT_APPLICABLE = "not applicable"
+    """The candidate's variant does not apply to this module: listed in the detailed report, left out
+    of summaries and failure lists."""
     SKIPPED = "skipped"
+    """Never built: ``ait.tune(time_budget=...)`` ran out of time first (reason ``time budget``)."""
     BASELINE = "baseline"
     """Eager's own row in a rendered table (never a candidate's status in a report)."""
 
@@ -135,9 +139,13 @@ class CandidateReport:
     status: CandidateStatus = attrs.field(default=CandidateStatus.PENDING, converter=CandidateStatus)
     """Checked when set: a string that names no :class:`CandidateStatus` raises."""
     stage: str | None = None
-    """Where a failed candidate failed: ``availability``, ``build``, ``validate`` or ``profile``."""
+    """Where a failed (or not applicable) candidate stopped: ``availability``, ``build``, ``validate`` or
+    ``profile``."""
     reason: str | None = None
     build_time_s: float | None = None
+    validate_time_s: float | None = None
+    profile_time_s: float | None = None
+    """Its share of the interleaved profiling sessions it ran in (each session's time over its runners)."""
     from_cache: bool = False
     build_info: dict[str, Any] = attrs.field(factory=dict)
     validation: ValidationReport | None = None
@@ -248,6 +256,11 @@ class TuneReport:
     end_to_end: EndToEndReport | None = None
     """Set by ``ait.tune`` after installing the winners (``end_to_end=False``, dry runs and ranks of a
     distributed job have none)."""
+    time_spent: dict[str, float] = attrs.field(factory=dict)
+    """Where the time went: seconds per stage (``recording``, ``build``, ``validate``, ``profile``,
+    ``end to end``, and ``other`` for the rest of ``duration_s``)."""
+    time_budget: float | None = None
+    """``ait.tune(time_budget=...)``, seconds; candidates not built in it are ``skipped``."""
 
     def to_json(self) -> dict[str, Any]:
         return unstructure(self)  # type: ignore[no-any-return]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArtifactError, ConfigError
+from ..text import clip
 
 SUFFIX = ".sig"
 
@@ -94,14 +95,14 @@ def verify_signature(
             config.verify(artifact, sig)
             return f"signed by the key {Path(key).name}"
         except Exception as exc:
-            failures.append(f"{Path(key).name}: {type(exc).__name__}: {str(exc)[:200]}")
+            failures.append(f"{Path(key).name}: {type(exc).__name__}: {clip(str(exc), 200)}")
     if certificate_chain:
         config = library.verifying.Config().use_certificate_verifier(certificate_chain=certificate_chain)
         try:
             config.verify(artifact, sig)
             return "signed by a certificate of the trusted chain"
         except Exception as exc:
-            failures.append(f"certificate chain: {type(exc).__name__}: {str(exc)[:200]}")
+            failures.append(f"certificate chain: {type(exc).__name__}: {clip(str(exc), 200)}")
     raise ArtifactError(
         f"{artifact} is not signed by a key you trust, or was changed after signing ({'; '.join(failures)}); "
         "get the artifact and its .sig again from their source"

@@ -198,13 +198,57 @@ class Dispatcher:
         if candidates:
             reason = "; ".join(filter(None, (c.graph.mismatch(leaves) for c, _ in candidates)))
         else:
-            reason = "its input structure (types, dtypes, ranks or devices) was never seen while tuning"
+            reason = self._unseen(args, kwargs)
         if self.strict:
             raise UnsupportedCallError(
                 f"{self.name}: this call is outside what was tuned ({reason}); tune with inputs like this one, "
                 "or drop strict=True"
             )
         return self._eager_because(f"it is outside what was tuned ({reason})", args, kwargs)
+
+    def _unseen(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """What this call has that no tuned call had, against the tuned graph it is closest to, and
+        what to record to cover it. Runs once per call key (the warning is given once)."""
+        closest: list[str] | None = None
+        for check, _ in self.routes:
+            try:
+                found = _differences(check.graph, self.canonicalize, args, kwargs)
+            except Exception:  # describing the call must never stop it from running eager
+                logger.debug("%s: could not compare a call with a tuned graph", self.name, exc_info=True)
+                continue
+            if found and (closest is None or len(found) < len(closest)):
+                closest = found
+        if not closest:
+            return "its input structure (types, dtypes, ranks or devices) was never seen while tuning"
+        shown = "; ".join(closest[:3]) + (f"; and {len(closest) - 3} more" if len(closest) > 3 else "")
+        return f"{shown}; to cover it, record calls like this one in ait.tune's dataset"
+
+
+def _differences(
+    graph: GraphSpec, canonicalize: Canonicalizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[str]:
+    """What this call has that the calls of ``graph`` did not (see :meth:`GraphSpec.differences`)."""
+    n_args, names = _layout(graph)
+    try:
+        c_args, c_kwargs = canonicalize.arrange(args, kwargs, (n_args, names))
+    except TypeError as exc:  # another set of keywords, or one off its default that tuned calls left out
+        found = [
+            f"the keyword {k}={_short(v)} was never passed while tuning" for k, v in kwargs.items() if k not in names
+        ]
+        return found or [f"{exc} (tuned calls passed {', '.join(names) or 'no arguments'} by keyword)"]
+    try:
+        leaves, structure = tree.flatten((c_args, c_kwargs))
+    except Exception as exc:
+        return [str(exc)]
+    return graph.differences(structure, leaves)
+
+
+def _short(value: Any) -> str:
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, torch.Tensor):
+        return f"<{str(value.dtype).removeprefix('torch.')} tensor {tuple(value.shape)}>"
+    return f"<{type(value).__name__}>"
 
 
 def _layout(graph: GraphSpec) -> Layout:

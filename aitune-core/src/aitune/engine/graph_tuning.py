@@ -18,7 +18,6 @@ import itertools
 import logging
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import torch
 from ..backend import Backend, BuildContext, Tolerance
 from ..builtin import buildcache
 from ..builtin.eager import TorchEagerBackend
-from ..errors import ConfigError, SerializationError
+from ..errors import ConfigError, NotApplicableError, SerializationError
 from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
 from ..profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 from ..report import (
@@ -49,6 +48,9 @@ from .progress import TuneProgress
 logger = logging.getLogger("aitune")
 
 
+_NOT_BUILT = (CandidateStatus.FAILED, CandidateStatus.NOT_APPLICABLE, CandidateStatus.SKIPPED)
+
+
 @attrs.define(eq=False)
 class Candidate:
     """One backend for one graph: the built object (if it built) and its report entry."""
@@ -65,7 +67,7 @@ class Candidate:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.report.status != "failed"
+        return self.error is None and self.report.status not in _NOT_BUILT
 
     def profile_at(self, batch_size: int) -> ProfileResult | None:
         return next((p for p in self.report.profiles if p.batch_size == batch_size), None)
@@ -161,30 +163,37 @@ class GraphTuning:
         reason = self.registry.unavailable(backend, self.device, self.graph)
         if reason:
             return self._fail(candidate, "availability", reason, None)
+        if self.progress.out_of_time():
+            return self._skip(candidate, self.progress.budget_text())
         workdir = Path(tempfile.mkdtemp(prefix=f"aitune-{backend.name}-"))
-        start = time.perf_counter()
+        what = f"{self.module_name}: build {_label(candidate)}"
+        step = None
         try:
-            with self.progress.step(f"{self.module_name}: build {backend.name}"), torch.no_grad(), recording.bypass():
+            with self.progress.step(what, "build") as step, torch.no_grad(), recording.bypass():
                 built = self.hook.aitune_build(
                     backend=backend, module=self.module, context=self._context(workdir), session=self.session
                 )
             candidate.backend = built if built is not None else backend
+        except NotApplicableError as exc:  # by design, not a fault: no build-error observers
+            candidate.report.build_time_s = step.seconds if step is not None else None
+            return self._not_applicable(candidate, str(exc), exc)
         except Exception as exc:
-            candidate.report.build_time_s = time.perf_counter() - start
+            candidate.report.build_time_s = step.seconds if step is not None else None
             self.hook.aitune_build_error(
                 module_name=self.module_name, graph=self.graph, backend=backend, error=exc, session=self.session
             )
             return self._fail(candidate, "build", f"{type(exc).__name__}: {exc}", exc)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        candidate.report.build_time_s = time.perf_counter() - start
+        candidate.report.build_time_s = step.seconds
         candidate.report.build_info = dict(candidate.backend.build_info)
         candidate.report.from_cache = bool(candidate.backend.build_info.get("from_cache", False))
         return candidate
 
     def validate(self, candidate: Candidate) -> bool:
         """Compare with eager on every sample; a failure marks the candidate failed."""
-        with self.progress.step(f"{self.module_name}: validate {candidate.name}"), torch.no_grad(), recording.bypass():
+        what = f"{self.module_name}: validate {_label(candidate)}"
+        with self.progress.step(what, "validate") as step, torch.no_grad(), recording.bypass():
             result = self.hook.aitune_validate(
                 backend=candidate.backend,
                 reference=self.module,
@@ -195,6 +204,7 @@ class GraphTuning:
                 session=self.session,
             )
         candidate.report.validation = result
+        candidate.report.validate_time_s = step.seconds
         if self.metric is not None and (result.passed or result.closeness_only):
             reason = self._judge_by_metric(candidate, result)
             if reason is not None:
@@ -294,9 +304,10 @@ class GraphTuning:
             keys = [f"{c.name}#{i}" for i, c in enumerate(contenders)]
             restore = bool(self.graph.mutated)
             calls = {k: _guarded(k, _runner(c.backend, inputs, restore)) for k, c in zip(keys, contenders)}
-            what = f"{self.module_name}: profile {', '.join(c.name for c in contenders)} at batch {batch_size}"
+            what = f"{self.module_name}: profile {', '.join(_label(c) for c in contenders)} at batch {batch_size}"
+            step = None
             try:
-                with self.progress.step(what), recording.bypass():
+                with self.progress.step(what, "profile") as step, recording.bypass():
                     results = self.hook.aitune_profile(
                         runners=calls, batch_size=batch_size, config=config, device=self.device, session=self.session
                     )
@@ -305,6 +316,9 @@ class GraphTuning:
                 outcome = ProfileOutcome(out_of_memory=True)
             except _RunnerFailed as failed:
                 outcome = ProfileOutcome(failed_key=failed.key, error=failed.error)
+            if step is not None and step.seconds is not None:  # an interleaved session: each runner its share
+                for c in contenders:
+                    c.report.profile_time_s = (c.report.profile_time_s or 0.0) + step.seconds / len(contenders)
             if self.shared is not None:
                 outcome = self.shared.profiles(what, outcome)
             if outcome.out_of_memory:
@@ -485,6 +499,42 @@ class GraphTuning:
         self._complete(candidate)
         return candidate
 
+    def order(self, templates: Sequence[Backend]) -> list[Backend]:
+        """With a time budget, the cheapest builds first (``Backend.build_cost``; ties keep their
+        order, the priority given), so the budget is spent where it buys the most candidates."""
+        if self.progress.time_budget is None:
+            return list(templates)
+        return sorted(templates, key=lambda b: b.build_cost)
+
+    def _skip(self, candidate: Candidate, reason: str) -> Candidate:
+        candidate.report.status = CandidateStatus.SKIPPED
+        candidate.report.reason = reason
+        logger.info("%s: %s skipped: %s", self.module_name, _label(candidate), reason)
+        self._complete(candidate)
+        return candidate
+
+    def _not_applicable(self, candidate: Candidate, reason: str, error: BaseException) -> Candidate:
+        candidate.report.status = CandidateStatus.NOT_APPLICABLE
+        candidate.report.stage = "build"
+        candidate.report.reason = reason
+        candidate.error = error
+        logger.info("%s: %s does not apply: %s", self.module_name, candidate.name, reason)
+        self._complete(candidate)
+        return candidate
+
+    def failures(self) -> str:
+        """``backend: reason`` of every candidate that failed, joined, then those skipped for the time
+        budget; not applicable ones are left out (the detailed report lists them)."""
+        parts = [
+            f"{c.backend}{f' ({c.variant})' if c.variant else ''}: {c.reason}"
+            for c in self.report.candidates
+            if c.status == CandidateStatus.FAILED
+        ]
+        skipped = [c.backend for c in self.report.candidates if c.status == CandidateStatus.SKIPPED]
+        if skipped:
+            parts.append(f"{', '.join(skipped)} skipped: the time budget was spent")
+        return "; ".join(parts)
+
     def _complete(self, candidate: Candidate) -> None:
         """Tell observers ``candidate``'s result, once: its status is ``failed``, or still ``pending``
         (complete, awaiting the graph's decision) unless the decision is made already."""
@@ -498,6 +548,12 @@ class GraphTuning:
     def _leading_size(self) -> int:
         first = self.graph.inputs[0] if self.graph.inputs else None
         return first.shape[0] if first is not None and first.rank else 1
+
+
+def _label(candidate: Candidate) -> str:
+    """``onnxruntime (torchscript export)``: the backend and, when it has several, its variant."""
+    variant = candidate.report.variant
+    return f"{candidate.name} ({variant})" if variant else candidate.name
 
 
 NOISY_SPREAD = 0.2

@@ -28,6 +28,7 @@ from ..distributed import Coordinator
 from ..errors import AituneError, BuildError, DistributedTuneError, TuningError, ValidationError
 from ..registry import BackendRegistry
 from ..report import CandidateReport, GraphReport, ModuleReport, ProfileResult, TuneReport
+from ..text import clip
 from . import recording
 from .plan import TuneRun, graph_of, graph_tuning, strategy_for
 
@@ -108,7 +109,7 @@ def _first_difference(a: Any, b: Any, path: str, rank: int) -> str | None:
                 return found
         return None
     if a != b:
-        return f"{path} is {str(a)[:200]!r} on rank 0 and {str(b)[:200]!r} on rank {rank}"
+        return f"{path} is {clip(str(a), 200)!r} on rank 0 and {clip(str(b), 200)!r} on rank {rank}"
     return None
 
 

@@ -198,7 +198,10 @@ class FirstWinsStrategy(_GateStrategy):
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
         reasons = []
-        for template in self.candidates(default_backends):
+        templates = self.candidates(default_backends)
+        if self.backends is None:  # the user's own list is the priority this rule keeps
+            templates = tuning.order(templates)
+        for template in templates:
             candidate = tuning.build(template)
             if candidate.ok and tuning.validate(candidate):
                 passed, why, batch = self._gate(tuning, candidate)
@@ -208,8 +211,12 @@ class FirstWinsStrategy(_GateStrategy):
                 if candidate.ok:
                     candidate.report.status = CandidateStatus.REJECTED
                     candidate.report.reason = why
-            reasons.append(f"{candidate.name}: {candidate.report.reason}")
-        tuning.finish(None, "no backend passed; running eager. " + "; ".join(reasons) if reasons else "no backends")
+            if candidate.report.status != CandidateStatus.NOT_APPLICABLE:  # by design: the detailed report has it
+                reasons.append(f"{candidate.name}: {candidate.report.reason}")
+        if reasons:
+            tuning.finish(None, "no backend passed; running eager. " + "; ".join(reasons))
+        else:
+            tuning.finish(None, "no backend applies to this module; running eager" if tuning.built else "no backends")
         return None
 
 
@@ -218,7 +225,7 @@ class _ProfilingStrategy(TuneStrategy):
 
     def _correct(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> list[Candidate]:
         correct = []
-        for template in self.candidates(default_backends):
+        for template in tuning.order(self.candidates(default_backends)):
             candidate = tuning.build(template)
             if candidate.ok and tuning.validate(candidate):
                 correct.append(candidate)
@@ -247,7 +254,7 @@ class _ProfilingStrategy(TuneStrategy):
 
     def _decide(self, tuning: GraphTuning, correct: list[Candidate], measured: list[int]) -> Candidate | None:
         if not correct:
-            failures = "; ".join(f"{c.backend}: {c.reason}" for c in tuning.report.candidates)
+            failures = tuning.failures() or "no candidate applies to this module"
             tuning.finish(None, f"no backend built and passed validation; running eager. {failures}")
             return None
         if len(correct) == 1 and not self.with_baseline:

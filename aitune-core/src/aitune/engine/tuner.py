@@ -83,6 +83,7 @@ def tune(
     metric: Callable[[Any, Any, Any], float] | None = None,
     accuracy_budget: float | None = None,
     end_to_end: bool | float = True,
+    time_budget: float | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -123,6 +124,13 @@ def tune(
     dataset items, eager against tuned, interleaved, for up to 10 s (a number: that budget); the
     report and the log lead with it ("end to end 1.70x [1.61-1.79]"), next to each module's share
     of the eager time, so a partial wrap that barely moves the whole says so.
+
+    ``time_budget`` (seconds) bounds the tune: candidates are built cheapest first
+    (``Backend.build_cost``; FirstWins keeps a list the user gave in its order), and once the budget
+    is spent no further candidate is built: each is reported ``skipped`` with the reason, a build
+    already running finishes, and what was built is still validated, profiled and decided on. Every
+    build, validation and profile logs its start and, past 30 s, a line every 30 s; the report's
+    ``time_spent`` (and each candidate's build, validate and profile seconds) says where the time went.
     """
     if threads is not None:
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -154,7 +162,11 @@ def tune(
     decide_by = distributed.rank_decision(rank_decision)
     _inference_mode(wrapped_modules(model_or_callable), set_eval)
     kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
-    progress = TuneProgress(settings.show_progress if show_progress is None else show_progress)
+    if time_budget is not None and (
+        isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)) or not time_budget > 0
+    ):
+        raise InputError(f"time_budget must be a number of seconds > 0, got {time_budget!r}")
+    progress = TuneProgress(settings.show_progress if show_progress is None else show_progress, time_budget)
     manager = get_manager()
     with progress, kept, build_session(manager.executors, manager.registry, executor) as builds:
         report = _tune(
@@ -319,18 +331,39 @@ def _tune(
             ranks.tune_together(group, tune_all, list(recorded.modules.values()), report, run)
     except BaseException as exc:
         report.duration_s = time.perf_counter() - started
+        _time_spent(report, progress)
         session.hook.aitune_tune_failed(report=report, error=exc, session=session)
         raise
     if freeze and not dry_run:
         freeze_tuned(model_or_callable, report)
     if end_to_end_s and not dry_run and group is None:
-        _end_to_end(model_or_callable, recorded, report, end_to_end_s)
+        with progress.step("end to end: eager against tuned", "end to end"):
+            _end_to_end(model_or_callable, recorded, report, end_to_end_s)
     report.environment["load_average_end"] = load_average()
     report.duration_s = time.perf_counter() - started
+    _time_spent(report, progress)
     session.hook.aitune_tune_finished(report=report, session=session)
     if report_path is not None:
         report.save(report_path)
     return report
+
+
+def _time_spent(report: TuneReport, progress: TuneProgress) -> None:
+    """Where the time went: seconds per stage, ``other`` for the rest of the run (on the same clock)."""
+    spent = {stage: round(seconds, 3) for stage, seconds in progress.spent.items()}
+    total = progress.elapsed()
+    spent["other"] = round(max(total - sum(progress.spent.values()), 0.0), 3)
+    report.time_spent = spent
+    report.time_budget = progress.time_budget
+    if progress.time_budget is not None:
+        skipped = [c for m in report.modules for g in m.graphs for c in g.candidates if c.status == "skipped"]
+        if skipped:
+            logger.warning(
+                "time budget of %g s spent: %d candidate(s) not built (%s); raise ait.tune(time_budget=...) to try them",
+                progress.time_budget,
+                len(skipped),
+                ", ".join(dict.fromkeys(c.backend for c in skipped)),
+            )
 
 
 def _record(
@@ -348,7 +381,7 @@ def _record(
         module._reset()
     samples_seen = 0
     first: Any = None
-    with progress.step("recording calls"), torch.no_grad(), recording.recording(max_samples) as session:
+    with progress.step("recording calls", "recording"), torch.no_grad(), recording.recording(max_samples) as session:
         for sample in dataset:
             first = sample if samples_seen == 0 else first
             if samples_seen < END_TO_END_ITEMS:

@@ -19,7 +19,7 @@ h1{font-size:1.6rem;margin-bottom:.2rem}h2{margin-top:2.2rem;border-bottom:2px s
 h3{font-size:1rem;color:#445}table{border-collapse:collapse;width:100%;font-size:.85rem;margin:.6rem 0}
 th,td{border-bottom:1px solid #e3e7ef;padding:.35rem .5rem;text-align:left;vertical-align:top}
 th{background:#f5f7fb}td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.selected td{background:#eaf7ee;font-weight:600}tr.failed td{color:#8a1f1f}tr.baseline td{color:#555;font-style:italic}
+tr.selected td{background:#eaf7ee;font-weight:600}tr.failed td{color:#8a1f1f}tr.baseline td{color:#555;font-style:italic}tr.not-applicable td,tr.skipped td{color:#777}
 .summary{background:#f5f7fb;border-left:4px solid #3b6fd8;padding:.6rem .9rem;margin:.8rem 0;font-family:ui-monospace,monospace;font-size:.9rem}
 .why{color:#445}.plots{display:flex;flex-wrap:wrap;gap:1rem}.plots svg{max-width:560px;height:auto}
 dl{display:grid;grid-template-columns:max-content auto;gap:.2rem 1rem;font-size:.9rem}dt{color:#667}dd{margin:0}
@@ -110,7 +110,17 @@ def _frontier(graph: GraphReport, plt: Any) -> str | None:
 
 
 def _table(columns: tuple[str, ...] | list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    numeric = {"build s", "max rel err", "cosine", "p50 ms", "p99 ms", "samples/s", "speedup"}
+    numeric = {
+        "build s",
+        "validate s",
+        "profile s",
+        "max rel err",
+        "cosine",
+        "p50 ms",
+        "p99 ms",
+        "samples/s",
+        "speedup",
+    }
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = []
     for i, row in enumerate(rows):
@@ -145,7 +155,9 @@ def render_html(report: TuneReport) -> str:
             if graph.reason:
                 parts.append(f"<p class='why'>Why: {html.escape(graph.reason)}</p>")
             rows = candidate_rows(graph)
-            classes = [r[1].split(" ")[0] for r in rows]
+            classes = [
+                r[1].split(" (")[0].replace(" ", "-") for r in rows
+            ]  # "not applicable (build)" -> not-applicable
             parts.append(_table(CANDIDATE_COLUMNS, rows, classes))
             notes = graph_notes(graph)
             if notes:

@@ -10,6 +10,8 @@ CANDIDATE_COLUMNS = (
     "backend",
     "status",
     "build s",
+    "validate s",
+    "profile s",
     "cached",
     "max rel err",
     "cosine",
@@ -51,6 +53,8 @@ def candidate_rows(graph: GraphReport) -> list[list[str]]:
                 f"{c.backend} ({c.variant})" if c.variant else c.backend,
                 c.status if not c.stage else f"{c.status} ({c.stage})",
                 _fmt(c.build_time_s, ".2f"),
+                _fmt(c.validate_time_s, ".2f"),
+                _fmt(c.profile_time_s, ".2f"),
                 "yes" if c.from_cache else "",
                 _fmt(v.max_rel_error if v and v.outputs else None, ".1e"),
                 _fmt(v.min_cosine if v and v.outputs else None, ".6f"),
@@ -90,6 +94,7 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
         ("aitune", report.aitune_version),
         ("started", report.started_at),
         ("duration", f"{report.duration_s:.1f} s" if report.duration_s else ""),
+        ("time spent", time_spent(report)),
         ("device", report.device),
         ("machine", str(env.get("gpu") or env.get("cpu", ""))),
         ("torch", str(env.get("torch", ""))),
@@ -99,6 +104,16 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
         ("load average", _load(env)),
     ]
     return [(k, v) for k, v in rows if v]  # a report read back from an artifact has no run times
+
+
+def time_spent(report: TuneReport) -> str:
+    """``build 41.2 s, profile 12.0 s, ...`` largest first, with the budget when there was one."""
+    parts = [f"{stage} {s:.1f} s" for stage, s in sorted(report.time_spent.items(), key=lambda kv: -kv[1]) if s]
+    text = ", ".join(parts)
+    if report.time_budget is not None:
+        skipped = sum(c.status == "skipped" for m in report.modules for g in m.graphs for c in g.candidates)
+        text += f" (time budget {report.time_budget:g} s" + (f", {skipped} candidate(s) skipped)" if skipped else ")")
+    return text
 
 
 def _shares(shares: dict[str, float]) -> str:

@@ -17,6 +17,7 @@ import torch
 
 from .. import hookimpl
 from ..backend import Backend, BackendConfig, BuildContext, LoadContext
+from ..errors import NotApplicableError
 from ..registry import BackendRegistry, BackendSpec
 
 
@@ -135,7 +136,17 @@ class FlatBackend(ToyBackend):
         return self.graph.unflatten_outputs([t.clone() for t in tree.flatten(output)[0]])
 
 
-TOY_BACKENDS = (ToyBackend, WrongBackend, NaNBackend, MutatingBackend, FlatBackend)
+class NotApplicableBackend(ToyBackend):
+    """A variant that never applies (as an attention variant on a model with no attention): its build
+    raises :class:`~aitune.errors.NotApplicableError`."""
+
+    name = "toy_not_applicable"
+
+    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        raise NotApplicableError("the toy variant applies to no module, by design")
+
+
+TOY_BACKENDS = (ToyBackend, WrongBackend, NaNBackend, MutatingBackend, FlatBackend, NotApplicableBackend)
 
 
 def register(registry: BackendRegistry, classes: tuple[type[ToyBackend], ...], module: str) -> None:
