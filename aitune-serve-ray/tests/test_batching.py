@@ -18,11 +18,6 @@ from aitune_serve_ray.plan import BatchPlan, InputSpec, input_specs, intersect, 
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    return serving.tune(tmp_path_factory.mktemp("serve") / "tiny.ait")
-
-
 @pytest.fixture
 def loaded(artifact):
     return ait.load(serving.build(), artifact)
