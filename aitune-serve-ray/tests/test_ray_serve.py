@@ -151,3 +151,17 @@ def test_a_killed_replica_is_replaced_and_serves_again(url):
         time.sleep(0.5)
     assert torch.allclose(torch.tensor(answer.json()["output"]), _eager(x), atol=TOL)
     assert _stats()["pid"] != pid
+
+
+def test_the_eager_baseline_keeps_the_batching_and_runs_no_tuned_backend(url, artifact):
+    from aitune_serve_ray import TunedModel
+
+    replica = TunedModel.func_or_class("aitune_testkit.serving:build", str(artifact), 1, eager=True)
+    x = torch.randn(1, 8, 16)
+    [answer] = replica.runner.run([{"x": x}])
+    assert torch.allclose(answer.outputs["output"], _eager(x), atol=TOL)
+    assert answer.backends == () and answer.batch_sizes == (2,)  # padded to the tuned batch sizes all the same
+    unbatched = TunedModel.func_or_class("aitune_testkit.serving:build", str(artifact), 1, batching=False)
+    with pytest.warns(RuntimeWarning, match="outside what was tuned"):
+        [answer] = unbatched.runner.run([{"x": x}])  # one row, as sent: below the tuned 2..4
+    assert answer.backends == ("encoder=torch_eager",) and answer.batch_sizes == (1,)

@@ -91,14 +91,20 @@ class TunedModel:
         load_options: dict[str, Any] | None = None,
         batch_wait_timeout_s: float = 0.005,
         max_body_bytes: int = MAX_BODY_BYTES,
+        eager: bool = False,
+        batching: bool = True,
     ) -> None:
         self.threads = threads or tuned_threads(artifact) or torch.get_num_threads()
         torch.set_num_threads(self.threads)
-        model = resolve_factory(factory)()
-        model = ait.load(model, artifact, **(load_options or {}))
+        build = resolve_factory(factory)
+        model = ait.load(build(), artifact, **(load_options or {}))
         model.eval()
-        self.plan = BatchPlan.of(model)
+        self.plan = BatchPlan.of(model) if batching else BatchPlan(())
         self.specs = input_specs(model)
+        if eager:  # the baseline: the same weights, batching and inputs, none of the tuned backends
+            weights = model.state_dict()
+            model = build().eval()
+            model.load_state_dict(weights)
         self.metrics = Metrics()
         self.runner = BatchRunner(model, self.plan, self.specs, on_call=self.metrics.call)
         self.max_body_bytes = max_body_bytes
@@ -215,6 +221,8 @@ def deployment(
     trust_native_code: bool = False,
     weights: str | None = None,
     fallback: str | None = None,
+    eager: bool = False,
+    batching: bool = True,
 ) -> serve.Application:
     """A Ray Serve application serving ``artifact`` loaded into ``factory()`` (``serve.run`` it).
 
@@ -223,6 +231,10 @@ def deployment(
     native payload runs only from a pinned, signed or trusted artifact. ``threads`` (default: what
     the artifact was tuned with) is each replica's torch thread count and its Ray CPU request.
     ``artifact`` must be readable at the same path on every node that runs a replica.
+
+    Baselines for load tests and A/B comparisons: ``eager=True`` serves the factory's model with
+    the artifact's weights and batching but none of its tuned backends; ``batching=False`` makes
+    each request one model call, as sent.
     """
     path = Path(artifact).resolve()
     if not path.is_file():
@@ -250,4 +262,6 @@ def deployment(
         {k: v for k, v in options.items() if v not in (None, False)},
         batch_wait_timeout_s,
         max_body_bytes,
+        eager,
+        batching,
     )
