@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -46,13 +47,15 @@ def start(
 
 
 def serve_until_interrupted(factory: str, artifact: str | Path, **options: Any) -> None:
-    """:func:`start`, then block until Ctrl-C, then take the application down."""
+    """:func:`start`, then block until Ctrl-C, then take the application down (a local Ray stops
+    with this process; on a cluster the application is deleted)."""
     from ray import serve
 
-    url = start(factory, artifact, **options)
-    print(f"serving {artifact} at {url} (POST tensors, GET the inputs and batch sizes); Ctrl-C stops", flush=True)
     try:
+        url = start(factory, artifact, **options)
+        print(f"serving {artifact} at {url} (POST tensors, GET the inputs and batch sizes); Ctrl-C stops", flush=True)
         while True:
             time.sleep(1)
     except KeyboardInterrupt:
-        serve.delete(APP)
+        with contextlib.suppress(Exception):  # stopping anyway: a Serve that never started has nothing to delete
+            serve.delete(APP)
