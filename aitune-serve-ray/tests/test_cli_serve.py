@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -22,7 +25,13 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", "aitune_testkit.serving:build"]
     log = (tmp_path / "serve.log").open("w")
-    process = subprocess.Popen([*command, "--port", str(port), "--threads", "1"], stdout=log, stderr=subprocess.STDOUT)
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's sockets need a short path; nox's TMPDIR is long
+    process = subprocess.Popen(
+        [*command, "--port", str(port), "--threads", "1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RAY_TMPDIR": temp},
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 180
@@ -47,6 +56,7 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    shutil.rmtree(temp, ignore_errors=True)
     assert process.returncode == 0, (tmp_path / "serve.log").read_text()[-3000:]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
+import shutil
 import socket
 import tempfile
 import time
@@ -35,7 +36,9 @@ def _free_port() -> int:
 def url(artifact):
     import aitune_serve_ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=tempfile.mkdtemp(prefix="ray-"))
+    # a folder of its own under /tmp: nox points TMPDIR into the virtualenv, too long for Ray's sockets
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = aitune_serve_ray.deployment("aitune_testkit.serving:build", artifact, threads=1, batch_wait_timeout_s=0.05)
@@ -43,6 +46,7 @@ def url(artifact):
     yield f"http://127.0.0.1:{port}/"
     serve.shutdown()
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def _eager(x: torch.Tensor) -> torch.Tensor:
@@ -132,6 +136,11 @@ def test_bad_input_is_a_4xx_with_a_message_never_a_traceback(url, body, headers,
     assert answer.status_code == status, answer.text
     assert words in answer.json()["error"]
     assert "Traceback" not in answer.text
+
+
+def test_another_method_is_a_405_that_names_post_and_get(url):
+    answer = requests.put(url, json={"x": [[[0.0] * 16] * 8]}, timeout=60)
+    assert answer.status_code == 405 and "POST tensors" in answer.json()["error"]
 
 
 def test_a_killed_replica_is_replaced_and_serves_again(url):

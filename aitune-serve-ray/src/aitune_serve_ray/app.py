@@ -123,10 +123,9 @@ class TunedModel:
             return JSONResponse(self.describe())
         arrived = time.perf_counter()
         try:
-            declared = int(request.headers.get("content-length") or 0)
-            body = await request.body() if declared <= self.max_body_bytes else b""
-            if declared > self.max_body_bytes or len(body) > self.max_body_bytes:
-                raise BadRequest(413, f"the body is over {self.max_body_bytes} bytes; send fewer rows per request")
+            if request.method != "POST":
+                raise BadRequest(405, f"{request.method} is not served: POST tensors, or GET what this model takes")
+            body = await self._body(request)
             content_type = request.headers.get("content-type")
             tensors = decode(body, content_type, self.specs)
             rows = self.runner.rows(tensors)
@@ -144,6 +143,17 @@ class TunedModel:
                 status_code=500,
             )
         return Response(payload, media_type=kind, headers=_headers(answer))
+
+    async def _body(self, request: Request) -> bytes:
+        """The body, refused unread when it says it is over the limit."""
+        try:
+            declared = int(request.headers.get("content-length") or 0)
+        except ValueError:
+            raise BadRequest(400, "the Content-Length header is not a number") from None
+        body = await request.body() if declared <= self.max_body_bytes else b""
+        if declared > self.max_body_bytes or len(body) > self.max_body_bytes:
+            raise BadRequest(413, f"the body is over {self.max_body_bytes} bytes; send fewer rows per request")
+        return body
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.005, batch_size_fn=_weight)
     async def _batched(self, items: list[_Item]) -> list[Answer | BadRequest]:

@@ -89,7 +89,9 @@ class BatchRunner:
             return self._joined(requests)
         except _ModelRefused as refused:
             if len(requests) == 1:
-                return [refused.bad_request]
+                if not refused.outside:  # it fits what was tuned: the server's failure, not the request's
+                    raise refused.error from None
+                return [refused.bad_request()]
         # one request the model cannot take must not fail the others: each one alone
         return [answer for request in requests for answer in self._run_group([request])]
 
@@ -157,10 +159,7 @@ class _ModelRefused(Exception):
         outside = [f"{r.module}: {r.reason}" for r in routes if r.reason]
         self.outside = outside
 
-    @property
     def bad_request(self) -> BadRequest:
-        if not self.outside:
-            raise self.error
         first_line = str(self.error).strip().splitlines()[0] if str(self.error).strip() else ""
         return BadRequest(
             422,
