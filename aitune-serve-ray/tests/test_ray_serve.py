@@ -174,3 +174,17 @@ def test_the_eager_baseline_keeps_the_batching_and_runs_no_tuned_backend(url, ar
     with pytest.warns(RuntimeWarning, match="outside what was tuned"):
         [answer] = unbatched.runner.run([{"x": x}])  # one row, as sent: below the tuned 2..4
     assert answer.backends == ("encoder=torch_eager",) and answer.batch_sizes == (1,)
+
+
+def test_deployment_options_reach_ray_serve_and_threads_set_the_cpus(artifact):
+    import aitune_serve_ray
+
+    autoscaling = {"min_replicas": 1, "max_replicas": 3}
+    app = aitune_serve_ray.deployment(
+        "aitune_testkit.serving:build", artifact, threads=2, deployment_options={"autoscaling_config": autoscaling}
+    )
+    bound = app._bound_deployment  # Ray Serve has no public accessor for a bound application's options
+    assert bound._deployment_config.autoscaling_config.max_replicas == 3
+    assert bound.ray_actor_options["num_cpus"] == 2
+    with pytest.raises(FileNotFoundError, match="no such artifact"):
+        aitune_serve_ray.deployment("aitune_testkit.serving:build", artifact.parent / "missing.ait")

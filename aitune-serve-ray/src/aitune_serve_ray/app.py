@@ -224,6 +224,7 @@ def deployment(
     batch_wait_timeout_s: float = 0.005,
     max_ongoing_requests: int = 64,
     ray_actor_options: dict[str, Any] | None = None,
+    deployment_options: dict[str, Any] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     expected_sha256: str | None = None,
     trusted_keys: Sequence[str | Path] | None = None,
@@ -241,6 +242,9 @@ def deployment(
     native payload runs only from a pinned, signed or trusted artifact. ``threads`` (default: what
     the artifact was tuned with) is each replica's torch thread count and its Ray CPU request.
     ``artifact`` must be readable at the same path on every node that runs a replica.
+
+    ``deployment_options`` go to Ray Serve's ``Deployment.options`` as they are (``autoscaling_config``,
+    ``health_check_period_s``...); with ``autoscaling_config``, ``replicas`` is left to it.
 
     Baselines for load tests and A/B comparisons: ``eager=True`` serves the factory's model with
     the artifact's weights and batching but none of its tuned backends; ``batching=False`` makes
@@ -263,9 +267,10 @@ def deployment(
     }
     per_replica = threads or tuned_threads(path) or 1
     actor = {"num_cpus": per_replica, **(ray_actor_options or {})}
-    return TunedModel.options(
-        num_replicas=replicas, ray_actor_options=actor, max_ongoing_requests=max_ongoing_requests
-    ).bind(
+    chosen = {"ray_actor_options": actor, "max_ongoing_requests": max_ongoing_requests, **(deployment_options or {})}
+    if "autoscaling_config" not in chosen:
+        chosen["num_replicas"] = replicas
+    return TunedModel.options(**chosen).bind(
         factory,
         str(path),
         threads,
