@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-FACTORY = "aitune.demo:build_model"
 APP = "bench"
+SEQ = 32
+"""The BERT case's sequence length (tuned static; every request has it)."""
 
 
 def tune_demo(folder: Path) -> Path:
@@ -48,20 +49,69 @@ def tune_demo(folder: Path) -> Path:
     return path
 
 
-def _body() -> bytes:
+def build_bert() -> Any:
+    """A 2-layer BERT from a small config (nothing downloaded): the ``bert`` case's factory."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=100
+    )
+    return transformers.BertModel(config).eval()
+
+
+def _tokens(batch: int, seed: int) -> dict[str, Any]:
+    """``input_ids`` and a mask with a few padded positions at the end of each row."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(batch, SEQ, dtype=torch.long)
+    for row in range(batch):
+        mask[row, SEQ - 1 - row % 4 :] = 0
+    return {"input_ids": torch.randint(0, 100, (batch, SEQ), generator=g), "attention_mask": mask}
+
+
+def tune_bert(folder: Path) -> Path:
+    """The BERT case tuned as a whole for batches of 4 and 8 (MaxThroughput over ONNX Runtime)."""
+    import aitune.torch as ait
+    from aitune.torch.backend import ONNXRuntimeBackend
+
+    model = ait.Module(build_bert(), "bert", strategy=ait.MaxThroughputStrategy([ONNXRuntimeBackend()]))
+    ait.tune(model, [_tokens(4, 1), _tokens(8, 2)])
+    path = folder / "bert.ait"
+    ait.save(model, path)
+    return path
+
+
+def _demo_body() -> tuple[bytes, dict[str, str]]:
+    """One image as ``.npy``."""
     import numpy as np
 
     buffer = io.BytesIO()
     np.save(buffer, np.random.default_rng(0).standard_normal((1, 3, 32, 32), dtype=np.float32))
-    return buffer.getvalue()
+    return buffer.getvalue(), {"content-type": "application/x-npy"}
 
 
-def load(url: str, clients: int, total: int, on_progress: Any = None, retry: bool = False) -> dict[str, Any]:
+def _bert_body() -> tuple[bytes, dict[str, str]]:
+    """One row of tokens and its mask as safetensors."""
+    from safetensors.torch import save
+
+    return save(_tokens(1, 3)), {"content-type": "application/safetensors"}
+
+
+CASES = {
+    "demo": ("aitune.demo:build_model", tune_demo, _demo_body),
+    "bert": ("benchmarks.serving:build_bert", tune_bert, _bert_body),
+}
+"""Per case: the factory every replica imports, how to tune it, and one request body."""
+
+
+def load(url: str, case: str, clients: int, total: int, on_progress: Any = None, retry: bool = False) -> dict[str, Any]:
     """``total`` requests from ``clients`` closed-loop clients; latencies, and what failed and why."""
     import requests
 
-    body = _body()
-    headers = {"content-type": "application/x-npy"}
+    body, headers = CASES[case][2]()
     latencies: list[float] = []
     failures: list[str] = []
     retried_ok = 0
@@ -160,15 +210,15 @@ def _tuned_share(stats: list[dict[str, Any]]) -> float | None:
     return tuned / total if total else None
 
 
-def run_setup(url: str, artifact: Path, args: argparse.Namespace, replicas: int = 1, **options: Any) -> dict[str, Any]:
+def run_setup(url: str, case: str, artifact: Path, args: argparse.Namespace, **options: Any) -> dict[str, Any]:
     from ray import serve
 
     import aitune_serve_ray
 
-    app = aitune_serve_ray.deployment(FACTORY, artifact, replicas=replicas, threads=args.threads, **options)
+    app = aitune_serve_ray.deployment(CASES[case][0], artifact, threads=args.threads, **options)
     serve.run(app, name=APP, route_prefix="/")
-    load(url, args.clients, args.warmup)  # warm-up, not counted
-    result = load(url, args.clients, args.requests)
+    load(url, case, args.clients, args.warmup)  # warm-up, not counted
+    result = load(url, case, args.clients, args.requests)
     stats = _stats()
     result["tuned_share"] = _tuned_share(stats)
     sizes = [s for replica in stats for s in replica["batch_sizes"]]
@@ -183,10 +233,9 @@ def run_kill(url: str, artifact: Path, args: argparse.Namespace) -> dict[str, An
 
     import aitune_serve_ray
 
-    serve.run(
-        aitune_serve_ray.deployment(FACTORY, artifact, replicas=2, threads=args.threads), name=APP, route_prefix="/"
-    )
-    load(url, args.clients, args.warmup)
+    app = aitune_serve_ray.deployment(CASES["demo"][0], artifact, replicas=2, threads=args.threads)
+    serve.run(app, name=APP, route_prefix="/")
+    load(url, "demo", args.clients, args.warmup)
     killed: list[str] = []
 
     def kill_at_a_third(n: int) -> None:
@@ -197,7 +246,7 @@ def run_kill(url: str, artifact: Path, args: argparse.Namespace) -> dict[str, An
             ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
             killed.append(name)
 
-    result = load(url, args.clients, args.requests, on_progress=kill_at_a_third, retry=True)
+    result = load(url, "demo", args.clients, args.requests, on_progress=kill_at_a_third, retry=True)
     result["killed"] = killed
     serve.delete(APP)
     return result
@@ -208,15 +257,16 @@ def markdown(results: dict[str, Any]) -> str:
         f"Machine: {results['machine']}; {results['clients']} clients, {results['requests']} one-row requests "
         f"per setup after {results['warmup']} warm-up ones; {results['threads']} torch thread(s) per replica.",
         "",
-        "| setup | throughput (req/s) | p50 (ms) | p99 (ms) | mean batch (rows) | calls on a tuned backend |",
-        "|---|---|---|---|---|---|",
+        "| model | setup | throughput (req/s) | p50 (ms) | p99 (ms) | mean model call (rows) | calls on a tuned backend |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for name, r in results["setups"].items():
-        share = "-" if r["tuned_share"] is None else f"{100 * r['tuned_share']:.0f}%"
-        lines.append(
-            f"| {name} | {r['throughput_rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-            f"{r['mean_batch_size']:.2f} | {share} |"
-        )
+    for case, setups in results["setups"].items():
+        for name, r in setups.items():
+            share = "-" if r["tuned_share"] is None else f"{100 * r['tuned_share']:.0f}%"
+            lines.append(
+                f"| {case} | {name} | {r['throughput_rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                f"{r['mean_batch_size']:.2f} | {share} |"
+            )
     kill = results.get("kill")
     if kill:
         kinds: dict[str, int] = {}
@@ -224,7 +274,7 @@ def markdown(results: dict[str, Any]) -> str:
             kinds[failure] = kinds.get(failure, 0) + 1
         lines += [
             "",
-            f"Replica kill (2 replicas of (c), one killed after {results['requests'] // 3} requests): "
+            f"Replica kill (demo, 2 replicas of (c), one killed after {results['requests'] // 3} requests): "
             f"{kill['answered']} answered at once, {len(kill['failures'])} failed and then "
             f"{kill['answered_on_retry']} answered on retry, {kill['lost']} lost.",
         ]
@@ -232,8 +282,16 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SETUPS = {
+    "(a) eager, one call per request": {"eager": True, "batching": False},
+    "(b) eager, the artifact's batching": {"eager": True},
+    "(c) tuned artifact, its batching": {},
+}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="demo,bert", help="Comma-separated cases: demo, bert.")
     parser.add_argument("--artifact", type=Path, help="A tuned demo artifact (aitune demo's classifier.ait).")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=400)
@@ -243,16 +301,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-kill", action="store_true", help="Skip the replica-kill run.")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    cases = [c for c in args.models.split(",") if c]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; choose from {', '.join(CASES)}")
 
     import ray
     from ray import serve
 
     folder = Path(tempfile.mkdtemp(prefix="aitune-serving-"))
-    artifact = args.artifact or tune_demo(folder)
+    artifacts = {c: args.artifact if c == "demo" and args.artifact else CASES[c][1](folder) for c in cases}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    # the replicas import the bert factory from this checkout
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    ray.init(
+        num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}}
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     url = f"http://127.0.0.1:{port}/"
     results: dict[str, Any] = {
@@ -265,16 +331,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "setups": {},
     }
     try:
-        setups = {
-            "(a) eager, one call per request": {"eager": True, "batching": False},
-            "(b) eager, the artifact's batching": {"eager": True},
-            "(c) tuned artifact, its batching": {},
-        }
-        for name, options in setups.items():
-            results["setups"][name] = run_setup(url, artifact, args, **options)
-            print(name, json.dumps({k: v for k, v in results["setups"][name].items() if k != "failures"}), flush=True)
-        if not args.no_kill:
-            results["kill"] = run_kill(url, artifact, args)
+        for case in cases:
+            results["setups"][case] = {}
+            for name, options in SETUPS.items():
+                result = run_setup(url, case, artifacts[case], args, **options)
+                results["setups"][case][name] = result
+                print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+        if not args.no_kill and "demo" in cases:
+            results["kill"] = run_kill(url, artifacts["demo"], args)
     finally:
         serve.shutdown()
         ray.shutdown()

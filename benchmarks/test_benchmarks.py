@@ -117,9 +117,9 @@ def test_the_serving_table_shows_each_setup_and_what_the_kill_run_lost() -> None
             "requests": 100,
             "warmup": 5,
             "threads": 1,
-            "setups": {"(c)": setup},
+            "setups": {"demo": {"(c)": setup}},
             "kill": kill,
         }
     )
-    assert "| (c) | 100.0 | 5.0 | 9.0 | 4.50 | 75% |" in table
+    assert "| demo | (c) | 100.0 | 5.0 | 9.0 | 4.50 | 75% |" in table
     assert "2 failed and then 1 answered on retry, 1 lost" in table and "2 x `HTTP 500: x`" in table
