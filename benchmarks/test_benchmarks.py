@@ -101,3 +101,25 @@ def test_the_peers_table_shows_speedups_and_failures() -> None:
     assert "| bert | 1 | 4.00 | 2.00x [1.90-2.11] | failed |" in text
     assert "BuildError: x" in text
     assert callable(hf_main)
+
+
+def test_the_serving_table_shows_each_setup_and_what_the_kill_run_lost() -> None:
+    from benchmarks.serving import _tuned_share, markdown
+
+    share = _tuned_share([{"batches_by_backend": {"f=onnxruntime": 3, "h=torch_eager": 1}}, {"batches_by_backend": {}}])
+    assert share == 0.75
+    setup = {"throughput_rps": 100.0, "p50_ms": 5.0, "p99_ms": 9.0, "mean_batch_size": 4.5, "tuned_share": share}
+    kill = {"answered": 98, "failures": ["HTTP 500: x", "HTTP 500: x"], "answered_on_retry": 1, "lost": 1}
+    table = markdown(
+        {
+            "machine": "m",
+            "clients": 2,
+            "requests": 100,
+            "warmup": 5,
+            "threads": 1,
+            "setups": {"demo": {"(c)": setup}},
+            "kill": kill,
+        }
+    )
+    assert "| demo | (c) | 100.0 | 5.0 | 9.0 | 4.50 | 75% |" in table
+    assert "2 failed and then 1 answered on retry, 1 lost" in table and "2 x `HTTP 500: x`" in table

@@ -32,7 +32,11 @@ def test_member_is_installed_with_its_own_version_readme_and_changelog(member):
         assert any(d.replace(" ", "").startswith("aitune-core>=0.1,<0.2") for d in deps), deps
 
 
-@pytest.mark.parametrize("member", [m for m in MEMBERS if m.name != "aitune-core"], ids=lambda p: p.name)
+PLUGINS = [m for m in MEMBERS if m.name != "aitune-core" and not m.name.startswith("aitune-serve-")]
+"""Members that plug into a tune (backends, executors); ``aitune-serve-*`` serve an artifact instead."""
+
+
+@pytest.mark.parametrize("member", PLUGINS, ids=lambda p: p.name)
 def test_backend_member_registers_through_its_entry_point(member):
     from aitune.plugins import AituneManager
 
@@ -82,3 +86,20 @@ def test_the_quick_start_and_the_test_sessions_install_with_the_constraints():
         line for line in readme.splitlines() if line.startswith("python3 -m venv .venv") and "torch" in line
     )
     assert "pip install -c constraints.txt torch " in quick_start, quick_start
+
+
+@pytest.mark.parametrize("member", [m for m in MEMBERS if m.name.startswith("aitune-serve-")], ids=lambda p: p.name)
+def test_serving_member_is_reached_by_aitune_serve_and_core_stays_free_of_ray(member):
+    """``aitune serve`` imports it when run; importing core's command line imports neither it nor Ray."""
+    import subprocess
+
+    import typer.main
+
+    from aitune.cli import app
+
+    meta = tomllib.loads((member / "pyproject.toml").read_text())["project"]
+    assert "aitune" not in meta.get("entry-points", {}), "a serving member is not a tuning plugin"
+    assert "serve" in typer.main.get_command(app).commands
+    package = meta["name"].replace("-", "_")
+    check = f"import sys, aitune.cli, aitune.torch; assert not {{'ray', '{package}'}} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=120)

@@ -69,3 +69,15 @@ def test_every_command_that_prints_a_table_has_json():
         assert "--json" in [o for p in command.commands[name].params for o in p.opts], name
     cache = command.commands["cache"]
     assert "--json" in [o for p in cache.commands["info"].params for o in p.opts]
+
+
+def test_serve_without_aitune_serve_ray_names_what_to_install(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "aitune_serve_ray", None)  # as if not installed: importing it fails
+    monkeypatch.setitem(sys.modules, "aitune_serve_ray.launch", None)
+    artifact = tmp_path / "model.ait"
+    artifact.write_bytes(b"")
+    result = CliRunner().invoke(app, ["serve", str(artifact), "--factory", "mymodels:build"])
+    assert result.exit_code == 1
+    assert "pip install aitune-serve-ray" in result.output

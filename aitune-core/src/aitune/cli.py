@@ -512,6 +512,50 @@ def demo(
     _write_reports(result, output_dir / "report.json", output_dir / "report.html", False, quiet=as_json)
 
 
+@app.command()
+def serve(
+    artifact: Path = typer.Argument(..., help="The .ait file (at the same path on every node of a cluster)."),
+    factory: str = typer.Option(
+        ..., "--factory", help="package.module:build_model, returning the model freshly built (as ait.load takes it)."
+    ),
+    replicas: int = typer.Option(1, "--replicas", min=1, help="How many replicas serve it."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="The HTTP port."),
+    host: str = typer.Option("127.0.0.1", "--host", help="The HTTP address to listen on (0.0.0.0: every interface)."),
+    address: str | None = typer.Option(None, "--address", help="An existing Ray cluster (default: a local Ray)."),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="Torch threads per replica; default: what the artifact was tuned with."
+    ),
+    sha256: str | None = typer.Option(None, "--sha256", help="Expected SHA-256 of the artifact (pins it)."),
+    key: list[Path] = typer.Option([], "--key", help="A public key (PEM) you trust; the signature is ARTIFACT.sig."),
+    trust_native_code: bool = typer.Option(False, "--trust-native-code", help="Run native payloads unverified."),
+) -> None:
+    """Serve a tuned artifact over HTTP on Ray Serve, batched within the batch sizes it was tuned for."""
+    try:
+        from aitune_serve_ray.launch import serve_until_interrupted
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("aitune_serve_ray"):
+            raise
+        typer.echo("aitune serve needs Ray Serve: pip install aitune-serve-ray", err=True)
+        raise typer.Exit(1) from None
+    if not artifact.is_file():
+        raise typer.BadParameter(f"{artifact}: no such file", param_hint="ARTIFACT")
+    try:
+        serve_until_interrupted(
+            factory,
+            artifact,
+            replicas=replicas,
+            port=port,
+            host=host,
+            address=address,
+            threads=threads,
+            expected_sha256=sha256,
+            trusted_keys=key or None,
+            trust_native_code=trust_native_code,
+        )
+    except ValueError as exc:  # a factory that does not import: the user's to fix, no traceback
+        raise typer.BadParameter(str(exc), param_hint="--factory") from exc
+
+
 def main() -> None:
     try:
         app()

@@ -53,11 +53,17 @@ class Classifier(torch.nn.Module):
         return self.head(self.features(images))
 
 
+def build_model() -> Classifier:
+    """The demo model freshly built (eval mode): the factory ``ait.load`` and ``aitune serve
+    --factory aitune.demo:build_model`` take."""
+    return Classifier().eval()
+
+
 def model_and_data(batch_sizes: tuple[int, ...] = (4, 8)) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     """The demo model (eval mode, random weights) and a few input batches: the ``aitune tune`` factory form."""
     g = torch.Generator().manual_seed(1)
     data = [torch.randn(b, 3, 32, 32, generator=g) for b in batch_sizes]
-    return Classifier().eval(), data
+    return build_model(), data
 
 
 def demo_backends() -> list[Any]:

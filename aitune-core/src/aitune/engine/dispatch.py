@@ -9,6 +9,9 @@ strict mode, raises); so does a call whose tuned backend raises, and one the :cl
 Thread safety: a dispatcher only adds entries to its lookup table and its set of warnings given
 (single dict and set operations, atomic in CPython), so one tuned module may be called from many
 threads at once; each backend's ``infer`` must be, too (see docs/serving.md).
+
+A server that must say which backend answered (per batch, in a response header and its metrics)
+wraps its calls in :func:`observe_routes`: outside it, the per-call cost is one context lookup.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, NamedTuple
 
 import torch
 
@@ -33,6 +37,44 @@ Runner = Callable[..., Any]
 _Entry = tuple["Layout | None", list[tuple["ShapeCheck", Runner]], bool]
 """Per call key: the layout to rearrange calls to (None: as made), the candidate graphs, and
 whether the call can be described to a backend at all."""
+
+
+class Route(NamedTuple):
+    """How one call of one tuned module was answered."""
+
+    module: str
+    """The tuned module's name (``ait.Module(..., name)``)."""
+    backend: str
+    """The backend that answered: the graph's winner, or ``torch_eager``."""
+    reason: str | None = None
+    """Why the call ran eager although the module is tuned (outside what was tuned, a backend that
+    raised, grad mode...); None when it ran as tuned (eager included, where eager won)."""
+
+
+_observed: ContextVar[list[Route] | None] = ContextVar("aitune_observed_routes", default=None)
+
+
+@contextlib.contextmanager
+def observe_routes() -> Iterator[list[Route]]:
+    """Collect a :class:`Route` for every call of a tuned module made inside (this thread or task
+    only; ``asyncio.to_thread`` copies the context, so a thread started inside adds to the list)."""
+    seen: list[Route] = []
+    token = _observed.set(seen)
+    try:
+        yield seen
+    finally:
+        _observed.reset(token)
+
+
+EAGER = "torch_eager"
+
+
+def _note(module: str, runner: Runner | None, reason: str | None = None) -> None:
+    """Record the route of a call being observed; ``runner`` None for eager, else a backend's ``infer``."""
+    seen = _observed.get()
+    if seen is not None:
+        backend = getattr(getattr(runner, "__self__", runner), "name", None) if runner is not None else EAGER
+        seen.append(Route(module, backend if isinstance(backend, str) else type(runner).__name__, reason))
 
 
 class ShapeCheck:
@@ -114,6 +156,7 @@ class Dispatcher:
             entry = self._resolve(key, args, kwargs)
         layout, candidates, describable = entry
         if not describable:  # a value no backend can take (a cache object, a callable): eager by design
+            _note(self.name, None, "its inputs hold a value no backend can take")
             return self.eager(*args, **kwargs)
         c_args, c_kwargs = args, kwargs
         if layout is not None:
@@ -126,9 +169,10 @@ class Dispatcher:
         for check, runner in candidates:
             if check.fits(leaves):
                 if runner is self.eager:  # a range or graph where eager won: nothing to fall back from
+                    _note(self.name, None)
                     return runner(*args, **kwargs)
                 try:
-                    return runner(*c_args, **c_kwargs)
+                    out = runner(*c_args, **c_kwargs)
                 except Exception as exc:
                     if self.strict:
                         raise
@@ -139,6 +183,8 @@ class Dispatcher:
                         args,
                         kwargs,
                     )
+                _note(self.name, runner)
+                return out
         return self._fallback(candidates, leaves, args, kwargs)
 
     def _blocked(self, blocked: tuple[str, type[Exception]], args: Any, kwargs: Any) -> Any:
@@ -159,6 +205,7 @@ class Dispatcher:
 
     def _eager_because(self, reason: str, args: Any, kwargs: Any) -> Any:
         """Run this call eager, warning once per reason."""
+        _note(self.name, None, reason)
         if reason not in self._warned:
             self._warned.add(reason)
             warnings.warn(f"{self.name}: running this call eager: {reason}", RuntimeWarning, stacklevel=4)

@@ -12,6 +12,7 @@ as documented.
 from __future__ import annotations
 
 from ..artifact import load, save
+from ..engine.dispatch import Route, observe_routes
 from ..engine.inspection import InspectResult, inspect
 from ..engine.module import Module
 from ..engine.strategies import (
@@ -44,11 +45,13 @@ __all__ = [
     "Module",
     "OneBackendStrategy",
     "PerformanceValidationMode",
+    "Route",
     "TuneReport",
     "TuneStrategy",
     "config",
     "inspect",
     "load",
+    "observe_routes",
     "save",
     "tune",
     "wrap",

@@ -1,0 +1,61 @@
+"""``aitune serve``: start Ray (a local instance, or join ``--address``), serve, and wait for Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+APP = "aitune"
+
+
+def start(
+    factory: str,
+    artifact: str | Path,
+    *,
+    port: int = 8000,
+    host: str = "127.0.0.1",
+    address: str | None = None,
+    **options: Any,
+) -> str:
+    """Serve ``artifact`` with ``factory`` as the Ray Serve application ``aitune``; its URL.
+
+    Without ``address`` a local Ray starts here, its workers seeing this directory (so
+    ``--factory mymodels:build`` imports from where the command runs); with it, the cluster's
+    nodes must have the factory's package and the artifact's path themselves.
+    """
+    import ray
+    from ray import serve
+
+    from .app import deployment, resolve_factory
+
+    sys.path.insert(0, os.getcwd())
+    resolve_factory(factory)  # fails here, with the import error, rather than in every replica
+    app = deployment(factory, artifact, **options)
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address)
+        else:
+            path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+            ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name=APP, route_prefix="/")
+    return f"http://{host}:{port}/"
+
+
+def serve_until_interrupted(factory: str, artifact: str | Path, **options: Any) -> None:
+    """:func:`start`, then block until Ctrl-C, then take the application down (a local Ray stops
+    with this process; on a cluster the application is deleted)."""
+    from ray import serve
+
+    try:
+        url = start(factory, artifact, **options)
+        print(f"serving {artifact} at {url} (POST tensors, GET the inputs and batch sizes); Ctrl-C stops", flush=True)
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):  # stopping anyway: a Serve that never started has nothing to delete
+            serve.delete(APP)

@@ -1,0 +1,353 @@
+"""Serving under load: a closed loop of HTTP clients against Ray Serve on localhost.
+
+``python -m benchmarks.serving [--artifact demo.ait] [--clients 8] [--requests 400] [--out r.json]``.
+The same Ray Serve setup serves, one after the other: (a) the eager model, one call per request;
+(b) the eager model with the tuned artifact's batching; (c) the tuned artifact with it. Each client
+sends one-row ``.npy`` requests back to back (a fixed number in all, so a run stops by itself) and
+times each; the table gives throughput, p50/p99 latency and the share of model calls served by a
+tuned backend (from the replicas' own metrics). Then the kill run: two replicas of (c), one killed
+by ``ray.kill`` a third of the way through; every request is answered, or fails with an error
+that a retry (up to 30 s) answers; a request neither answered nor retried to an answer is lost.
+
+Without ``--artifact``, the demo model (``aitune.demo``) is tuned for batches of 4 and 8 with
+MaxThroughput over ONNX Runtime, and saved to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import io
+import json
+import os
+import platform
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+APP = "bench"
+SEQ = 32
+"""The BERT case's sequence length (tuned static; every request has it)."""
+
+
+def tune_demo(folder: Path) -> Path:
+    """The demo model tuned with ONNX Runtime for batches of 4 and 8 (MaxThroughput, eager kept if faster)."""
+    import aitune.torch as ait
+    from aitune import demo
+    from aitune.torch.backend import ONNXRuntimeBackend
+
+    model, data = demo.model_and_data()
+    model.features = ait.Module(model.features, "features", strategy=ait.MaxThroughputStrategy([ONNXRuntimeBackend()]))
+    model.head = ait.Module(model.head, "head", strategy=ait.MaxThroughputStrategy([ONNXRuntimeBackend()]))
+    ait.tune(model, data)
+    path = folder / "classifier.ait"
+    ait.save(model, path)
+    return path
+
+
+def build_bert() -> Any:
+    """A 2-layer BERT from a small config (nothing downloaded): the ``bert`` case's factory."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=100
+    )
+    return transformers.BertModel(config).eval()
+
+
+def _tokens(batch: int, seed: int) -> dict[str, Any]:
+    """``input_ids`` and a mask with a few padded positions at the end of each row."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(batch, SEQ, dtype=torch.long)
+    for row in range(batch):
+        mask[row, SEQ - 1 - row % 4 :] = 0
+    return {"input_ids": torch.randint(0, 100, (batch, SEQ), generator=g), "attention_mask": mask}
+
+
+def tune_bert(folder: Path) -> Path:
+    """The BERT case tuned as a whole for batches of 4 and 8 (MaxThroughput over ONNX Runtime)."""
+    import aitune.torch as ait
+    from aitune.torch.backend import ONNXRuntimeBackend
+
+    model = ait.Module(build_bert(), "bert", strategy=ait.MaxThroughputStrategy([ONNXRuntimeBackend()]))
+    ait.tune(model, [_tokens(4, 1), _tokens(8, 2)])
+    path = folder / "bert.ait"
+    ait.save(model, path)
+    return path
+
+
+def _demo_body() -> tuple[bytes, dict[str, str]]:
+    """One image as ``.npy``."""
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.random.default_rng(0).standard_normal((1, 3, 32, 32), dtype=np.float32))
+    return buffer.getvalue(), {"content-type": "application/x-npy"}
+
+
+def _bert_body() -> tuple[bytes, dict[str, str]]:
+    """One row of tokens and its mask as safetensors."""
+    from safetensors.torch import save
+
+    return save(_tokens(1, 3)), {"content-type": "application/safetensors"}
+
+
+CASES = {
+    "demo": ("aitune.demo:build_model", tune_demo, _demo_body),
+    "bert": ("benchmarks.serving:build_bert", tune_bert, _bert_body),
+}
+"""Per case: the factory every replica imports, how to tune it, and one request body."""
+
+
+def load(url: str, case: str, clients: int, total: int, on_progress: Any = None, retry: bool = False) -> dict[str, Any]:
+    """``total`` requests from ``clients`` closed-loop clients; latencies, and what failed and why."""
+    import requests
+
+    body, headers = CASES[case][2]()
+    latencies: list[float] = []
+    failures: list[str] = []
+    retried_ok = 0
+    lost = 0
+    counter = iter(range(total))
+    lock = threading.Lock()
+
+    def client() -> None:
+        nonlocal retried_ok, lost
+        session = requests.Session()
+        while True:
+            with lock:
+                n = next(counter, None)
+            if n is None:
+                return
+            if on_progress is not None:
+                on_progress(n)
+            start = time.perf_counter()
+            error = _send(session, url, body, headers)
+            if error is None:
+                with lock:
+                    latencies.append(time.perf_counter() - start)
+                continue
+            with lock:
+                failures.append(error)
+            if retry:
+                answered = _retry(session, url, body, headers)
+                with lock:
+                    retried_ok += answered
+                    lost += not answered
+            else:
+                with lock:
+                    lost += 1
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(client) for _ in range(clients)]:
+            future.result()
+    wall = time.perf_counter() - start
+    ms = sorted(x * 1000 for x in latencies)
+    return {
+        "requests": total,
+        "answered": len(latencies),
+        "wall_s": wall,
+        "throughput_rps": len(latencies) / wall,
+        "p50_ms": statistics.median(ms) if ms else None,
+        "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
+        "failures": failures,
+        "answered_on_retry": retried_ok,
+        "lost": lost,
+    }
+
+
+def _send(session: Any, url: str, body: bytes, headers: dict[str, str]) -> str | None:
+    """None when answered (200), else what the client saw."""
+    import requests
+
+    try:
+        answer = session.post(url, data=body, headers=headers, timeout=60)
+    except requests.RequestException as exc:
+        return f"{type(exc).__name__}"
+    if answer.status_code == 200:
+        return None
+    return f"HTTP {answer.status_code}: {answer.text[:160]}"
+
+
+def _retry(session: Any, url: str, body: bytes, headers: dict[str, str], within_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if _send(session, url, body, headers) is None:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _stats() -> list[dict[str, Any]]:
+    """Every replica's stats, through its handle (each call reaches one replica; ask until all answered)."""
+    from ray import serve
+
+    handle = serve.get_app_handle(APP)
+    seen: dict[int, dict[str, Any]] = {}
+    for _ in range(20):
+        stats = handle.stats.remote().result(timeout_s=60)
+        seen[stats["pid"]] = stats
+    return list(seen.values())
+
+
+def _tuned_share(stats: list[dict[str, Any]]) -> float | None:
+    """The share of tuned-module calls a tuned backend (not eager) served."""
+    counts: dict[str, int] = {}
+    for replica in stats:
+        for key, n in replica["batches_by_backend"].items():
+            counts[key] = counts.get(key, 0) + n
+    total = sum(counts.values())
+    tuned = sum(n for key, n in counts.items() if not key.endswith("=torch_eager"))
+    return tuned / total if total else None
+
+
+def run_setup(url: str, case: str, artifact: Path, args: argparse.Namespace, **options: Any) -> dict[str, Any]:
+    from ray import serve
+
+    import aitune_serve_ray
+
+    app = aitune_serve_ray.deployment(CASES[case][0], artifact, threads=args.threads, **options)
+    serve.run(app, name=APP, route_prefix="/")
+    load(url, case, args.clients, args.warmup)  # warm-up, not counted
+    result = load(url, case, args.clients, args.requests)
+    stats = _stats()
+    result["tuned_share"] = _tuned_share(stats)
+    sizes = [s for replica in stats for s in replica["batch_sizes"]]
+    result["mean_batch_size"] = statistics.mean(sizes) if sizes else None
+    serve.delete(APP)
+    return result
+
+
+def run_kill(url: str, artifact: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+    from ray import serve
+
+    import aitune_serve_ray
+
+    app = aitune_serve_ray.deployment(CASES["demo"][0], artifact, replicas=2, threads=args.threads)
+    serve.run(app, name=APP, route_prefix="/")
+    load(url, "demo", args.clients, args.warmup)
+    killed: list[str] = []
+
+    def kill_at_a_third(n: int) -> None:
+        if n == args.requests // 3 and not killed:
+            [name, *_] = sorted(
+                a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "SERVE_REPLICA" in a["name"]
+            )
+            ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+            killed.append(name)
+
+    result = load(url, "demo", args.clients, args.requests, on_progress=kill_at_a_third, retry=True)
+    result["killed"] = killed
+    serve.delete(APP)
+    return result
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        f"Machine: {results['machine']}; {results['clients']} clients, {results['requests']} one-row requests "
+        f"per setup after {results['warmup']} warm-up ones; {results['threads']} torch thread(s) per replica.",
+        "",
+        "| model | setup | throughput (req/s) | p50 (ms) | p99 (ms) | mean model call (rows) | calls on a tuned backend |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for case, setups in results["setups"].items():
+        for name, r in setups.items():
+            share = "-" if r["tuned_share"] is None else f"{100 * r['tuned_share']:.0f}%"
+            lines.append(
+                f"| {case} | {name} | {r['throughput_rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                f"{r['mean_batch_size']:.2f} | {share} |"
+            )
+    kill = results.get("kill")
+    if kill:
+        kinds: dict[str, int] = {}
+        for failure in kill["failures"]:
+            kinds[failure] = kinds.get(failure, 0) + 1
+        lines += [
+            "",
+            f"Replica kill (demo, 2 replicas of (c), one killed after {results['requests'] // 3} requests): "
+            f"{kill['answered']} answered at once, {len(kill['failures'])} failed and then "
+            f"{kill['answered_on_retry']} answered on retry, {kill['lost']} lost.",
+        ]
+        lines += [f"- {n} x `{text}`" for text, n in sorted(kinds.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
+
+
+SETUPS = {
+    "(a) eager, one call per request": {"eager": True, "batching": False},
+    "(b) eager, the artifact's batching": {"eager": True},
+    "(c) tuned artifact, its batching": {},
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="demo,bert", help="Comma-separated cases: demo, bert.")
+    parser.add_argument("--artifact", type=Path, help="A tuned demo artifact (aitune demo's classifier.ait).")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1, help="Torch threads per replica.")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="CPUs Ray may use.")
+    parser.add_argument("--no-kill", action="store_true", help="Skip the replica-kill run.")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    cases = [c for c in args.models.split(",") if c]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; choose from {', '.join(CASES)}")
+
+    import ray
+    from ray import serve
+
+    folder = Path(tempfile.mkdtemp(prefix="aitune-serving-"))
+    artifacts = {c: args.artifact if c == "demo" and args.artifact else CASES[c][1](folder) for c in cases}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the replicas import the bert factory from this checkout
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    ray.init(
+        num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}}
+    )
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    url = f"http://127.0.0.1:{port}/"
+    results: dict[str, Any] = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f} at start",
+        "clients": args.clients,
+        "requests": args.requests,
+        "warmup": args.warmup,
+        "threads": args.threads,
+        "setups": {},
+    }
+    try:
+        for case in cases:
+            results["setups"][case] = {}
+            for name, options in SETUPS.items():
+                result = run_setup(url, case, artifacts[case], args, **options)
+                results["setups"][case][name] = result
+                print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+        if not args.no_kill and "demo" in cases:
+            results["kill"] = run_kill(url, artifacts["demo"], args)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    results["load_average_end"] = os.getloadavg()[0]
+    print(markdown(results))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()

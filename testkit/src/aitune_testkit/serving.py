@@ -1,0 +1,49 @@
+"""A tiny model to serve in tests and the serving benchmark, importable by name in every Ray worker
+(``aitune_testkit.serving:build``), and the artifact tuned from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FEATURES = 16
+LENGTH = 8
+"""The sequence length it is tuned for (static): another length runs eager, and says why."""
+BATCH_SIZES = (2, 4)
+"""The batch sizes it is tuned for: batches of 2 to 4 rows."""
+
+
+class TinyEncoder(torch.nn.Module):
+    """``x: [batch, length, 16]`` to ``[batch, 4]``: a projection, GELU, mean over the length, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(FEATURES, 32)
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.nn.functional.gelu(self.proj(x)).mean(dim=1))
+
+
+def build() -> torch.nn.Module:
+    """The factory a deployment calls: the model freshly built, as ``ait.load`` takes it."""
+    return TinyEncoder().eval()
+
+
+def tune(path: str | Path, backend: str = "onnxruntime") -> Path:
+    """Tune :func:`build`'s model with one backend (no timing race: the first that validates wins)
+    for batches of 2 to 4 rows of length 8, and save it to ``path``."""
+    import aitune.torch as ait
+    from aitune.plugins import get_manager
+
+    model = ait.Module(
+        build(),
+        "encoder",
+        strategy=ait.FirstWinsStrategy([get_manager().registry.backend_class(backend)()], performance_validation=False),
+    )
+    g = torch.Generator().manual_seed(1)
+    ait.tune(model, [torch.randn(b, LENGTH, FEATURES, generator=g) for b in BATCH_SIZES])
+    ait.save(model, path)
+    return Path(path)
