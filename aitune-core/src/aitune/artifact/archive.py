@@ -34,9 +34,15 @@ _SAFE = re.compile(r"^[A-Za-z0-9._\-]+$")
 
 
 def check_member_name(name: str) -> None:
+    """A member name is plain relative segments: ``a/./b`` and ``a//b`` are refused, since they name
+    the same file as ``a/b`` and would slip past the duplicate check."""
     path = PurePosixPath(name)
     if name.startswith("/") or "\\" in name or path.is_absolute() or ".." in path.parts or not path.parts:
         raise ArtifactIntegrityError(f"artifact member {name!r} escapes the archive; the file is corrupt or hostile")
+    if name.split("/") != list(path.parts):
+        raise ArtifactIntegrityError(
+            f"artifact member {name!r} is not written plainly (an empty or '.' segment); the file is corrupt or hostile"
+        )
     if not all(_SAFE.match(part) for part in path.parts):
         raise ArtifactIntegrityError(f"artifact member {name!r} has an unexpected name; the file is corrupt or hostile")
 
