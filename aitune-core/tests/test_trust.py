@@ -349,6 +349,70 @@ def test_a_signed_artifact_loads_with_the_trusted_key_only(toy_backends, registe
         ait.load(_fresh(), path.with_name("cli.ait"), trusted_keys=[theirs_public])
 
 
+# -- what was checked is what is read ----------------------------------------------------------------
+
+
+def _swap_when_the_archive_opens(monkeypatch, target: Path, planted: Path, in_place: bool = False) -> list[str]:
+    """Replace the file at ``target`` with ``planted`` the moment the reader opens the zip: after the pin
+    or the signature was checked, before a member is read (the race a shared model folder allows)."""
+    done: list[str] = []
+
+    class Swapping(zipfile.ZipFile):
+        def __init__(self, file, *args, **kwargs):
+            if not done:
+                done.append("swapped")
+                if in_place:  # same inode, new bytes: what a user who may write the file can do
+                    with open(target, "r+b") as f:
+                        f.write(planted.read_bytes())
+                        f.truncate()
+                else:
+                    os.replace(planted, target)
+            super().__init__(file, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile, "ZipFile", Swapping)
+    return done
+
+
+def _speed(model) -> float:
+    [(_, backend)] = model.tuned_graphs
+    return backend.config.speed
+
+
+@pytest.fixture
+def good_and_planted(toy_backends, register_plugin, tmp_path):
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    good = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig(speed=0.0))), tmp_path / "shared" / "model.ait")
+    planted = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig(speed=0.25))), tmp_path / "planted.ait")
+    return good, planted
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["replaced", "rewritten-in-place"])
+def test_a_file_swapped_after_the_pin_is_checked_is_not_read(good_and_planted, monkeypatch, in_place):
+    from aitune.artifact.archive import file_sha256
+
+    good, planted = good_and_planted
+    pin = file_sha256(good)
+    if in_place:
+        good.chmod(0o666)  # others may write it: aitune reads a private copy
+    swapped = _swap_when_the_archive_opens(monkeypatch, good, planted, in_place)
+    model = ait.load(_fresh(), good, expected_sha256=pin)
+    assert swapped, "the hook never ran: the test no longer races the reader"
+    assert file_sha256(good) != pin, "the file at the path is the planted one now"
+    assert model.state == "tuned" and _speed(model) == 0.0, "the planted payload was loaded under the pin"
+
+
+def test_a_file_swapped_after_the_signature_is_checked_is_not_read(good_and_planted, monkeypatch, keys):
+    (mine, mine_public), _ = keys
+    good, planted = good_and_planted
+    from aitune.artifact.signing import sign
+
+    sign(good, mine)
+    swapped = _swap_when_the_archive_opens(monkeypatch, good, planted)
+    model = ait.load(_fresh(), good, trusted_keys=[mine_public])
+    assert swapped
+    assert model.state == "tuned" and _speed(model) == 0.0, "the planted payload was loaded under the signature"
+
+
 # -- the cache is the user's own ---------------------------------------------------------------------
 
 

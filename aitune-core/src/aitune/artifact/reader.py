@@ -167,21 +167,31 @@ class Trust:
     why: str
 
 
-def trust_of(
-    path: Path,
-    expected_sha256: str | None,
-    trusted_keys: Sequence[str | Path] | None,
-    trust_native_code: bool,
-    signature: str | Path | None = None,
-) -> Trust:
-    """How far the user trusts the artifact at ``path``; a signature that does not check raises."""
-    if trusted_keys:
-        return Trust(True, verify_signature(path, trusted_keys, signature=signature))
-    if expected_sha256 is not None:
-        return Trust(True, "pinned by expected_sha256")
-    if trust_native_code:
-        return Trust(True, "trust_native_code=True")
-    return Trust(False, "")
+@attrs.frozen
+class Asked:
+    """What the caller offered to trust an artifact by: a pin, public keys, or their word."""
+
+    expected_sha256: str | None = None
+    trusted_keys: Sequence[str | Path] | None = None
+    signature: str | Path | None = None
+    trust_native_code: bool = False
+
+    def judge(self, reader: Reader) -> Trust:
+        """How far the artifact ``reader`` opened is trusted; a signature that does not check raises.
+
+        The signature is checked on the reader's own open file, the pin was checked by it: what is
+        trusted is what is read, whatever is at the path by then.
+        """
+        if self.trusted_keys:
+            why = verify_signature(
+                reader.path, self.trusted_keys, signature=self.signature, content=reader.content_path()
+            )
+            return Trust(True, why)
+        if self.expected_sha256 is not None:
+            return Trust(True, "pinned by expected_sha256")
+        if self.trust_native_code:
+            return Trust(True, "trust_native_code=True")
+        return Trust(False, "")
 
 
 def load(
@@ -229,8 +239,8 @@ def load(
         raise ValueError("weights must be 'artifact', 'model' or None")
     path = Path(path)
     with only_artifact_errors(path, "loading"):
-        trust = trust_of(path, expected_sha256, trusted_keys, trust_native_code, signature)
-        obj = _load(obj, path, device_map, fallback, expected_sha256, trust, weights)
+        asked = Asked(expected_sha256, trusted_keys, signature, trust_native_code)
+        obj = _load(obj, path, device_map, fallback, asked, weights)
     if settings.freeze if freeze is None else freeze:
         freeze_tuned(obj)
     return obj
@@ -241,14 +251,14 @@ def _load(
     path: Path,
     device_map: DeviceMap,
     fallback: str | None,
-    expected_sha256: str | None,
-    trust: Trust,
+    asked: Asked,
     weights: str | None = None,
 ) -> Any:
     from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
 
     session = get_manager().session()
-    with open_artifact(path, expected_sha256) as reader:
+    with open_artifact(path, asked.expected_sha256) as reader:
+        trust = asked.judge(reader)
         reader.verify_all()
         manifest = read_manifest(reader)
         targets = _targets(obj, manifest, reader)
@@ -546,9 +556,9 @@ def _verify(
     trusted_keys: Sequence[str | Path] | None,
     signature: str | Path | None,
 ) -> dict[str, Any]:
-    trust = trust_of(path, expected_sha256, trusted_keys, False, signature)
     registry = get_manager().registry
     with open_artifact(path, expected_sha256) as reader:
+        trust = Asked(expected_sha256, trusted_keys, signature).judge(reader)
         reader.verify_all()
         manifest = read_manifest(reader)
     problems, native = [], []

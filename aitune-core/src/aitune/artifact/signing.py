@@ -74,9 +74,14 @@ def verify_signature(
     *,
     certificate_chain: Sequence[str | Path] = (),
     signature: str | Path | None = None,
+    content: Path | None = None,
 ) -> str:
     """Check that ``artifact`` is signed by one of ``trusted_keys`` (public keys, PEM) or by a
-    certificate that chains to ``certificate_chain``; returns what signed it, or raises ArtifactError."""
+    certificate that chains to ``certificate_chain``; returns what signed it, or raises ArtifactError.
+
+    ``content`` is where the bytes to check are read when they are not read at ``artifact`` itself:
+    the reader's own open file (``Reader.content_path``), so what is checked is what is loaded.
+    """
     artifact = Path(artifact)
     sig = signature_path(artifact, signature)
     if not sig.is_file():
@@ -87,18 +92,26 @@ def verify_signature(
     if not trusted_keys and not certificate_chain:
         raise ConfigError("checking a signature needs trusted_keys (public keys) or a certificate_chain")
     library = _library()
+    target = content if content is not None else artifact
+
+    def verifying() -> Any:
+        # the whole file's SHA-256, as aitune sign (and model-signing by default) signs it; content
+        # may be a link to the open file (/proc/self/fd/N), which the default config refuses to follow
+        hashing = library.hashing.Config().use_file_serialization(hashing_algorithm="sha256").set_allow_symlinks(True)
+        return library.verifying.Config().set_hashing_config(hashing)
+
     failures = []
     for key in trusted_keys:
-        config = library.verifying.Config().use_elliptic_key_verifier(public_key=key)
+        config = verifying().use_elliptic_key_verifier(public_key=key)
         try:
-            config.verify(artifact, sig)
+            config.verify(target, sig)
             return f"signed by the key {Path(key).name}"
         except Exception as exc:
             failures.append(f"{Path(key).name}: {type(exc).__name__}: {str(exc)[:200]}")
     if certificate_chain:
-        config = library.verifying.Config().use_certificate_verifier(certificate_chain=certificate_chain)
+        config = verifying().use_certificate_verifier(certificate_chain=certificate_chain)
         try:
-            config.verify(artifact, sig)
+            config.verify(target, sig)
             return "signed by a certificate of the trusted chain"
         except Exception as exc:
             failures.append(f"certificate chain: {type(exc).__name__}: {str(exc)[:200]}")
