@@ -265,9 +265,14 @@ def test_a_systemexit_while_loading_ends_in_an_artifact_error(saved, monkeypatch
 
 
 @pytest.fixture
-def native(toy_backends, register_plugin, tmp_path):
+def native(toy_backends, register_plugin, tmp_path, monkeypatch):
+    """An artifact with a native payload that another user saved (signed with their own key)."""
     register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
-    return ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "native.ait")
+    with monkeypatch.context() as other_user:
+        other_user.setenv("AITUNE_CONFIG_DIR", str(tmp_path / "their-config"))
+        path = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "native.ait")
+    assert path.with_name("native.ait.sig").is_file()
+    return path
 
 
 def test_a_native_payload_needs_trust(native):
@@ -349,6 +354,66 @@ def test_a_signed_artifact_loads_with_the_trusted_key_only(toy_backends, registe
         ait.load(_fresh(), path.with_name("cli.ait"), trusted_keys=[theirs_public])
 
 
+# -- what a user saved loads back for that user -------------------------------------------------------
+
+
+@pytest.fixture
+def own_config(tmp_path, monkeypatch):
+    pytest.importorskip("model_signing", reason="pip install 'aitune-core[signing]'")
+    path = tmp_path / "config"
+    monkeypatch.setenv("AITUNE_CONFIG_DIR", str(path))
+    return path
+
+
+def test_what_a_user_saved_loads_back_for_that_user_with_no_flag(toy_backends, register_plugin, tmp_path, own_config):
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    previous = os.umask(0)  # the key is private whatever the umask
+    try:
+        path = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "mine.ait")
+    finally:
+        os.umask(previous)
+    assert ait.load(_fresh(), path).state == "tuned", "the user's own artifact needs no flag"
+    assert "signed by your own key" in verify(path)["trust"] and verify(path)["runnable_here"]
+    if hasattr(os, "getuid"):
+        assert (own_config / "signing" / "key.pem").stat().st_mode & 0o777 == 0o600
+        assert (own_config / "signing").stat().st_mode & 0o777 == 0o700
+        assert own_config.stat().st_mode & 0o777 == 0o700
+
+
+def test_an_artifact_signed_by_another_users_key_is_refused(native, own_config):
+    ait.save(_tuned(), own_config.parent / "makes-my-key.ait")  # the user has a key of their own
+    assert (own_config / "signing" / "key.pub.pem").is_file()
+    with pytest.raises(ArtifactError, match="native code"):
+        ait.load(_fresh(), native)
+    assert "not established" in verify(native)["trust"]
+
+
+@pytest.mark.parametrize("opt_out", ["sign=False", "AITUNE_OWN_KEY=0"])
+def test_saving_unsigned_is_an_opt_out(toy_backends, register_plugin, tmp_path, own_config, monkeypatch, opt_out):
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    model = _tuned(hostile.NativeToyBackend(ToyConfig()))
+    path = ait.save(model, tmp_path / "model.ait")  # signed: a later unsigned save must not leave it beside
+    if opt_out == "sign=False":
+        ait.save(model, path, sign=False)
+    else:
+        monkeypatch.setenv("AITUNE_OWN_KEY", "0")
+        with pytest.warns(RuntimeWarning, match=r"saved unsigned \(AITUNE_OWN_KEY is off\)"):
+            ait.save(model, path)
+    assert not path.with_name("model.ait.sig").exists()
+    with pytest.raises(ArtifactError, match="native code"):
+        ait.load(_fresh(), path)
+
+
+def test_a_key_folder_others_may_write_is_not_trusted(toy_backends, register_plugin, tmp_path, own_config):
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX owners and modes only")
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    path = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "mine.ait")
+    (own_config / "signing").chmod(0o777)  # anyone could have put their public key there
+    with pytest.warns(RuntimeWarning, match="does not use your signing key"), pytest.raises(ArtifactError):
+        ait.load(_fresh(), path)
+
+
 # -- what was checked is what is read ----------------------------------------------------------------
 
 
@@ -381,8 +446,10 @@ def _speed(model) -> float:
 @pytest.fixture
 def good_and_planted(toy_backends, register_plugin, tmp_path):
     register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
-    good = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig(speed=0.0))), tmp_path / "shared" / "model.ait")
-    planted = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig(speed=0.25))), tmp_path / "planted.ait")
+    good = ait.save(
+        _tuned(hostile.NativeToyBackend(ToyConfig(speed=0.0))), tmp_path / "shared" / "model.ait", sign=False
+    )
+    planted = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig(speed=0.25))), tmp_path / "planted.ait", sign=False)
     return good, planted
 
 
