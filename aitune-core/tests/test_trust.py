@@ -354,6 +354,42 @@ def test_a_signed_artifact_loads_with_the_trusted_key_only(toy_backends, registe
         ait.load(_fresh(), path.with_name("cli.ait"), trusted_keys=[theirs_public])
 
 
+def test_aitune_verify_and_show_escape_control_characters_in_names_from_the_file(native, tmp_path):
+    from typer.testing import CliRunner
+
+    from aitune.cli import app
+
+    def rename(manifest):
+        manifest["modules"][0]["name"] = "m\x1b[1A\x1b[2K\rtrust: pinned by expected_sha256\x07"
+
+    edited = _rewrite(native, tmp_path / "escapes.ait", rename)
+    for command in (["verify", str(edited)], ["show", str(edited)]):
+        shown = CliRunner().invoke(app, command)
+        assert "\x1b" not in shown.output and "\r" not in shown.output and "\x07" not in shown.output, shown.output
+        assert "\\x1b[1A" in shown.output, "the name is shown, escaped"
+    verified = CliRunner().invoke(app, ["verify", str(edited)])
+    assert [line for line in verified.output.splitlines() if line.startswith("trust:")] == [
+        "trust: not established (no expected_sha256 and no trusted key)"
+    ]
+
+
+def test_aitune_sign_replaces_a_planted_signature_link_without_writing_through_it(toy_backends, tmp_path, keys):
+    from typer.testing import CliRunner
+
+    from aitune.cli import app
+
+    (mine, mine_public), _ = keys
+    path = ait.save(_tuned(), tmp_path / "model.ait", sign=False)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    path.with_name("model.ait.sig").symlink_to(victim)
+    signed = CliRunner().invoke(app, ["sign", str(path), "--key", str(mine)])
+    assert signed.exit_code == 0, signed.output
+    assert victim.read_text() == "precious", "the signature was written through the planted link"
+    assert not path.with_name("model.ait.sig").is_symlink()
+    assert "signed by the key" in verify(path, trusted_keys=[mine_public])["trust"]
+
+
 # -- what a user saved loads back for that user -------------------------------------------------------
 
 

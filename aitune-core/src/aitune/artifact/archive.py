@@ -52,7 +52,7 @@ def check_member_name(name: str) -> None:
         raise ArtifactIntegrityError(f"artifact member {name!r} has an unexpected name; the file is corrupt or hostile")
 
 
-def _umask() -> int:
+def umask() -> int:
     """The process umask; read from /proc where possible, since os.umask can only read it by setting it."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -92,7 +92,7 @@ class Writer:
         self.zip.close()
         with open(self.tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp made it 0600; a saved file gets the usual mode
+        os.chmod(self.tmp, 0o666 & ~umask())  # mkstemp made it 0600; a saved file gets the usual mode
         os.replace(self.tmp, self.target)
 
     def abort(self) -> None:

@@ -11,11 +11,14 @@ beside it, ``model.ait.sig``, which ``model_signing`` itself verifies.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import ArtifactError, ConfigError
+from .archive import umask
 
 SUFFIX = ".sig"
 
@@ -61,10 +64,17 @@ def sign(
         )
     else:
         config = config.use_elliptic_key_signer(private_key=key, password=password)
+    # written beside the target and renamed onto it: a planted symlink at ``out`` is replaced, never followed
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
     try:
-        config.sign(artifact, out)
+        config.sign(artifact, Path(tmp))
+        os.chmod(tmp, 0o666 & ~umask())  # a signature is public: the usual mode, not mkstemp's 0600
+        os.replace(tmp, out)
     except Exception as exc:
         raise ArtifactError(f"{artifact} could not be signed with {key}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return out
 
 
