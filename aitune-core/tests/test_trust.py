@@ -526,9 +526,9 @@ def test_the_cache_folder_is_created_private_and_a_shared_one_refused(tmp_path, 
     folder = cache_dir()
     assert folder.stat().st_mode & 0o777 == 0o700
     folder.chmod(0o777)
-    with pytest.raises(ConfigError, match="chmod 700") as refused:
+    with pytest.raises(ConfigError, match="move it away or empty it") as refused:
         cache_dir()
-    assert "AITUNE_CACHE_DIR" in str(refused.value)
+    assert "AITUNE_CACHE_DIR" in str(refused.value) and "chmod alone keeps them" in str(refused.value)
     folder.chmod(0o755)  # readable by others, writable by you alone: accepted
     assert cache_dir() == folder
     if os.getuid() == 0:
@@ -546,6 +546,84 @@ def test_a_planted_cache_payload_is_refused_and_rebuilt(toy_backends, _isolated_
     assert not candidate.from_cache, "a changed cache entry was used"
     assert model.state == "tuned"
     assert payload.read_text() == "0.0", "the entry was rebuilt from a fresh build"
+
+
+def _plant(entry: Path, speed: str) -> None:
+    """Another user's payload in a build cache entry, with its digests recomputed as they would."""
+    from aitune.cachedir import digests
+
+    [payload] = entry.rglob("toy.txt")
+    payload.write_text(speed)
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["metadata"]["speed"] = float(speed)
+    meta["files"] = digests(entry / "payload")
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("planted_as", ["another user", "writable by others"])
+def test_entries_planted_while_the_cache_was_shared_are_evicted_after_chmod_700(
+    toy_backends, _isolated_cache, planted_as
+):
+    """The refusal's old advice, chmod 700, leaves what another user put in the folder: each entry is
+    checked for its owner and mode before use, so theirs are removed (with a warning) and built again."""
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX owners and modes only")
+    if planted_as == "another user" and os.getuid() != 0:
+        pytest.skip("giving files to another user needs root (os.chown)")
+    _tuned()
+    [meta] = (_isolated_cache / "builds").rglob("meta.json")
+    entry = meta.parent
+    _isolated_cache.chmod(0o777)  # shared for a while: someone plants an entry with its digests recomputed
+    _plant(entry, "0.5")
+    for path in (entry, *entry.rglob("*")):
+        if planted_as == "another user":
+            os.chown(path, 4242, 4242)
+        else:
+            path.chmod(0o777 if path.is_dir() else 0o666)
+    _isolated_cache.chmod(0o700)  # what the refusal used to recommend
+    with pytest.warns(RuntimeWarning, match="not yours alone"):
+        model = _tuned()
+    assert not model.report.graphs[0].candidates[0].from_cache, "the planted entry was used"
+    [payload] = (_isolated_cache / "builds").rglob("toy.txt")
+    assert payload.read_text() == "0.0", "the entry was rebuilt from a fresh build"
+    assert not list((_isolated_cache / "builds").rglob(".evicted-*")), "the planted entry is still on disk"
+
+
+def test_cache_folders_are_created_private_under_umask_000(toy_backends, tmp_path, monkeypatch):
+    """An existing 0755 cache and umask 000: builds/ and jit/ (and each entry) are still 0700."""
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX modes only")
+    from aitune.builtin.buildcache import builds_dir
+    from aitune.engine.jit.decision_store import jit_dir
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o755)
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(root))
+    previous = os.umask(0)
+    try:
+        _tuned()
+        jit_dir()
+    finally:
+        os.umask(previous)
+    assert builds_dir() == root / "builds" and jit_dir() == root / "jit"
+    folders = [p for p in root.rglob("*") if p.is_dir()]
+    assert root / "jit" in folders and len(folders) >= 4  # builds, builds/xx, the entry, its payload
+    assert {p.relative_to(root).as_posix(): oct(p.stat().st_mode & 0o777) for p in folders} == {
+        p.relative_to(root).as_posix(): oct(0o700) for p in folders
+    }
+    writable = [p for p in root.rglob("*") if p.is_file() and p.stat().st_mode & 0o022]
+    assert not writable, f"files others may write: {writable}"
+
+
+def test_a_build_folder_others_may_write_is_removed_before_use(toy_backends, _isolated_cache):
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX modes only")
+    _tuned()
+    (_isolated_cache / "builds").chmod(0o777)  # as umask 000 made it before aitune checked
+    with pytest.warns(RuntimeWarning, match="builds is not yours alone"):
+        model = _tuned()
+    assert not model.report.graphs[0].candidates[0].from_cache
+    assert (_isolated_cache / "builds").stat().st_mode & 0o777 == 0o700
 
 
 def test_a_cached_build_that_fails_validation_is_evicted(toy_backends, register_plugin, _isolated_cache):
