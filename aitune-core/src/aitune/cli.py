@@ -372,7 +372,14 @@ def _write_reports(
 
 
 def _print_summary(report: Any) -> None:
-    rows = [[m.name, m.status, m.summary.partition(": ")[2] or m.error or ""] for m in report.modules]
+    """The modules, failed ones first, after a line naming them: a failure must not hide in a table."""
+    from .render.tables import failures
+
+    failed = failures(report)
+    if failed:
+        typer.echo(f"aitune: {failed}")
+    modules = sorted(report.modules, key=lambda m: m.status != "failed")
+    rows = [[m.name, m.status, m.summary.partition(": ")[2] or m.error or ""] for m in modules]
     print_table(("module", "status", "result"), rows, "aitune: tuned modules")
 
 

@@ -85,6 +85,7 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
     env = report.environment
     e2e = report.end_to_end
     rows = [
+        ("failed", failures(report)),
         ("end to end", e2e.describe() if e2e is not None else ""),
         ("time shares", _shares(e2e.shares) if e2e is not None else ""),
         ("aitune", report.aitune_version),
@@ -99,6 +100,16 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
         ("load average", _load(env)),
     ]
     return [(k, v) for k, v in rows if v]  # a report read back from an artifact has no run times
+
+
+def failures(report: TuneReport) -> str:
+    """The modules whose tuning failed (they run eager, no speed-up), with why: what a report leads with."""
+    failed = [m for m in report.modules if m.status == "failed"]
+    if not failed:
+        return ""
+    return f"{len(failed)} module(s) failed to tune and run eager: " + "; ".join(
+        f"{m.name} ({m.error})" for m in failed
+    )
 
 
 def _shares(shares: dict[str, float]) -> str:
