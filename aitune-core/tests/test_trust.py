@@ -448,6 +448,11 @@ def test_a_key_folder_others_may_write_is_not_trusted(toy_backends, register_plu
     (own_config / "signing").chmod(0o777)  # anyone could have put their public key there
     with pytest.warns(RuntimeWarning, match="does not use your signing key"), pytest.raises(ArtifactError):
         ait.load(_fresh(), path)
+    (own_config / "signing").chmod(0o700)
+    (own_config / "signing" / "key.pub.pem").unlink()
+    with pytest.warns(RuntimeWarning, match="key pair in it is incomplete"):
+        ait.save(_tuned(), tmp_path / "unsigned.ait")
+    assert not (tmp_path / "unsigned.ait.sig").exists()
 
 
 # -- what was checked is what is read ----------------------------------------------------------------

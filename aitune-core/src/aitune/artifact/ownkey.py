@@ -62,13 +62,14 @@ def existing() -> OwnKey | None:
     """The user's key pair, if aitune made one and it is the user's alone; None otherwise (warned)."""
     folder = config_dir() / FOLDER
     key = OwnKey(folder / PRIVATE, folder / PUBLIC)
-    if not key.private.is_file() or not key.public.is_file():
+    if not os.path.lexists(folder):
         return None
-    problem = _not_private(key)
+    problem = None if key.private.is_file() and key.public.is_file() else "the key pair in it is incomplete"
+    problem = problem or _not_private(key)
     if problem:
         warnings.warn(
-            f"aitune does not use your signing key in {folder}: {problem}. Whoever can write it could make aitune "
-            f"trust their artifacts: delete {folder} (aitune makes a new key on the next save), or set "
+            f"aitune does not use your signing key in {folder}: {problem} (a key others may write or read could sign "
+            f"or vouch for their artifacts). Delete {folder}: aitune makes a new key on the next save; or set "
             "AITUNE_CONFIG_DIR to a folder of your own",
             RuntimeWarning,
             stacklevel=3,
@@ -80,8 +81,8 @@ def existing() -> OwnKey | None:
 def get_or_create() -> OwnKey | None:
     """The user's key pair, made on first use (0700 folder, 0600 private key); None if it cannot be used."""
     found = existing()
-    if found is not None or (config_dir() / FOLDER / PRIVATE).exists():
-        return found
+    if found is not None or os.path.lexists(config_dir() / FOLDER):
+        return found  # None: warned by existing()
     root = config_dir()
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".signing-", dir=root))  # 0700 whatever the umask
@@ -89,7 +90,7 @@ def get_or_create() -> OwnKey | None:
         _write_pair(staging)
         os.rename(staging, root / FOLDER)  # atomic; fails if another process made the key first
     except OSError:
-        if not (root / FOLDER / PRIVATE).exists():
+        if not os.path.lexists(root / FOLDER):
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
