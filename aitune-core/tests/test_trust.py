@@ -509,13 +509,16 @@ def test_a_file_swapped_after_the_pin_is_checked_is_not_read(good_and_planted, m
     assert model.state == "tuned" and _speed(model) == 0.0, "the planted payload was loaded under the pin"
 
 
-def test_a_file_swapped_after_the_signature_is_checked_is_not_read(good_and_planted, monkeypatch, keys):
+@pytest.mark.parametrize("in_place", [False, True], ids=["replaced", "rewritten-in-place"])
+def test_a_file_swapped_after_the_signature_is_checked_is_not_read(good_and_planted, monkeypatch, keys, in_place):
     (mine, mine_public), _ = keys
     good, planted = good_and_planted
     from aitune.artifact.signing import sign
 
     sign(good, mine)
-    swapped = _swap_when_the_archive_opens(monkeypatch, good, planted)
+    if in_place:
+        good.chmod(0o666)  # others may write it: the signature is checked on aitune's private copy
+    swapped = _swap_when_the_archive_opens(monkeypatch, good, planted, in_place)
     model = ait.load(_fresh(), good, trusted_keys=[mine_public])
     assert swapped
     assert model.state == "tuned" and _speed(model) == 0.0, "the planted payload was loaded under the signature"
