@@ -83,6 +83,26 @@ def test_cache_setting_is_restored_after_a_build(monkeypatch: pytest.MonkeyPatch
     assert ENV not in os.environ
 
 
+def test_aitunes_inductor_cache_is_private_whatever_the_umask(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX modes only")
+    monkeypatch.delenv(ENV, raising=False)
+    previous = os.umask(0)
+    try:
+        with inductor_cache(tmp_path) as folder:
+            assert folder.stat().st_mode & 0o777 == 0o700
+    finally:
+        os.umask(previous)
+    planted = folder / "fxgraph" / "planted"
+    planted.parent.mkdir()
+    planted.write_text("another user's compiled graph")
+    folder.chmod(0o777)  # made by an older aitune under umask 000: anyone could have written it
+    with pytest.warns(RuntimeWarning, match="not yours alone"), inductor_cache(tmp_path) as again:
+        assert again == folder and not planted.exists() and folder.stat().st_mode & 0o777 == 0o700
+
+
 def _graph(*batches: int, seq: tuple[int, ...] | None = None):
     seq = seq or (4,) * len(batches)
     return infer_graph([Sample((torch.zeros(b, s),)) for b, s in zip(batches, seq)], ["x"])

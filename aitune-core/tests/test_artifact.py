@@ -177,6 +177,16 @@ def test_member_paths_that_escape_are_refused(artifact, tmp_path):
     assert not (tmp_path.parent.parent / "etc" / "evil").exists()
 
 
+@pytest.mark.parametrize("alias", ["modules/0/graphs/0/./toy.txt", "modules/0/graphs/0//toy.txt"])
+def test_member_names_that_alias_another_are_refused(artifact, tmp_path, alias):
+    """``a/./b`` and ``a//b`` are distinct names that extract onto ``a/b``: the later one would win."""
+    _, path = artifact
+    evil = tmp_path / "alias.ait"
+    rewrite(path, evil, lambda m: {**m, alias: b"0.5"}.items())
+    with pytest.raises(ArtifactError, match="not written plainly"):
+        ait.load(fresh(), evil, fallback="eager")
+
+
 def test_unlisted_or_missing_members_are_refused(artifact, tmp_path):
     _, path = artifact
     data = path.read_bytes()

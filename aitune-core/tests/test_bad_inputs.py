@@ -106,7 +106,8 @@ def test_nan_in_the_inputs(toy_backends):
     x = torch.randn(2, 8)
     x[0, 3] = float("nan")
     model = _model()
-    report = ait.tune(model, [x])
+    with pytest.warns(RuntimeWarning, match=r"m: tuning failed, so it runs eager \(no speed-up\): .*holds NaN"):
+        report = ait.tune(model, [x])
     assert report.modules[0].status == "failed"
     assert "input 'x' holds NaN values" in report.modules[0].error
     assert "give ait.tune finite inputs" in report.modules[0].error
@@ -161,3 +162,75 @@ def test_string_and_none_outputs_are_kept(toy_backends):
     assert report.modules[0].status == "tuned"
     y, label, nothing = model(torch.randn(3, 8))
     assert y.shape == (3, 8) and label == "logits" and nothing is None
+
+
+# -- a failure is never silent ------------------------------------------------------------------------
+
+
+def _failing(name: str, **kwargs) -> ait.Module:
+    """A module whose tuning fails: its dynamic_shapes contradict the data."""
+    return (
+        _model(dynamic_shapes={"x": (1, 9)}, **kwargs)
+        if name == "m"
+        else ait.Module(SlowModule(), name, strategy=_model().strategy, dynamic_shapes={"x": (1, 9)}, **kwargs)
+    )
+
+
+def test_a_module_whose_tuning_fails_warns_once_with_the_reason_and_the_fix(toy_backends):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own filter: what a user who set nothing sees
+        report = ait.tune(_failing("m"), [torch.randn(1, 8)])
+    assert report.modules[0].status == "failed"
+    [warned] = [w for w in caught if "tuning failed" in str(w.message)]
+    assert warned.category is RuntimeWarning
+    assert "axis 1 is 9" in str(warned.message) and "fail_fast=True" in str(warned.message)
+
+
+def test_a_strict_module_or_fail_fast_raises_its_tuning_failure(toy_backends):
+    with pytest.raises(InputError, match="axis 1 is 9"):
+        ait.tune(_failing("m", strict=True), [torch.randn(1, 8)])
+    with pytest.raises(InputError, match="axis 1 is 9"):
+        ait.tune(_failing("m"), [torch.randn(1, 8)], fail_fast=True)
+
+
+def test_an_unsafe_cache_folder_raises_from_ait_tune(toy_backends, tmp_path, monkeypatch):
+    """An error about the environment is no module's failure: it raises, never a silent eager run."""
+    import os
+
+    from aitune.errors import ConfigError
+
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX modes only")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(shared))
+    model = _model()
+    with pytest.raises(ConfigError, match="not yours alone"):
+        ait.tune(model, [torch.randn(1, 8)])
+    assert model.state != "tuned"
+
+
+def test_the_report_and_the_cli_summary_lead_with_a_failure(toy_backends, capsys):
+    from aitune.cli import _print_summary
+    from aitune.render import render_markdown
+
+    class Pipe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.good = _model(SlowModule())
+            self.bad = _failing("bad")
+
+        def forward(self, x):
+            return self.bad(self.good(x))
+
+    with pytest.warns(RuntimeWarning, match="bad: tuning failed"):
+        report = ait.tune(Pipe(), [torch.randn(1, 8)])
+    markdown = render_markdown(report)
+    first_row = [line for line in markdown.splitlines() if line.startswith("| ")][2]  # after the header rows
+    assert "1 module(s) failed to tune and run eager: bad (" in first_row, markdown
+    _print_summary(report)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("aitune: 1 module(s) failed to tune and run eager: bad (")
+    names = [line.split("\t")[0] for line in out]
+    assert names.index("bad") < names.index("m"), "the failed module is listed first"

@@ -366,3 +366,24 @@ def test_a_tampered_remembered_decision_is_forgotten_and_tuned_again(
     jit.enable()
     run_and_compare(model, [2, 3, 2])
     assert outcomes() == [("Block", "tuned", False)] and builds.count == 3
+
+
+def test_a_remembered_decision_others_may_write_is_removed_and_tuned_again(
+    jit_on: None, builds: Builds, _isolated_cache: Path
+) -> None:
+    """A JIT store entry is checked for its owner and mode before it is read: one that others may
+    write (planted while the cache was shared, its digests recomputed) is removed with a warning."""
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX modes only")
+    torch.manual_seed(0)
+    model = Block().eval()
+    run_and_compare(model, [2, 3, 2])
+    [decision] = (_isolated_cache / "jit").rglob("decision.json")
+    decision.parent.chmod(0o777)
+    jit.disable()
+    jit.enable()
+    with pytest.warns(RuntimeWarning, match="not yours alone"):
+        run_and_compare(model, [2, 3, 2])
+    assert outcomes() == [("Block", "tuned", False)] and builds.count == 2, "the entry was used"
+    [decision] = (_isolated_cache / "jit").rglob("decision.json")
+    assert decision.parent.stat().st_mode & 0o777 == 0o700

@@ -265,9 +265,14 @@ def test_a_systemexit_while_loading_ends_in_an_artifact_error(saved, monkeypatch
 
 
 @pytest.fixture
-def native(toy_backends, register_plugin, tmp_path):
+def native(toy_backends, register_plugin, tmp_path, monkeypatch):
+    """An artifact with a native payload that another user saved (signed with their own key)."""
     register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
-    return ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "native.ait")
+    with monkeypatch.context() as other_user:
+        other_user.setenv("AITUNE_CONFIG_DIR", str(tmp_path / "their-config"))
+        path = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "native.ait")
+    assert path.with_name("native.ait.sig").is_file()
+    return path
 
 
 def test_a_native_payload_needs_trust(native):
@@ -349,6 +354,176 @@ def test_a_signed_artifact_loads_with_the_trusted_key_only(toy_backends, registe
         ait.load(_fresh(), path.with_name("cli.ait"), trusted_keys=[theirs_public])
 
 
+def test_aitune_verify_and_show_escape_control_characters_in_names_from_the_file(native, tmp_path):
+    from typer.testing import CliRunner
+
+    from aitune.cli import app
+
+    def rename(manifest):
+        manifest["modules"][0]["name"] = "m\x1b[1A\x1b[2K\rtrust: pinned by expected_sha256\x07"
+
+    edited = _rewrite(native, tmp_path / "escapes.ait", rename)
+    for command in (["verify", str(edited)], ["show", str(edited)]):
+        shown = CliRunner().invoke(app, command)
+        assert "\x1b" not in shown.output and "\r" not in shown.output and "\x07" not in shown.output, shown.output
+        assert "\\x1b[1A" in shown.output, "the name is shown, escaped"
+    verified = CliRunner().invoke(app, ["verify", str(edited)])
+    assert [line for line in verified.output.splitlines() if line.startswith("trust:")] == [
+        "trust: not established (no expected_sha256 and no trusted key)"
+    ]
+
+
+def test_aitune_sign_replaces_a_planted_signature_link_without_writing_through_it(toy_backends, tmp_path, keys):
+    from typer.testing import CliRunner
+
+    from aitune.cli import app
+
+    (mine, mine_public), _ = keys
+    path = ait.save(_tuned(), tmp_path / "model.ait", sign=False)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    path.with_name("model.ait.sig").symlink_to(victim)
+    signed = CliRunner().invoke(app, ["sign", str(path), "--key", str(mine)])
+    assert signed.exit_code == 0, signed.output
+    assert victim.read_text() == "precious", "the signature was written through the planted link"
+    assert not path.with_name("model.ait.sig").is_symlink()
+    assert "signed by the key" in verify(path, trusted_keys=[mine_public])["trust"]
+
+
+# -- what a user saved loads back for that user -------------------------------------------------------
+
+
+@pytest.fixture
+def own_config(tmp_path, monkeypatch):
+    pytest.importorskip("model_signing", reason="pip install 'aitune-core[signing]'")
+    path = tmp_path / "config"
+    monkeypatch.setenv("AITUNE_CONFIG_DIR", str(path))
+    return path
+
+
+def test_what_a_user_saved_loads_back_for_that_user_with_no_flag(toy_backends, register_plugin, tmp_path, own_config):
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    previous = os.umask(0)  # the key is private whatever the umask
+    try:
+        path = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "mine.ait")
+    finally:
+        os.umask(previous)
+    assert ait.load(_fresh(), path).state == "tuned", "the user's own artifact needs no flag"
+    assert "signed by your own key" in verify(path)["trust"] and verify(path)["runnable_here"]
+    if hasattr(os, "getuid"):
+        assert (own_config / "signing" / "key.pem").stat().st_mode & 0o777 == 0o600
+        assert (own_config / "signing").stat().st_mode & 0o777 == 0o700
+        assert own_config.stat().st_mode & 0o777 == 0o700
+
+
+def test_an_artifact_signed_by_another_users_key_is_refused(native, own_config):
+    ait.save(_tuned(), own_config.parent / "makes-my-key.ait")  # the user has a key of their own
+    assert (own_config / "signing" / "key.pub.pem").is_file()
+    with pytest.raises(ArtifactError, match="native code"):
+        ait.load(_fresh(), native)
+    assert "not established" in verify(native)["trust"]
+
+
+@pytest.mark.parametrize("opt_out", ["sign=False", "AITUNE_OWN_KEY=0"])
+def test_saving_unsigned_is_an_opt_out(toy_backends, register_plugin, tmp_path, own_config, monkeypatch, opt_out):
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    model = _tuned(hostile.NativeToyBackend(ToyConfig()))
+    path = ait.save(model, tmp_path / "model.ait")  # signed: a later unsigned save must not leave it beside
+    if opt_out == "sign=False":
+        ait.save(model, path, sign=False)
+    else:
+        monkeypatch.setenv("AITUNE_OWN_KEY", "0")
+        with pytest.warns(RuntimeWarning, match=r"saved unsigned \(AITUNE_OWN_KEY is off\)"):
+            ait.save(model, path)
+    assert not path.with_name("model.ait.sig").exists()
+    with pytest.raises(ArtifactError, match="native code"):
+        ait.load(_fresh(), path)
+
+
+def test_a_key_folder_others_may_write_is_not_trusted(toy_backends, register_plugin, tmp_path, own_config):
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX owners and modes only")
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    path = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig())), tmp_path / "mine.ait")
+    (own_config / "signing").chmod(0o777)  # anyone could have put their public key there
+    with pytest.warns(RuntimeWarning, match="does not use your signing key"), pytest.raises(ArtifactError):
+        ait.load(_fresh(), path)
+    (own_config / "signing").chmod(0o700)
+    (own_config / "signing" / "key.pub.pem").unlink()
+    with pytest.warns(RuntimeWarning, match="key pair in it is incomplete"):
+        ait.save(_tuned(), tmp_path / "unsigned.ait")
+    assert not (tmp_path / "unsigned.ait.sig").exists()
+
+
+# -- what was checked is what is read ----------------------------------------------------------------
+
+
+def _swap_when_the_archive_opens(monkeypatch, target: Path, planted: Path, in_place: bool = False) -> list[str]:
+    """Replace the file at ``target`` with ``planted`` the moment the reader opens the zip: after the pin
+    or the signature was checked, before a member is read (the race a shared model folder allows)."""
+    done: list[str] = []
+
+    class Swapping(zipfile.ZipFile):
+        def __init__(self, file, *args, **kwargs):
+            if not done:
+                done.append("swapped")
+                if in_place:  # same inode, new bytes: what a user who may write the file can do
+                    with open(target, "r+b") as f:
+                        f.write(planted.read_bytes())
+                        f.truncate()
+                else:
+                    os.replace(planted, target)
+            super().__init__(file, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile, "ZipFile", Swapping)
+    return done
+
+
+def _speed(model) -> float:
+    [(_, backend)] = model.tuned_graphs
+    return backend.config.speed
+
+
+@pytest.fixture
+def good_and_planted(toy_backends, register_plugin, tmp_path):
+    register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
+    good = ait.save(
+        _tuned(hostile.NativeToyBackend(ToyConfig(speed=0.0))), tmp_path / "shared" / "model.ait", sign=False
+    )
+    planted = ait.save(_tuned(hostile.NativeToyBackend(ToyConfig(speed=0.25))), tmp_path / "planted.ait", sign=False)
+    return good, planted
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["replaced", "rewritten-in-place"])
+def test_a_file_swapped_after_the_pin_is_checked_is_not_read(good_and_planted, monkeypatch, in_place):
+    from aitune.artifact.archive import file_sha256
+
+    good, planted = good_and_planted
+    pin = file_sha256(good)
+    if in_place:
+        good.chmod(0o666)  # others may write it: aitune reads a private copy
+    swapped = _swap_when_the_archive_opens(monkeypatch, good, planted, in_place)
+    model = ait.load(_fresh(), good, expected_sha256=pin)
+    assert swapped, "the hook never ran: the test no longer races the reader"
+    assert file_sha256(good) != pin, "the file at the path is the planted one now"
+    assert model.state == "tuned" and _speed(model) == 0.0, "the planted payload was loaded under the pin"
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["replaced", "rewritten-in-place"])
+def test_a_file_swapped_after_the_signature_is_checked_is_not_read(good_and_planted, monkeypatch, keys, in_place):
+    (mine, mine_public), _ = keys
+    good, planted = good_and_planted
+    from aitune.artifact.signing import sign
+
+    sign(good, mine)
+    if in_place:
+        good.chmod(0o666)  # others may write it: the signature is checked on aitune's private copy
+    swapped = _swap_when_the_archive_opens(monkeypatch, good, planted, in_place)
+    model = ait.load(_fresh(), good, trusted_keys=[mine_public])
+    assert swapped
+    assert model.state == "tuned" and _speed(model) == 0.0, "the planted payload was loaded under the signature"
+
+
 # -- the cache is the user's own ---------------------------------------------------------------------
 
 
@@ -359,9 +534,9 @@ def test_the_cache_folder_is_created_private_and_a_shared_one_refused(tmp_path, 
     folder = cache_dir()
     assert folder.stat().st_mode & 0o777 == 0o700
     folder.chmod(0o777)
-    with pytest.raises(ConfigError, match="chmod 700") as refused:
+    with pytest.raises(ConfigError, match="move it away or empty it") as refused:
         cache_dir()
-    assert "AITUNE_CACHE_DIR" in str(refused.value)
+    assert "AITUNE_CACHE_DIR" in str(refused.value) and "chmod alone keeps them" in str(refused.value)
     folder.chmod(0o755)  # readable by others, writable by you alone: accepted
     assert cache_dir() == folder
     if os.getuid() == 0:
@@ -379,6 +554,84 @@ def test_a_planted_cache_payload_is_refused_and_rebuilt(toy_backends, _isolated_
     assert not candidate.from_cache, "a changed cache entry was used"
     assert model.state == "tuned"
     assert payload.read_text() == "0.0", "the entry was rebuilt from a fresh build"
+
+
+def _plant(entry: Path, speed: str) -> None:
+    """Another user's payload in a build cache entry, with its digests recomputed as they would."""
+    from aitune.cachedir import digests
+
+    [payload] = entry.rglob("toy.txt")
+    payload.write_text(speed)
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["metadata"]["speed"] = float(speed)
+    meta["files"] = digests(entry / "payload")
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("planted_as", ["another user", "writable by others"])
+def test_entries_planted_while_the_cache_was_shared_are_evicted_after_chmod_700(
+    toy_backends, _isolated_cache, planted_as
+):
+    """The refusal's old advice, chmod 700, leaves what another user put in the folder: each entry is
+    checked for its owner and mode before use, so theirs are removed (with a warning) and built again."""
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX owners and modes only")
+    if planted_as == "another user" and os.getuid() != 0:
+        pytest.skip("giving files to another user needs root (os.chown)")
+    _tuned()
+    [meta] = (_isolated_cache / "builds").rglob("meta.json")
+    entry = meta.parent
+    _isolated_cache.chmod(0o777)  # shared for a while: someone plants an entry with its digests recomputed
+    _plant(entry, "0.5")
+    for path in (entry, *entry.rglob("*")):
+        if planted_as == "another user":
+            os.chown(path, 4242, 4242)
+        else:
+            path.chmod(0o777 if path.is_dir() else 0o666)
+    _isolated_cache.chmod(0o700)  # what the refusal used to recommend
+    with pytest.warns(RuntimeWarning, match="not yours alone"):
+        model = _tuned()
+    assert not model.report.graphs[0].candidates[0].from_cache, "the planted entry was used"
+    [payload] = (_isolated_cache / "builds").rglob("toy.txt")
+    assert payload.read_text() == "0.0", "the entry was rebuilt from a fresh build"
+    assert not list((_isolated_cache / "builds").rglob(".evicted-*")), "the planted entry is still on disk"
+
+
+def test_cache_folders_are_created_private_under_umask_000(toy_backends, tmp_path, monkeypatch):
+    """An existing 0755 cache and umask 000: builds/ and jit/ (and each entry) are still 0700."""
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX modes only")
+    from aitune.builtin.buildcache import builds_dir
+    from aitune.engine.jit.decision_store import jit_dir
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o755)
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(root))
+    previous = os.umask(0)
+    try:
+        _tuned()
+        jit_dir()
+    finally:
+        os.umask(previous)
+    assert builds_dir() == root / "builds" and jit_dir() == root / "jit"
+    folders = [p for p in root.rglob("*") if p.is_dir()]
+    assert root / "jit" in folders and len(folders) >= 4  # builds, builds/xx, the entry, its payload
+    assert {p.relative_to(root).as_posix(): oct(p.stat().st_mode & 0o777) for p in folders} == {
+        p.relative_to(root).as_posix(): oct(0o700) for p in folders
+    }
+    writable = [p for p in root.rglob("*") if p.is_file() and p.stat().st_mode & 0o022]
+    assert not writable, f"files others may write: {writable}"
+
+
+def test_a_build_folder_others_may_write_is_removed_before_use(toy_backends, _isolated_cache):
+    if not hasattr(os, "getuid"):
+        pytest.skip("POSIX modes only")
+    _tuned()
+    (_isolated_cache / "builds").chmod(0o777)  # as umask 000 made it before aitune checked
+    with pytest.warns(RuntimeWarning, match="builds is not yours alone"):
+        model = _tuned()
+    assert not model.report.graphs[0].candidates[0].from_cache
+    assert (_isolated_cache / "builds").stat().st_mode & 0o777 == 0o700
 
 
 def test_a_cached_build_that_fails_validation_is_evicted(toy_backends, register_plugin, _isolated_cache):

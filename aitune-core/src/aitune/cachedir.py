@@ -4,16 +4,23 @@ Its users each keep a subfolder: the build cache of built candidates (``builds/`
 :mod:`aitune.builtin.buildcache`), the JIT's remembered decisions (see
 :mod:`aitune.engine.jit.decision_store`) and the backends' compiler caches (``BuildContext.cache_dir``).
 
-What is in it runs: a cached AOTInductor package is a shared library. So the folder is created
-0700, a folder another user owns or others may write is refused, and every entry records the
-digests of its files, checked before use (:func:`digests`, :func:`changed`).
+What is in it runs: a cached AOTInductor package is a shared library. So every folder aitune
+makes in it is 0700 whatever the umask (:func:`private_folder`), a cache folder another user owns
+or others may write is refused, every entry and each folder above it is checked for its owner and
+mode before use (an entry that is not the user's alone is removed with a warning:
+:func:`checked_entry`), and every entry records the digests of its files, checked before use
+(:func:`digests`, :func:`changed`). Digests alone prove nothing against whoever could write the
+folder: they can recompute them; owners and modes are what keep their entries out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import stat
+import warnings
 from pathlib import Path
 
 from .errors import ConfigError
@@ -44,22 +51,99 @@ def cache_dir() -> Path:
     return folders[-1]
 
 
+def _uid() -> int:
+    """The user aitune runs as: whose alone the cache must be."""
+    return os.getuid()
+
+
+def not_private(path: Path) -> str | None:
+    """Why ``path`` (not followed if a link) is not the user's alone, or None."""
+    if not hasattr(os, "getuid"):  # no POSIX owners (Windows): the folder's ACL decides
+        return None
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symbolic link"
+    if info.st_uid != _uid():
+        return f"it belongs to user id {info.st_uid}, not to you ({_uid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"others may write it (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
 def check_private(folder: Path) -> None:
     """Refuse a cache folder that another user owns or that group or others may write."""
-    if not hasattr(os, "getuid"):  # no POSIX owners (Windows): the folder's ACL decides
-        return
-    info = folder.stat()
-    problem = None
-    if info.st_uid != os.getuid():
-        problem = f"it belongs to user id {info.st_uid}, not to you ({os.getuid()})"
-    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        problem = f"others may write it (mode {stat.S_IMODE(info.st_mode):o})"
+    problem = not_private(folder)
     if problem:
         raise ConfigError(
             f"the aitune cache {folder} is not yours alone: {problem}. What is cached there runs when it is used, "
-            f"so aitune refuses it: run chmod 700 {folder} if it is yours, or set AITUNE_CACHE_DIR to a folder of "
-            "your own"
+            "and whoever could write it may have left entries there (chmod alone keeps them), so aitune refuses it: "
+            f"move it away or empty it (mv {folder} {folder}.untrusted; aitune makes a new, private one), or set "
+            "AITUNE_CACHE_DIR to a folder of your own"
         )
+
+
+def private_folder(*parts: str) -> Path:
+    """``cache_dir()/parts...``, every missing folder made 0700 whatever the umask (mkdir's mode only
+    ever loses bits to it); folders already there are checked where they are used (:func:`checked_entry`)."""
+    folder = cache_dir()
+    for part in parts:
+        folder = folder / part
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+    return folder
+
+
+def make_private(folder: Path) -> None:
+    """Before a staged entry is renamed into the cache: its folders 0700, no file writable by others
+    (a backend wrote them under the user's umask, which may be 000)."""
+    for path in (folder, *folder.rglob("*")):
+        if path.is_symlink():
+            continue
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        path.chmod(0o700 if path.is_dir() else mode & ~(stat.S_IWGRP | stat.S_IWOTH))
+
+
+def checked_entry(entry: Path) -> bool:
+    """Whether the cache entry ``entry``, everything in it and every folder between it and the cache
+    are the user's alone. If not, the first folder that is not (with all it holds) is removed with a
+    warning, and False returned: the caller builds again."""
+    root = cache_dir()
+    folder = root
+    for part in entry.relative_to(root).parts:
+        folder = folder / part
+        if not os.path.lexists(folder):
+            return True  # nothing there yet: nothing to use
+        problem = not_private(folder)
+        if problem is None and folder == entry:
+            problem = next(filter(None, (_not_private_at(p) for p in entry.rglob("*"))), None)
+        if problem:
+            warnings.warn(
+                f"aitune cache: {folder} is not yours alone ({problem}); what is cached there runs when used, so it "
+                "was removed and is built again",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            evict(folder)
+            return False
+    return True
+
+
+def _not_private_at(path: Path) -> str | None:
+    problem = not_private(path)
+    return f"{path.name}: {problem}" if problem else None
+
+
+def evict(path: Path) -> None:
+    """Remove ``path`` from the cache; moved aside first, since what another user owns may not be deletable."""
+    aside = path.with_name(f".evicted-{path.name}-{os.getpid()}")
+    try:
+        os.rename(path, aside)
+    except OSError:
+        aside = path
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink(missing_ok=True)
 
 
 def digests(folder: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:

@@ -78,6 +78,12 @@ def _backend_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\x1b``): names read from a file must not
+    move the cursor or rewrite a line of what aitune prints."""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def print_table(
     columns: Sequence[str],
     rows: Sequence[Sequence[str]],
@@ -91,10 +97,10 @@ def print_table(
     """
     if not sys.stdout.isatty():
         for line in (columns, *rows):
-            typer.echo("\t".join(" ".join(str(cell).split()) for cell in line))
+            typer.echo("\t".join(" ".join(printable(str(cell)).split()) for cell in line))
         return
     console = Console()
-    cells = [[str(c) for c in row] for row in rows]
+    cells = [[printable(str(c)) for c in row] for row in rows]
     widths = [max((len(row[i]) for row in cells), default=0) for i in range(len(columns))]
     prose = [any(len(row[i].split()) > 2 for row in cells) for i in range(len(columns))]
     # names keep their full width when the prose columns still get 20 characters each; else all wrap
@@ -200,12 +206,14 @@ def verify(
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
-        typer.echo(f"{artifact}: integrity ok (the file is whole; its digests alone do not prove who wrote it)")
-        typer.echo(f"trust: {result['trust']}")
+        typer.echo(
+            f"{printable(str(artifact))}: integrity ok (the file is whole; its digests alone do not prove who wrote it)"
+        )
+        typer.echo(f"trust: {printable(result['trust'])}")
         for where in result["native_payloads"]:
-            typer.echo(f"native code: {where}")
+            typer.echo(f"native code: {printable(where)}")
         for problem in result["problems"]:
-            typer.echo(f"cannot run here: {problem}")
+            typer.echo(f"cannot run here: {printable(problem)}")
         if result["runnable_here"]:
             typer.echo("every payload can run here")
     if not result["runnable_here"]:
@@ -244,8 +252,14 @@ def show(
         typer.echo(json.dumps(unstructure(manifest), indent=2))
         return
     env = manifest.environment
-    typer.echo(f"{artifact}: format {manifest.format_version}, aitune {manifest.aitune_version}, {manifest.created_at}")
-    typer.echo(f"tuned on: torch {env.get('torch')}, {env.get('gpu') or env.get('cpu')}, CUDA {env.get('cuda')}")
+    typer.echo(
+        printable(
+            f"{artifact}: format {manifest.format_version}, aitune {manifest.aitune_version}, {manifest.created_at}"
+        )
+    )
+    typer.echo(
+        printable(f"tuned on: torch {env.get('torch')}, {env.get('gpu') or env.get('cpu')}, CUDA {env.get('cuda')}")
+    )
     rows = []
     for module in manifest.modules:
         rows.append([module.name, "weights", "", "", _size(sizes.get(module.weights, 0))])
@@ -358,9 +372,14 @@ def _write_reports(
 
 
 def _print_summary(report: Any) -> None:
-    from .render.tables import time_spent
+    """The modules, failed ones first, after a line naming them: a failure must not hide in a table."""
+    from .render.tables import failures, time_spent
 
-    rows = [[m.name, m.status, m.summary.partition(": ")[2] or m.error or ""] for m in report.modules]
+    failed = failures(report)
+    if failed:
+        typer.echo(f"aitune: {failed}")
+    modules = sorted(report.modules, key=lambda m: m.status != "failed")
+    rows = [[m.name, m.status, m.summary.partition(": ")[2] or m.error or ""] for m in modules]
     print_table(("module", "status", "result"), rows, "aitune: tuned modules")
     if report.time_spent:
         typer.echo(f"time spent: {time_spent(report)}")

@@ -5,6 +5,9 @@ leaves half an artifact. Reading refuses, before any runtime sees a byte: member
 escape (absolute, ``..``, backslashes), duplicates, members missing from or not listed in the
 ``SHA256SUMS`` member, digests that differ, oversized manifests and a whole-file digest that
 differs from ``expected_sha256``.
+
+The file is opened once (:func:`open_once`): the pin, the signature and every read go through that
+one open, so replacing the file at its path after the check changes nothing that is read.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
+import stat
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
@@ -34,14 +39,20 @@ _SAFE = re.compile(r"^[A-Za-z0-9._\-]+$")
 
 
 def check_member_name(name: str) -> None:
+    """A member name is plain relative segments: ``a/./b`` and ``a//b`` are refused, since they name
+    the same file as ``a/b`` and would slip past the duplicate check."""
     path = PurePosixPath(name)
     if name.startswith("/") or "\\" in name or path.is_absolute() or ".." in path.parts or not path.parts:
         raise ArtifactIntegrityError(f"artifact member {name!r} escapes the archive; the file is corrupt or hostile")
+    if name.split("/") != list(path.parts):
+        raise ArtifactIntegrityError(
+            f"artifact member {name!r} is not written plainly (an empty or '.' segment); the file is corrupt or hostile"
+        )
     if not all(_SAFE.match(part) for part in path.parts):
         raise ArtifactIntegrityError(f"artifact member {name!r} has an unexpected name; the file is corrupt or hostile")
 
 
-def _umask() -> int:
+def umask() -> int:
     """The process umask; read from /proc where possible, since os.umask can only read it by setting it."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -81,7 +92,7 @@ class Writer:
         self.zip.close()
         with open(self.tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp made it 0600; a saved file gets the usual mode
+        os.chmod(self.tmp, 0o666 & ~umask())  # mkstemp made it 0600; a saved file gets the usual mode
         os.replace(self.tmp, self.target)
 
     def abort(self) -> None:
@@ -97,21 +108,29 @@ class Reader:
     def __init__(self, path: Path, expected_sha256: str | None = None) -> None:
         self.path = path
         self.verified = False
-        if not path.is_file():
-            raise ArtifactError(f"no artifact at {path}")
+        self.file = open_once(path)
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        try:
+            self._open(expected_sha256)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, expected_sha256: str | None) -> None:
+        path = self.path
         if expected_sha256 is not None:
-            actual = file_sha256(path)
+            actual = self.sha256()
             if actual.lower() != expected_sha256.lower():
                 raise ArtifactIntegrityError(
                     f"{path} has SHA-256 {actual}, not the expected {expected_sha256}: it was changed or is "
                     "another file; get the artifact again from its source"
                 )
         try:
-            self.zip = zipfile.ZipFile(path)
+            self.zip = zipfile.ZipFile(self.file)
             infos = self.zip.infolist()
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as exc:  # NotImplementedError too
             raise ArtifactError(f"{path} is not a readable .ait artifact (truncated or corrupt): {exc}") from exc
-        size = path.stat().st_size
+        size = os.fstat(self.file.fileno()).st_size
         names = [i.filename for i in infos]
         if len(set(names)) != len(names):
             raise ArtifactError(f"{path} holds duplicate members; the file is corrupt or hostile")
@@ -258,8 +277,75 @@ class Reader:
         except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as exc:
             raise ArtifactError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
 
+    def sha256(self) -> str:
+        """SHA-256 of the whole file as this reader opened it."""
+        digest = hashlib.sha256()
+        self.file.seek(0)
+        for block in iter(lambda: self.file.read(_CHUNK), b""):
+            digest.update(block)
+        self.file.seek(0)
+        return digest.hexdigest()
+
+    def content_path(self) -> Path:
+        """A path whose bytes are this reader's open file, for a library that reads paths (signature checks).
+
+        ``/proc/self/fd/N`` reopens the very file this reader holds, whatever is at :attr:`path` now;
+        without ``/proc``, a private copy made from the open file.
+        """
+        fd = self.file.fileno()
+        proc = Path(f"/proc/self/fd/{fd}")
+        try:
+            mine, there = os.fstat(fd), os.stat(proc)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                return proc
+        except OSError:
+            pass
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="aitune-verify-")
+            copy = Path(self._scratch.name) / self.path.name
+            with open(copy, "wb") as out:
+                self.file.seek(0)
+                shutil.copyfileobj(self.file, out, _CHUNK)
+                self.file.seek(0)
+        return Path(self._scratch.name) / self.path.name
+
     def close(self) -> None:
-        self.zip.close()
+        zip_file = getattr(self, "zip", None)
+        if zip_file is not None:
+            zip_file.close()
+        self.file.close()
+        if self._scratch is not None:
+            self._scratch.cleanup()
+
+
+def open_once(path: Path) -> IO[bytes]:
+    """The artifact's one open: every check and every read of a :class:`Reader` goes through it.
+
+    A file that someone else could change in place (another user's, or writable by group or
+    others) is first copied into a private unnamed file, so its bytes cannot change under the checks.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a planted FIFO must not block
+    except OSError as exc:
+        raise ArtifactError(f"no artifact at {path} ({exc.strerror})") from exc
+    file = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        file.close()
+        raise ArtifactError(f"no artifact at {path}: it is not a regular file")
+    if not _others_may_write(info):
+        return file
+    with file:
+        copy = tempfile.TemporaryFile(prefix="aitune-artifact-")  # noqa: SIM115 (the reader closes it)
+        shutil.copyfileobj(file, copy, _CHUNK)
+    copy.seek(0)
+    return copy
+
+
+def _others_may_write(info: os.stat_result) -> bool:
+    if not hasattr(os, "getuid"):  # no POSIX owners: the file's ACL decides
+        return False
+    return info.st_uid not in (os.getuid(), 0) or bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 @contextmanager

@@ -32,9 +32,10 @@ from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputEr
 from ..plugins import get_manager
 from ..registry import BackendRegistry, missing_requirements
 from ..session import Session
+from . import ownkey
 from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, REPORT, Reader, open_artifact
 from .format import GraphEntry, Manifest, ModuleEntry
-from .signing import verify_signature
+from .signing import signature_path, verify_signature
 
 DeviceMap = str | torch.device | Mapping[str, str | torch.device] | None
 FILE_DEVICES = ("cpu", "cuda")
@@ -167,21 +168,46 @@ class Trust:
     why: str
 
 
-def trust_of(
-    path: Path,
-    expected_sha256: str | None,
-    trusted_keys: Sequence[str | Path] | None,
-    trust_native_code: bool,
-    signature: str | Path | None = None,
-) -> Trust:
-    """How far the user trusts the artifact at ``path``; a signature that does not check raises."""
-    if trusted_keys:
-        return Trust(True, verify_signature(path, trusted_keys, signature=signature))
-    if expected_sha256 is not None:
-        return Trust(True, "pinned by expected_sha256")
-    if trust_native_code:
-        return Trust(True, "trust_native_code=True")
-    return Trust(False, "")
+@attrs.frozen
+class Asked:
+    """What the caller offered to trust an artifact by: a pin, public keys, or their word."""
+
+    expected_sha256: str | None = None
+    trusted_keys: Sequence[str | Path] | None = None
+    signature: str | Path | None = None
+    trust_native_code: bool = False
+
+    def judge(self, reader: Reader) -> Trust:
+        """How far the artifact ``reader`` opened is trusted by what was offered; a signature that does
+        not check raises.
+
+        The signature is checked on the reader's own open file, the pin was checked by it: what is
+        trusted is what is read, whatever is at the path by then.
+        """
+        if self.trusted_keys:
+            why = verify_signature(
+                reader.path, self.trusted_keys, signature=self.signature, content=reader.content_path()
+            )
+            return Trust(True, why)
+        if self.expected_sha256 is not None:
+            return Trust(True, "pinned by expected_sha256")
+        if self.trust_native_code:
+            return Trust(True, "trust_native_code=True")
+        return Trust(False, "")
+
+    def own_key(self, reader: Reader) -> Trust:
+        """Trusted when signed by the user's own key (:mod:`.ownkey`): what the user saved loads back
+        with no flag. Asked only for an artifact with native payloads, as nothing else needs trust."""
+        if not ownkey.enabled() or not signature_path(reader.path, self.signature).is_file():
+            return Trust(False, "")
+        own = ownkey.existing()
+        if own is None:
+            return Trust(False, "")
+        try:
+            verify_signature(reader.path, [own.public], signature=self.signature, content=reader.content_path())
+        except ArtifactError:  # signed by someone else, or changed since: not the user's own
+            return Trust(False, "")
+        return Trust(True, f"signed by your own key ({own.public})")
 
 
 def load(
@@ -229,8 +255,8 @@ def load(
         raise ValueError("weights must be 'artifact', 'model' or None")
     path = Path(path)
     with only_artifact_errors(path, "loading"):
-        trust = trust_of(path, expected_sha256, trusted_keys, trust_native_code, signature)
-        obj = _load(obj, path, device_map, fallback, expected_sha256, trust, weights)
+        asked = Asked(expected_sha256, trusted_keys, signature, trust_native_code)
+        obj = _load(obj, path, device_map, fallback, asked, weights)
     if settings.freeze if freeze is None else freeze:
         freeze_tuned(obj)
     return obj
@@ -241,16 +267,18 @@ def _load(
     path: Path,
     device_map: DeviceMap,
     fallback: str | None,
-    expected_sha256: str | None,
-    trust: Trust,
+    asked: Asked,
     weights: str | None = None,
 ) -> Any:
     from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
 
     session = get_manager().session()
-    with open_artifact(path, expected_sha256) as reader:
+    with open_artifact(path, asked.expected_sha256) as reader:
+        trust = asked.judge(reader)
         reader.verify_all()
         manifest = read_manifest(reader)
+        if not trust.native and _has_native(manifest, session.registry):
+            trust = asked.own_key(reader)
         targets = _targets(obj, manifest, reader)
         devices = _devices(manifest, device_map)
         for entry in sorted(manifest.modules, key=lambda e: -_depth(e)):  # children before the object itself
@@ -284,6 +312,15 @@ def _load(
                         "the file is corrupt or was written by an incompatible aitune: tune and save again"
                     ) from exc
     return obj
+
+
+def _has_native(manifest: Manifest, registry: BackendRegistry) -> bool:
+    """Some payload in the manifest is native code (by its installed backend), so trust matters."""
+    return any(
+        g.backend in registry and registry.backend_class(g.backend).native_payload
+        for e in manifest.modules
+        for g in e.graphs
+    )
 
 
 def _depth(entry: ModuleEntry) -> int:
@@ -546,11 +583,14 @@ def _verify(
     trusted_keys: Sequence[str | Path] | None,
     signature: str | Path | None,
 ) -> dict[str, Any]:
-    trust = trust_of(path, expected_sha256, trusted_keys, False, signature)
     registry = get_manager().registry
     with open_artifact(path, expected_sha256) as reader:
+        asked = Asked(expected_sha256, trusted_keys, signature)
+        trust = asked.judge(reader)
         reader.verify_all()
         manifest = read_manifest(reader)
+        if not trust.native and _has_native(manifest, registry):
+            trust = asked.own_key(reader)
     problems, native = [], []
     for entry in manifest.modules:
         device = _device_for(entry, None)

@@ -11,12 +11,15 @@ beside it, ``model.ait.sig``, which ``model_signing`` itself verifies.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import ArtifactError, ConfigError
 from ..text import clip
+from .archive import umask
 
 SUFFIX = ".sig"
 
@@ -62,10 +65,17 @@ def sign(
         )
     else:
         config = config.use_elliptic_key_signer(private_key=key, password=password)
+    # written beside the target and renamed onto it: a planted symlink at ``out`` is replaced, never followed
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
     try:
-        config.sign(artifact, out)
+        config.sign(artifact, Path(tmp))
+        os.chmod(tmp, 0o666 & ~umask())  # a signature is public: the usual mode, not mkstemp's 0600
+        os.replace(tmp, out)
     except Exception as exc:
         raise ArtifactError(f"{artifact} could not be signed with {key}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return out
 
 
@@ -75,9 +85,14 @@ def verify_signature(
     *,
     certificate_chain: Sequence[str | Path] = (),
     signature: str | Path | None = None,
+    content: Path | None = None,
 ) -> str:
     """Check that ``artifact`` is signed by one of ``trusted_keys`` (public keys, PEM) or by a
-    certificate that chains to ``certificate_chain``; returns what signed it, or raises ArtifactError."""
+    certificate that chains to ``certificate_chain``; returns what signed it, or raises ArtifactError.
+
+    ``content`` is where the bytes to check are read when they are not read at ``artifact`` itself:
+    the reader's own open file (``Reader.content_path``), so what is checked is what is loaded.
+    """
     artifact = Path(artifact)
     sig = signature_path(artifact, signature)
     if not sig.is_file():
@@ -88,18 +103,26 @@ def verify_signature(
     if not trusted_keys and not certificate_chain:
         raise ConfigError("checking a signature needs trusted_keys (public keys) or a certificate_chain")
     library = _library()
+    target = content if content is not None else artifact
+
+    def verifying() -> Any:
+        # the whole file's SHA-256, as aitune sign (and model-signing by default) signs it; content
+        # may be a link to the open file (/proc/self/fd/N), which the default config refuses to follow
+        hashing = library.hashing.Config().use_file_serialization(hashing_algorithm="sha256").set_allow_symlinks(True)
+        return library.verifying.Config().set_hashing_config(hashing)
+
     failures = []
     for key in trusted_keys:
-        config = library.verifying.Config().use_elliptic_key_verifier(public_key=key)
+        config = verifying().use_elliptic_key_verifier(public_key=key)
         try:
-            config.verify(artifact, sig)
+            config.verify(target, sig)
             return f"signed by the key {Path(key).name}"
         except Exception as exc:
             failures.append(f"{Path(key).name}: {type(exc).__name__}: {clip(str(exc), 200)}")
     if certificate_chain:
-        config = library.verifying.Config().use_certificate_verifier(certificate_chain=certificate_chain)
+        config = verifying().use_certificate_verifier(certificate_chain=certificate_chain)
         try:
-            config.verify(artifact, sig)
+            config.verify(target, sig)
             return "signed by a certificate of the trusted chain"
         except Exception as exc:
             failures.append(f"certificate chain: {type(exc).__name__}: {clip(str(exc), 200)}")

@@ -6,6 +6,7 @@ import datetime
 import importlib.metadata
 import json
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from .. import __version__
 from ..converter import unstructure
 from ..engine.module import named_wrapped_modules
-from ..errors import ArtifactError, SerializationError
+from ..errors import ArtifactError, InputError, SerializationError
 from ..plugins import get_manager
 from ..registry import BackendRegistry
 from ..report import TuneReport
@@ -62,13 +63,18 @@ def _weights_bytes(module: torch.nn.Module) -> bytes:
     return save_tensors(tensors)
 
 
-def save(obj: Any, path: str | Path, *, signing_key: str | Path | None = None) -> Path:
+def save(obj: Any, path: str | Path, *, signing_key: str | Path | None = None, sign: bool = True) -> Path:
     """Write every ``ait.Module`` reachable from ``obj`` to one ``.ait`` file; returns its path.
 
     The file is written beside ``path`` and renamed into place, so an interrupted save leaves
-    any previous artifact intact. ``signing_key`` (a private key, PEM) signs it as it is written:
-    ``<path>.sig`` beside it, checked by ``ait.load(..., trusted_keys=[public key])``.
+    any previous artifact intact. It is signed as it is written, ``<path>.sig`` beside it: with
+    ``signing_key`` (a private key, PEM; checked by ``ait.load(..., trusted_keys=[public key])``),
+    else with the user's own key (:mod:`aitune.artifact.ownkey`), which ``ait.load`` trusts by
+    default, so what a user saves loads back for that user with no flag. ``sign=False`` (or
+    ``AITUNE_OWN_KEY=0``) writes no signature.
     """
+    if signing_key is not None and not sign:
+        raise InputError("signing_key and sign=False contradict each other: pass one of them")
     path = Path(path)
     named = named_wrapped_modules(obj)
     modules = [m for _, m in named]
@@ -146,8 +152,28 @@ def save(obj: Any, path: str | Path, *, signing_key: str | Path | None = None) -
     except BaseException:
         writer.abort()
         raise
-    if signing_key is not None:
-        from .signing import sign
-
-        sign(path, signing_key)
+    _sign(path, signing_key, sign, native=any(b.native_payload for m in modules for _, b in m.tuned_graphs))
     return path
+
+
+def _sign(path: Path, key: str | Path | None, wanted: bool, native: bool) -> None:
+    """Sign the saved file with ``key``, else the user's own key; a stale signature beside it is removed."""
+    from . import ownkey
+    from .signing import sign, signature_path
+
+    why = ownkey.off_reason()
+    if key is None and wanted and why is None:
+        own = ownkey.get_or_create()
+        key = own.private if own is not None else None
+        why = "your own key cannot be used (see the warning before this one)"
+    if key is not None:
+        sign(path, key)
+        return
+    signature_path(path).unlink(missing_ok=True)  # it signed the file this save replaced
+    if native and wanted:
+        warnings.warn(
+            f"{path} holds native code and was saved unsigned ({why}), so ait.load refuses it without a pin, a "
+            "trusted key or trust_native_code=True",
+            RuntimeWarning,
+            stacklevel=3,
+        )

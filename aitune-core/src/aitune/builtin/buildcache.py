@@ -28,7 +28,7 @@ import torch
 
 from .. import __version__, hookimpl
 from ..backend import Backend, BuildContext, LoadContext
-from ..cachedir import changed, digests
+from ..cachedir import changed, checked_entry, digests, make_private, private_folder
 from ..converter import unstructure
 from ..errors import SerializationError
 from ..module_code import code_digest
@@ -45,9 +45,7 @@ def enabled() -> bool:
 
 
 def builds_dir() -> Path:
-    from ..cachedir import cache_dir
-
-    return cache_dir() / "builds"
+    return private_folder("builds")
 
 
 def module_digest(module: torch.nn.Module) -> str:
@@ -112,7 +110,7 @@ def evict(key: str | None) -> None:
 
 
 def _store(entry: Path, backend: Backend, session: Session) -> None:
-    entry.parent.mkdir(parents=True, exist_ok=True)
+    private_folder("builds", entry.parent.name)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
     try:
         (staging / "payload").mkdir()
@@ -121,6 +119,7 @@ def _store(entry: Path, backend: Backend, session: Session) -> None:
         files = digests(staging / "payload")
         record = {"backend": backend.name, "metadata": metadata or {}, "build_info": info, "files": files}
         (staging / "meta.json").write_text(json.dumps(record, default=str))
+        make_private(staging)
         os.replace(staging, entry)
     except (SerializationError, OSError) as exc:
         logger.debug("build of %s not cached: %s", backend.name, exc)
@@ -145,7 +144,7 @@ def _entry(backend: Backend, module: torch.nn.Module, context: BuildContext, reg
 def lookup(backend: Backend, module: torch.nn.Module, context: BuildContext, session: Session) -> Backend | None:
     """A hit answers the build with the cached payload; a miss lets the builders run."""
     entry = _entry(backend, module, context, session.registry)
-    if entry is None or not (entry / "meta.json").is_file():
+    if entry is None or not checked_entry(entry) or not (entry / "meta.json").is_file():
         return None
     return _load_hit(entry, backend, module, context, session)
 

@@ -1,7 +1,8 @@
 """``ait.tune``: run the pipeline, record every wrapped module, tune each one, report.
 
-A module that fails to tune stays eager and the others go on (``fail_fast=True`` raises
-instead). Strategies whose documented behaviour is to raise (``raises_on_failure``: OneBackend's
+A module that fails to tune stays eager, with a warning, and the others go on (``fail_fast=True``
+or a ``strict`` module raises instead; an error about the environment, such as an unsafe cache
+folder or a broken plugin, always raises). Strategies whose documented behaviour is to raise (``raises_on_failure``: OneBackend's
 original error, LatencyBudget's unmet budget) always propagate.
 
 Why one long module: ``ait.tune``'s flow (record, agree across ranks, tune each module, report)
@@ -17,6 +18,7 @@ import logging
 import os
 import platform
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ import torch
 from .. import __version__, distributed
 from ..backend import Backend, Tolerance
 from ..builds.queue import build_session
-from ..errors import AituneError, DistributedTuneError, InputError
+from ..errors import AituneError, ConfigError, DistributedTuneError, InputError, PluginError
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
@@ -461,10 +463,18 @@ def _item_error(index: int, item: Any, first: Any, exc: Exception) -> Exception:
     )
 
 
+ENVIRONMENT_ERRORS: tuple[type[Exception], ...] = (ConfigError, PluginError)
+"""Errors about the environment (the cache folder, a plugin, the configuration), not about one module:
+``ait.tune`` raises them rather than leaving the module eager, as every module would fail alike."""
+
+
 def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module]) -> ModuleReport:
     """Tune one recorded module graph by graph and install the winners (also the JIT's entry point).
 
-    With ``run.dry_run`` it stops after the graphs are known, installing nothing.
+    A module whose tuning fails runs eager with a ``RuntimeWarning`` naming the error; with
+    ``fail_fast``, for a ``strict`` module and for an error about the environment
+    (:data:`ENVIRONMENT_ERRORS`), the error is raised. With ``run.dry_run`` it stops after the graphs
+    are known, installing nothing.
     """
     fail_fast = run.fail_fast
     module = rec.module
@@ -500,10 +510,17 @@ def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module]) -> Modul
         module._install([], report)
         report.status, report.error = ModuleStatus.FAILED, f"{type(exc).__name__}: {exc}"
         report.summary = f"{module.name}: tuning failed, running eager: {report.error}"
-        if fail_fast or isinstance(exc, DistributedTuneError):  # ranks out of step end the tune on every rank
+        # ranks out of step end the tune on every rank; the environment is no module's failure
+        if fail_fast or module.strict or isinstance(exc, (DistributedTuneError, *ENVIRONMENT_ERRORS)):
             raise
         if not isinstance(exc, AituneError):
             logger.exception("%s: unexpected error while tuning", module.name)
+        warnings.warn(
+            f"{module.name}: tuning failed, so it runs eager (no speed-up): {report.error}. Fix what the error names "
+            "and tune again; ait.tune(..., fail_fast=True) raises it with its traceback",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return report
     if run.dry_run:
         report.status = ModuleStatus.DRY_RUN

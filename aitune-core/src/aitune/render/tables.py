@@ -89,6 +89,7 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
     env = report.environment
     e2e = report.end_to_end
     rows = [
+        ("failed", failures(report)),
         ("end to end", e2e.describe() if e2e is not None else ""),
         ("time shares", _shares(e2e.shares) if e2e is not None else ""),
         ("aitune", report.aitune_version),
@@ -114,6 +115,16 @@ def time_spent(report: TuneReport) -> str:
         skipped = sum(c.status == "skipped" for m in report.modules for g in m.graphs for c in g.candidates)
         text += f" (time budget {report.time_budget:g} s" + (f", {skipped} candidate(s) skipped)" if skipped else ")")
     return text
+
+
+def failures(report: TuneReport) -> str:
+    """The modules whose tuning failed (they run eager, no speed-up), with why: what a report leads with."""
+    failed = [m for m in report.modules if m.status == "failed"]
+    if not failed:
+        return ""
+    return f"{len(failed)} module(s) failed to tune and run eager: " + "; ".join(
+        f"{m.name} ({m.error})" for m in failed
+    )
 
 
 def _shares(shares: dict[str, float]) -> str:

@@ -3,7 +3,8 @@
 Load it with ``pytest -p aitune.testing.fixtures``, with ``addopts = "-p
 aitune.testing.fixtures"`` in the pytest config, or with ``pytest_plugins =
 ["aitune.testing.fixtures"]`` in the top-level conftest.py. Installing aitune-core does not load it: a
-library must not change the test suites of the projects installed next to it.
+library must not change the test suites of the projects installed next to it. A suite that loads it
+gets its own ``AITUNE_CONFIG_DIR`` for the session, so no test writes the user's signing key.
 """
 
 from __future__ import annotations
@@ -53,6 +54,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _aitune_private_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The test session's own ``AITUNE_CONFIG_DIR``: the signing key ``ait.save`` makes on first use
+    (see :mod:`aitune.artifact.ownkey`) never lands in the user's real config folder."""
+    path = tmp_path_factory.mktemp("aitune-config")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AITUNE_CONFIG_DIR", str(path))
+        yield path
 
 
 @pytest.fixture

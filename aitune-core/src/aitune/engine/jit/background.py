@@ -1,7 +1,10 @@
 """Tuning off the calling thread: calls keep running eager until the winner is proven.
 
 One tuner thread at a time (a daemon: process exit waits for no tuning; a build already in the
-cache stays there). It runs the same ``tune_candidate`` as inline mode, so the candidates are
+cache stays there). At exit the tuner is told to stop and is waited for, briefly, until it reaches
+its next step (a timed call, a build, a validation): a daemon thread still inside a native call when
+the interpreter finalizes is killed as it takes the GIL back, unwinding C++ frames that cannot be
+unwound, and the process aborts ("terminate called without an active exception"). It runs the same ``tune_candidate`` as inline mode, so the candidates are
 built, validated against eager on the recorded calls and profiled before anything is installed,
 and the install is one attribute assignment (``module.forward``): a call already in flight
 finishes on the path it started on, the next one takes the winner.
@@ -14,6 +17,7 @@ its timing keeps to ``config.max_tuning_share`` of the wall time.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -22,14 +26,22 @@ import threading
 import torch
 
 from .decide import tune_candidate
-from .state import STATE, JitCandidate
+from .state import STATE, JitCandidate, TuningStopped
 
 logger = logging.getLogger("aitune")
+
+
+EXIT_WAIT_S = 10.0
+"""The longest process exit waits for the tuner to reach its next step. A build may take longer; the
+tuner then waits in Python (a worker process, a compiler's own threads), where stopping it is safe."""
 
 
 def start(module: torch.nn.Module, cand: JitCandidate) -> None:
     """Tune ``cand`` on a tuner thread; the caller holds ``STATE.tuning``, which the thread releases."""
     prepare()
+    if not STATE.exit_registered:
+        atexit.register(stop_at_exit)  # runs before the interpreter finalizes, and before torch's own handlers
+        STATE.exit_registered = True
     STATE.modules[module] = "tuning"
     thread = threading.Thread(target=_run, args=(module, cand), name=f"aitune-jit {cand.name}", daemon=True)
     STATE.worker = thread
@@ -53,9 +65,27 @@ def _run(module: torch.nn.Module, cand: JitCandidate) -> None:
     try:
         _lower_priority()
         tune_candidate(module, cand)
+    except TuningStopped:
+        logger.info("aitune jit: the program is exiting; tuning %s stopped", cand.name)
     finally:
         STATE.tuner_running = False
         STATE.tuning.release()
+
+
+def stop_at_exit() -> None:
+    """Stop the tuner at its next step and wait for it, so no tuner thread is in native code when the
+    interpreter finalizes."""
+    thread = STATE.worker
+    if thread is None or not thread.is_alive():
+        return
+    STATE.stopping.set()
+    thread.join(EXIT_WAIT_S)
+    if thread.is_alive():
+        logger.warning(
+            "aitune jit: the background tuner did not reach its next step within %.0f s of exit (a build under way); "
+            "exiting without it",
+            EXIT_WAIT_S,
+        )
 
 
 def _lower_priority() -> None:

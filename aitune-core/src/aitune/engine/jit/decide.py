@@ -9,6 +9,7 @@ graph breaks or because no backend produced a correct build hands over to its ch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
@@ -25,12 +26,13 @@ from ...report import ModuleReport
 from ...session import Session
 from .. import recording
 from ..plan import TuneRun, default_backends, weights_device
+from ..progress import TuneProgress
 from ..strategies import FirstWinsStrategy, TuneStrategy
 from . import decision_store, settings
 from .admission import admit
 from .install import install
 from .sharing import measuring_strategy
-from .state import STATE, Decision, JitCandidate
+from .state import STATE, Decision, JitCandidate, check_stopping
 
 logger = logging.getLogger("aitune")
 
@@ -48,6 +50,20 @@ def tune_candidate(module: torch.nn.Module, cand: JitCandidate) -> None:
     STATE.decisions.append(decision)
 
 
+class StoppableProgress(TuneProgress):
+    """The JIT's progress: each step (a build, a validation, a profile) is where the background tuner
+    stops once the program exits (see :mod:`.background`)."""
+
+    def __init__(self) -> None:
+        super().__init__(False)
+
+    @contextlib.contextmanager
+    def step(self, description: str) -> Iterator[None]:
+        check_stopping()
+        with super().step(description):
+            yield
+
+
 def _decision(module: torch.nn.Module, cand: JitCandidate, outcome: str, **kwargs: Any) -> Decision:
     cls = type(module)
     return Decision(cand.name, f"{cls.__module__}.{cls.__qualname__}", cand.depth, outcome, **kwargs)
@@ -62,7 +78,7 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
     manager = get_manager()
     device = weights_device(cand.twin) or torch.device("cpu")
     strategy, candidates = _strategy(device, manager.registry)
-    run = TuneRun(manager.session(), device, candidates, batch_one_sizes=None)
+    run = TuneRun(manager.session(), device, candidates, batch_one_sizes=None, progress=StoppableProgress())
     specs = [infer_graph(g.samples, cand.wrapper._canonicalize.arg_names, None, None, g.outputs) for g in graphs]
     key = None
     if settings.remember:
@@ -80,6 +96,7 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
             decision_store.forget(key)
     if settings.detect_graph_breaks:
         for g in graphs:
+            check_stopping()
             reason = graph_break_reason(cand.twin, g.samples[0])
             if reason:
                 why = f"TorchDynamo cannot capture it as one graph: {reason}"
@@ -89,6 +106,7 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
     from ..tuner import tune_recorded
 
     object.__setattr__(cand.wrapper, "strategy", strategy)
+    check_stopping()
     report = tune_recorded(run, rec)
     winners = list(cand.wrapper.tuned_graphs)
     if cand.wrapper.state == "tuned":

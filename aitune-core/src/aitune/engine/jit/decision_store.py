@@ -29,7 +29,7 @@ import torch
 from ... import __version__
 from ...backend import Backend, LoadContext, payload_file
 from ...builtin.buildcache import module_digest
-from ...cachedir import changed, digests
+from ...cachedir import changed, checked_entry, digests, make_private, private_folder
 from ...converter import unstructure
 from ...errors import ConfigError, SerializationError
 from ...graph import GraphSpec
@@ -53,9 +53,7 @@ class Remembered:
 
 
 def jit_dir() -> Path:
-    from ...cachedir import cache_dir
-
-    return cache_dir() / "jit"
+    return private_folder("jit")
 
 
 def _backend_identity(registry: BackendRegistry, backend: Backend) -> dict[str, Any]:
@@ -108,7 +106,7 @@ def save(
 ) -> bool:
     """Write one decision atomically; returns False (and stores nothing) when a winner cannot be saved."""
     entry = _entry(key)
-    entry.parent.mkdir(parents=True, exist_ok=True)
+    private_folder("jit", entry.parent.name)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
     try:
         graphs = []
@@ -133,6 +131,7 @@ def save(
             "files": digests(staging),
         }
         (staging / DECISION).write_text(json.dumps(decision, indent=1, default=str))
+        make_private(staging)
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(staging, entry)
@@ -148,7 +147,7 @@ def load(run: TuneRun, key: str, name: str, module: torch.nn.Module, graphs: Seq
     """The remembered decision with its winners loaded (no build), or None when there is none or it is unusable."""
     entry = _entry(key)
     path = entry / DECISION
-    if not path.is_file():
+    if not checked_entry(entry) or not path.is_file():
         return None
     from ...cachedir import cache_dir
 

@@ -11,7 +11,7 @@ import torch
 
 from ...profiling import ModelExecutionTimeMeasuringStrategy
 from . import settings
-from .state import STATE
+from .state import STATE, check_stopping
 
 IDLE_WAIT_S = 0.05
 """The longest a timed call waits for the caller's calls in flight to end."""
@@ -25,6 +25,7 @@ class SharingMeasuringStrategy:
     share: float = 0.5
 
     def measure(self, fn: Callable[[], Any], device: torch.device) -> float:
+        check_stopping()
         deadline = time.perf_counter() + IDLE_WAIT_S
         while STATE.in_flight > 0 and time.perf_counter() < deadline:
             time.sleep(0.0005)

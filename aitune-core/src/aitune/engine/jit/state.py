@@ -83,6 +83,10 @@ class JitState:
     in_flight: int = 0
     """Top-level module calls of the program under way now (not aitune's own): the background
     tuner times a call only when there are none."""
+    exit_registered: bool = False
+    """``background.stop_at_exit`` is registered with atexit (once per process)."""
+    stopping: threading.Event = attrs.field(factory=threading.Event)
+    """Set when the process exits: the tuner thread stops at its next step (see :mod:`.background`)."""
 
     def forget(self) -> None:
         """Drop every module, decision and request (the hooks are the caller's business)."""
@@ -93,6 +97,17 @@ class JitState:
         self.requests = 0
         self.local.depth = 0
         self.in_flight = 0
+
+
+class TuningStopped(BaseException):
+    """Raised in the tuner thread at its next step once the process exits. A BaseException, so no
+    ``except Exception`` on the way (a candidate's failure, a module's) takes it for a failure."""
+
+
+def check_stopping() -> None:
+    """A point where the background tuner may stop: between steps, never inside a native call."""
+    if STATE.stopping.is_set() and getattr(STATE.local, "tuner", False):
+        raise TuningStopped
 
 
 STATE = JitState()
