@@ -91,7 +91,9 @@ def test_unmarked():
 def test_a_busy_test_shares_one_of_its_cores_with_a_spinning_process(busy_core: int) -> None:
     namespace: dict[str, object] = {}
     exec(SPINNERS, namespace)
-    assert namespace["wait_for_spinner"](busy_core) == [{busy_core}], "one child spins, pinned to one of this test's cores"
+    assert namespace["wait_for_spinner"](busy_core) == [{busy_core}], (
+        "one child spins, pinned to one of this test's cores"
+    )
     assert busy_core in os.sched_getaffinity(0)
 
 

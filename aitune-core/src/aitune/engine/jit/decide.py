@@ -26,7 +26,7 @@ from ...report import ModuleReport
 from ...session import Session
 from .. import recording
 from ..plan import TuneRun, default_backends, weights_device
-from ..progress import TuneProgress
+from ..progress import Step, TuneProgress
 from ..strategies import FirstWinsStrategy, TuneStrategy
 from . import decision_store, settings
 from .admission import admit
@@ -58,10 +58,10 @@ class StoppableProgress(TuneProgress):
         super().__init__(False)
 
     @contextlib.contextmanager
-    def step(self, description: str) -> Iterator[None]:
+    def step(self, description: str, stage: str | None = None) -> Iterator[Step]:
         check_stopping()
-        with super().step(description):
-            yield
+        with super().step(description, stage) as step:
+            yield step
 
 
 def _decision(module: torch.nn.Module, cand: JitCandidate, outcome: str, **kwargs: Any) -> Decision:
