@@ -304,3 +304,21 @@ def test_the_html_report_draws_the_speed_accuracy_frontier(unseen_backends):
     assert "speed-accuracy frontier" in page
     assert 'id="point-selected"' in page and 'id="point-candidate"' in page and 'id="accuracy-floor"' in page
     assert "toy_int8_like" in page
+
+
+def test_a_metric_that_returns_nan_fails_the_budget(unseen_backends):
+    model, candidates = _classifier_tuned(metric=lambda tuned, eager, batch: float("nan"), accuracy_budget=0.5)
+    assert all(c.status == "failed" and "measures nothing" in c.reason for c in candidates)
+    assert model.state == "passthrough"
+
+
+def test_relative_accuracy_scores_nan_and_zero_outputs_for_what_they_are():
+    from aitune import metrics
+
+    zeros = torch.zeros(4, 8)
+    assert metrics.relative_accuracy(torch.full((4, 8), 5.0), zeros) == 0.0, "garbage against all-zero eager"
+    assert metrics.relative_accuracy(zeros.clone(), zeros) == 1.0
+    assert metrics.relative_accuracy(torch.full((4, 8), float("nan")), torch.ones(4, 8)) == 0.0
+    assert metrics.relative_accuracy(torch.ones(4, 8), torch.full((4, 8), float("nan"))) == 0.0
+    both = torch.tensor([float("nan"), 1.0])
+    assert metrics.relative_accuracy(both.clone(), both) == 1.0, "eager's own NaN, repeated, agrees"
