@@ -169,8 +169,9 @@ def test_a_module_with_hooks_still_pickles_and_copies(toy_backends):
         lambda m: m.fc.weight.data.mul_(2),
         lambda m: setattr(m.fc.weight, "data", m.fc.weight.data * 2),
         lambda m: setattr(m.fc, "weight", torch.nn.Parameter(m.fc.weight.detach() * 2)),
+        lambda m: m.fc.weight.data.copy_(m.fc.weight.data.flip(0)),  # the same values in another order
     ],
-    ids=["data-in-place", "data-assigned", "new-parameter"],
+    ids=["data-in-place", "data-assigned", "new-parameter", "rows-swapped-through-data"],
 )
 def test_edits_through_data_are_seen_at_eval(toy_backends, edit):
     model = _tuned_slow()

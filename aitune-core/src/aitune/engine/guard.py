@@ -11,7 +11,7 @@ checking every tensor's version counter on every call would cost more than the d
 Winners that baked the weights in are then refitted with the new ones (``Backend.refit``) and
 checked against eager on the graph's min, opt and max shapes; only where that fails does the
 module run eager.
-The stamp those checks compare includes a checksum of every weight's bytes, so an edit through
+The stamp those checks compare includes a digest of every weight's bytes, so an edit through
 ``.data`` (which has a version counter of its own) or a newly assigned tensor is seen too.
 
 Hooks added after tuning to a module a tuned backend replaces (the wrapped module, any submodule)
@@ -22,6 +22,7 @@ the per-call check is one attribute read, and such calls run eager until the hoo
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import time
 import weakref
@@ -56,24 +57,31 @@ HOOKS = (
 HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def weights_stamp(module: torch.nn.Module) -> tuple[tuple[int, int, int], ...]:
-    """Where each weight lives, how often it was written in place, and a checksum of its bytes.
+Stamp = tuple[tuple[tuple[int, int], ...], str]
+"""Where each weight lives and how often it was written in place, and a digest of every weight's bytes."""
 
-    The checksum catches what the other two cannot: ``p.data.mul_(2)`` writes through a tensor
-    with its own version counter. It is the sum of the raw bytes read as integers, one pass over
-    the weights, taken only when something asks to look at them again (never per call).
+
+def weights_stamp(module: torch.nn.Module) -> Stamp:
+    """Where each weight lives, how often it was written in place, and a BLAKE2b digest of their bytes.
+
+    The digest catches what the other two cannot: ``p.data.mul_(2)`` or two rows swapped through
+    ``.data`` write through a tensor with its own version counter. A digest and not a sum, so a
+    permutation of the same values is seen too. One pass over the weights (copied to the host when on
+    a GPU), taken only when something asks to look at them again (never per call).
     """
-    return tuple((t.data_ptr(), t._version, _checksum(t.detach())) for t in module.state_dict(keep_vars=True).values())
+    tensors = [t.detach() for t in module.state_dict(keep_vars=True).values()]
+    digest = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        _feed(digest, t)
+    return tuple((t.data_ptr(), t._version) for t in tensors), digest.hexdigest()
 
 
-def _checksum(t: torch.Tensor) -> int:
-    if t.device.type == "meta" or t.numel() == 0 or t.is_sparse:
-        return 0
-    flat = t.contiguous().view(-1)
-    for width, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8)):
-        if flat.element_size() % width == 0:
-            return int(flat.view(dtype).sum(dtype=torch.int64))
-    return 0
+def _feed(digest: Any, t: torch.Tensor) -> None:
+    digest.update(f"{t.dtype}{tuple(t.shape)}{t.device.type};".encode())
+    if t.device.type == "meta" or t.numel() == 0 or t.is_sparse or t.layout != torch.strided:
+        return
+    raw = t.contiguous().reshape(-1).view(torch.uint8)
+    digest.update(raw.cpu().numpy().data)
 
 
 class _WatchedHooks(collections.OrderedDict):  # type: ignore[type-arg]
@@ -169,7 +177,7 @@ class Guard:
         if stamp != self.stamp and self.baked and self.stale is None:
             self.adopt_weights(stamp)
 
-    def adopt_weights(self, stamp: tuple[tuple[int, int, int], ...] | None = None) -> str | None:
+    def adopt_weights(self, stamp: Stamp | None = None) -> str | None:
         """Refit every winner that baked the weights in with the module's weights as they are now
         and check it against eager; the reason it could not (the module then runs eager), or None."""
         module = self._module()
