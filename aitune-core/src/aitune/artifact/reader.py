@@ -467,9 +467,15 @@ def _load_module(
             if fallback != "eager":
                 raise ArtifactError(message) from exc
             warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=3)
-    target._install(winners, None)
+    built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in weights.items()}
+    target._install(winners, None, built_with)
     if whose == "model" or any(g.refit for g in entry.graphs):  # payloads hold other weights than the module
         why = target.adopt_weights()
+        if why is not None and target.strict:
+            raise ArtifactError(
+                f"{reader.path}: {entry.name} is strict and its payloads could not take the "
+                f"{'model' if whose == 'model' else 'artifact'}'s weights ({why})"
+            )
         if why is not None:
             warnings.warn(
                 f"{reader.path}: {entry.name} runs eager: its payloads could not take the "

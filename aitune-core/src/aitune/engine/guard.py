@@ -26,7 +26,7 @@ import hashlib
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,6 +82,37 @@ def _feed(digest: Any, t: torch.Tensor) -> None:
         return
     raw = t.contiguous().reshape(-1).view(torch.uint8)
     digest.update(raw.cpu().numpy().data)
+
+
+Layout = dict[str, tuple[torch.dtype, tuple[int, ...], torch.device]]
+"""Each weight's dtype, shape and device: what a payload that baked the weights in was built with."""
+
+
+def weights_layout(weights: Mapping[str, torch.Tensor]) -> Layout:
+    return {name: (t.dtype, tuple(t.shape), t.device) for name, t in weights.items()}
+
+
+def layout_mismatch(weights: Mapping[str, torch.Tensor], built_with: Layout) -> str | None:
+    """How ``weights`` differ in dtype, shape or device from what the payload was built with, or None.
+
+    Checked before any weight reaches a backend's ``refit``: a native runtime (AOTInductor's
+    ``load_constants``, TensorRT's refitter) copies bytes by the layout it was compiled for, so a
+    float64 or resized tensor there corrupts memory instead of raising.
+    """
+    for name, (dtype, shape, device) in built_with.items():
+        t = weights.get(name)
+        if t is None:
+            return f"the weight {name} is missing"
+        if t.dtype != dtype or tuple(t.shape) != shape or not _same_device(t.device, device):
+            return (
+                f"{name} is {str(t.dtype).removeprefix('torch.')} {list(t.shape)} on {t.device}, and the payload was "
+                f"built with {str(dtype).removeprefix('torch.')} {list(shape)} on {device}"
+            )
+    return None
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 class _WatchedHooks(collections.OrderedDict):  # type: ignore[type-arg]
@@ -152,6 +183,7 @@ class Guard:
         *,
         refittable: Sequence[tuple[GraphSpec, Backend]] = (),
         reference: Callable[..., Any] | None = None,
+        built_with: Layout | None = None,
     ) -> None:
         self._module = weakref.ref(module)
         self.hooks = HookWatch(watched)
@@ -164,6 +196,9 @@ class Guard:
         self.params = tuple(module.parameters())
         self.stamp = weights_stamp(module)
         self.stale: str | None = None
+        self.built_with = built_with if built_with is not None else weights_layout(module.state_dict())
+        """What the baked winners were built with (the module's weights now, or what ``ait.load`` says):
+        weights of another dtype, shape or device are never handed to ``refit``."""
 
     def check_weights(self) -> None:
         """Re-read the weights (after load_state_dict, .to(), eval()); when they changed, winners that
@@ -199,6 +234,9 @@ class Guard:
         if not self.refittable or self.reference is None:
             return "it cannot load new weights"
         weights = module.state_dict()
+        mismatch = layout_mismatch(weights, self.built_with)
+        if mismatch is not None:
+            return f"{mismatch}; nothing was refitted"
         start = time.perf_counter()
         for graph, backend in self.refittable:
             try:
