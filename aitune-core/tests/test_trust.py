@@ -410,3 +410,79 @@ def test_a_jit_store_entry_naming_a_path_outside_it_is_forgotten(tmp_path):
         with pytest.raises(SerializationError):
             payload_file(tmp_path, name)
     assert payload_file(tmp_path, "0") == tmp_path / "0"
+
+
+# -- a failed load changes nothing; numbers in the manifest are bounded -----------------------------
+
+
+def _set_batch_max(value):
+    def change(manifest):
+        _graph(manifest)["graph"]["dims"]["batch"]["max"] = value
+
+    return change
+
+
+def _meta_device(manifest):
+    for spec in _graph(manifest)["graph"]["inputs"]:
+        spec["device"] = "meta"
+
+
+def _hostile_config(manifest):
+    _graph(manifest)["config"] = {"backend": "toy", "speed": "fast"}
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [_meta_device, _set_batch_max(2**22), _hostile_config],
+    ids=["meta-device", "batch-2**22", "bad-config"],
+)
+def test_a_failed_load_leaves_the_model_bit_identical(saved, tmp_path, attack):
+    """``load_state_dict`` used to run before the manifest's device was checked: after the
+    ArtifactError the model held the artifact's weights, and a server falling back to its own model
+    served someone else's. Now every check passes before anything in the model changes."""
+    bad = _rewrite(saved, tmp_path / "bad.ait", attack)
+    torch.manual_seed(123)  # other weights than the artifact's
+    model = SlowModule(delay_s=0.0)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ArtifactError):
+        ait.load(model, bad)
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    for name, value in before.items():
+        assert after[name].dtype == value.dtype and after[name].device == value.device
+        assert torch.equal(after[name], value), f"{name} changed"
+    assert not isinstance(model, ait.Module) and all(not isinstance(m, ait.Module) for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (_set_batch_max(2**22), "over the cap"),
+        (_set_batch_max(1), "not 0 <= min <= opt <= max"),
+        (lambda m: _graph(m)["graph"]["inputs"][0].__setitem__("shape", [1000, 8]), "outside its range"),
+        (lambda m: _graph(m)["graph"]["inputs"][0].__setitem__("dtype", "manual_seed"), "not a torch dtype"),
+        (lambda m: _graph(m)["graph"]["inputs"][0].__setitem__("dims", ["nope", None]), "does not have"),
+    ],
+    ids=["batch-2**22", "max-below-min", "recorded-outside", "dtype-by-name", "unknown-range"],
+)
+def test_numbers_in_the_manifest_are_bounded_before_anything_is_allocated(saved, tmp_path, change, words):
+    """A 17 KB artifact claiming a batch of 2**22 made ait.load allocate 4.45 GB for the refit check
+    and warm-up; a graph must be consistent and its largest example under the documented cap."""
+    import time
+    import tracemalloc
+
+    bad = _rewrite(saved, tmp_path / "bad.ait", change)
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(ArtifactError, match=words):
+            ait.load(_fresh(), bad)
+        with pytest.warns(RuntimeWarning, match=words):
+            model = ait.load(_fresh(), bad, fallback="eager")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert model.state == "passthrough" and time.perf_counter() - start < 30
+    assert peak < 64 * 2**20, f"loading allocated {peak} bytes"
+    result = verify(bad)
+    assert not result["runnable_here"] and any(words in p for p in result["problems"])

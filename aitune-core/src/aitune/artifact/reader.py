@@ -33,6 +33,7 @@ from ..plugins import get_manager
 from ..registry import BackendRegistry, missing_requirements
 from ..session import Session
 from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, REPORT, Reader, open_artifact
+from .bounds import graph_problem
 from .format import GraphEntry, Manifest, ModuleEntry
 from .signing import verify_signature
 
@@ -245,6 +246,8 @@ def _load(
     trust: Trust,
     weights: str | None = None,
 ) -> Any:
+    """Every check first, then the changes: nothing in ``obj`` changes until the digests, the
+    manifest, the object's structure, every device, config, bound and the trust policy passed."""
     from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
 
     session = get_manager().session()
@@ -253,6 +256,13 @@ def _load(
         manifest = read_manifest(reader)
         targets = _targets(obj, manifest, reader)
         devices = _devices(manifest, device_map)
+        plans = {}
+        for entry in manifest.modules:
+            with _as_artifact_error(path, entry):
+                plans[entry.name] = _plan_module(
+                    reader, entry, targets[entry.name], devices[entry.name], fallback, session, trust, weights
+                )
+        # -- every check passed: from here on the given object changes --------------------------------
         for entry in sorted(manifest.modules, key=lambda e: -_depth(e)):  # children before the object itself
             target = targets[entry.name]
             if not isinstance(target, Module):
@@ -264,26 +274,22 @@ def _load(
                 targets[entry.name] = target
         with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
             for entry in manifest.modules:
-                try:
-                    _load_module(
-                        reader,
-                        entry,
-                        targets[entry.name],
-                        devices[entry.name],
-                        fallback,
-                        Path(tmp),
-                        session,
-                        trust,
-                        weights,
-                    )
-                except AituneError:
-                    raise
-                except Exception as exc:  # an inconsistent manifest that passed its schema (found by fuzzing)
-                    raise ArtifactError(
-                        f"{path}: {entry.name} cannot be loaded from this artifact ({type(exc).__name__}: {exc}); "
-                        "the file is corrupt or was written by an incompatible aitune: tune and save again"
-                    ) from exc
+                with _as_artifact_error(path, entry):
+                    _apply_plan(reader, plans[entry.name], targets[entry.name], fallback, Path(tmp), session)
     return obj
+
+
+@contextlib.contextmanager
+def _as_artifact_error(path: Path, entry: ModuleEntry) -> Iterator[None]:
+    try:
+        yield
+    except AituneError:
+        raise
+    except Exception as exc:  # an inconsistent manifest that passed its schema (found by fuzzing)
+        raise ArtifactError(
+            f"{path}: {entry.name} cannot be loaded from this artifact ({type(exc).__name__}: {exc}); "
+            "the file is corrupt or was written by an incompatible aitune: tune and save again"
+        ) from exc
 
 
 def _depth(entry: ModuleEntry) -> int:
@@ -385,55 +391,72 @@ def _saved_shapes(reader: Reader, entry: ModuleEntry) -> dict[str, tuple[int, ..
         ) from exc
 
 
-def _load_module(
+@attrs.define
+class _GraphPlan:
+    index: int
+    entry: GraphEntry
+    backend: Backend
+
+
+@attrs.define
+class _ModulePlan:
+    """What loading one module will do, decided with the given object untouched."""
+
+    entry: ModuleEntry
+    weights: dict[str, torch.Tensor]
+    device: torch.device | None
+    """None: the module runs eager on the CPU (its CUDA device is missing and fallback="eager")."""
+    graphs: list[_GraphPlan]
+    whose: str | None
+
+
+def _plan_module(
     reader: Reader,
     entry: ModuleEntry,
-    target: Module,
+    target: Any,
     chosen: torch.device | None,
     fallback: str | None,
-    tmp: Path,
     session: Session,
     trust: Trust,
-    whose: str | None = None,
-) -> None:
+    whose: str | None,
+) -> _ModulePlan:
+    """Read and check everything about ``entry``; refusals raise (or, with ``fallback="eager"``, leave
+    a graph eager with a warning). Changes nothing in ``target``."""
     from safetensors.torch import load as load_tensors  # imported on use: it costs ~75 ms at import
 
+    module = target.module if isinstance(target, Module) else target
     try:
         weights = load_tensors(reader.read(entry.weights))
     except AituneError:
         raise
     except Exception as exc:
         raise ArtifactError(f"{reader.path}: weights of {entry.name!r} cannot be read: {exc}") from exc
-    if whose is None and _differ(target.module, weights):
-        warnings.warn(
-            f"{reader.path}: the weights of {entry.name} in the given model differ from the artifact's; ait.load "
-            "serves the artifact's (those its payloads were built with). Pass weights='model' to serve the model's "
-            "own (refitted into the payloads and checked against eager), or weights='artifact' to say this is meant",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-    try:
-        if whose != "model":
-            target.module.load_state_dict(weights, strict=True)
-    except RuntimeError as exc:
+    mismatch = _weights_mismatch(module, weights)
+    if mismatch:
         raise ArtifactError(
             f"{reader.path}: the weights of {entry.name!r} do not fit the module given to load "
-            f"(is it the same architecture?): {exc}"
-        ) from exc
+            f"(is it the same architecture?): {mismatch}"
+        )
     device = _device_for(entry, chosen)
     if device.type == "cuda" and not torch.cuda.is_available():
         message = f"{reader.path}: {entry.name} needs a CUDA device and none is visible here"
         if fallback != "eager":
             raise ArtifactError(message + "; load it on a GPU machine, or pass fallback='eager'")
-        warnings.warn(message + "; running it eager on the CPU", RuntimeWarning, stacklevel=3)
-        target._install([], None)
-        return
-    target.module.to(device)
+        warnings.warn(message + "; running it eager on the CPU", RuntimeWarning, stacklevel=4)
+        return _ModulePlan(entry, weights, None, [], whose)
+    if whose is None and _differ(module, weights):
+        warnings.warn(
+            f"{reader.path}: the weights of {entry.name} in the given model differ from the artifact's; ait.load "
+            "serves the artifact's (those its payloads were built with). Pass weights='model' to serve the model's "
+            "own (refitted into the payloads and checked against eager), or weights='artifact' to say this is meant",
+            RuntimeWarning,
+            stacklevel=5,
+        )
     registry = session.registry
-    winners: list[tuple[Any, Backend]] = []
+    graphs = []
     for index, graph_entry in enumerate(entry.graphs):
         try:
-            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry)
+            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry) or _bounds(graph_entry)
             if reason:
                 raise ArtifactError(f"{entry.name} graph {index}: {reason}")
             config = registry.config_from_json(
@@ -446,28 +469,55 @@ def _load_module(
                     "only from an artifact you trust: pass expected_sha256='<its SHA-256>', trusted_keys=[public key] "
                     "(the artifact signed with aitune sign), or trust_native_code=True"
                 )
-            backend = backend_class(config)
+            graphs.append(_GraphPlan(index, graph_entry, backend_class(config)))
+        except ArtifactError as exc:
+            if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
+                raise
+            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=4)
+        except AituneError as exc:  # a config refused, a backend that cannot be made from it
+            message = f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}) cannot be loaded here: {exc}"
+            if fallback != "eager":
+                raise ArtifactError(message) from exc
+            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
+    return _ModulePlan(entry, weights, device, graphs, whose)
+
+
+def _apply_plan(
+    reader: Reader, plan: _ModulePlan, target: Module, fallback: str | None, tmp: Path, session: Session
+) -> None:
+    """Put the checked plan into ``target``: its weights, its device, each payload loaded, the winners."""
+    entry, whose, device = plan.entry, plan.whose, plan.device
+    if whose != "model":
+        target.module.load_state_dict(plan.weights, strict=True)
+    if device is None:
+        target._install([], None)
+        return
+    target.module.to(device)
+    winners: list[tuple[Any, Backend]] = []
+    for graph in plan.graphs:
+        index, graph_entry = graph.index, graph.entry
+        try:
             folder = tmp / f"{entry.name}-{index}".replace("/", "_")
             folder.mkdir()
             reader.extract(graph_entry.payload, folder)
             context = LoadContext(graph_entry.graph, device, dict(graph_entry.metadata), _cache(), entry.name)
             with torch.no_grad():
                 loaded = session.hook.aitune_deserialize(
-                    backend=backend, module=target.module, directory=folder, context=context, session=session
+                    backend=graph.backend, module=target.module, directory=folder, context=context, session=session
                 )
             winners.append((graph_entry.graph, loaded))
         except ArtifactError as exc:
             if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
                 raise
-            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=4)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # a runtime's SystemExit too: fallback="eager" keeps serving
             message = f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}) cannot be loaded here: {type(exc).__name__}: {exc}"
             if fallback != "eager":
                 raise ArtifactError(message) from exc
-            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=3)
-    built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in weights.items()}
+            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
+    built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in plan.weights.items()}
     target._install(winners, None, built_with)
     if whose == "model" or any(g.refit for g in entry.graphs):  # payloads hold other weights than the module
         why = target.adopt_weights()
@@ -481,8 +531,27 @@ def _load_module(
                 f"{reader.path}: {entry.name} runs eager: its payloads could not take the "
                 f"{'model' if whose == 'model' else 'artifact'}'s weights ({why})",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
+
+
+def _weights_mismatch(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> str | None:
+    """Why ``load_state_dict(weights, strict=True)`` would fail on ``module``, found without calling it."""
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if missing or unexpected:
+        return f"missing in the artifact: {_few(missing)}; not in the module: {_few(unexpected)}"
+    for name, saved in weights.items():
+        if tuple(own[name].shape) != tuple(saved.shape):
+            return f"{name} is {list(own[name].shape)} here, {list(saved.shape)} saved"
+        if own[name].is_floating_point() != saved.is_floating_point() and own[name].device.type != "meta":
+            return f"{name} is {own[name].dtype} here, {saved.dtype} saved"
+    return None
+
+
+def _bounds(entry: GraphEntry) -> str | None:
+    problem = graph_problem(entry.graph)
+    return f"the manifest's graph is refused: {problem}" if problem else None
 
 
 def _differ(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> bool:
@@ -562,7 +631,7 @@ def _verify(
         device = _device_for(entry, None)
         for index, graph_entry in enumerate(entry.graphs):
             where = f"{entry.name} graph {index} ({graph_entry.backend})"
-            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry)
+            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry) or _bounds(graph_entry)
             if reason is None:
                 try:
                     registry.config_from_json(graph_entry.config, f"{where} config", from_file=True)
