@@ -42,10 +42,10 @@ def graph_problem(graph: GraphSpec) -> str | None:
             return f"input {spec.path} is on {spec.device!r}; a file may only name {' or '.join(GRAPH_DEVICES)}"
         if len(spec.shape) != len(spec.dims) or len(spec.shape) > MAX_RANK:
             return f"input {spec.path} has {len(spec.shape)} sizes for {len(spec.dims)} axes (at most {MAX_RANK})"
-        for axis, (size, name) in enumerate(zip(spec.shape, spec.dims)):
-            if name is not None and name not in graph.dims:
-                return f"input {spec.path} axis {axis} names the range {name!r}, which the graph does not have"
-            if not 0 <= size <= MAX_DIM or (name is not None and size not in graph.dims[name]):
+        for axis, (size, dim) in enumerate(zip(spec.shape, spec.dims)):
+            if dim is not None and dim not in graph.dims:
+                return f"input {spec.path} axis {axis} names the range {dim!r}, which the graph does not have"
+            if not 0 <= size <= MAX_DIM or (dim is not None and size not in graph.dims[dim]):
                 return f"input {spec.path} axis {axis} was recorded as {size}, outside its range or the cap {MAX_DIM}"
         largest = math.prod(graph.shape_at(spec, "max"))
         total += largest * dtype.itemsize
