@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from aitune import tree
-from aitune.backend import Backend, BuildContext, LoadContext, Tolerance, payload_file
+from aitune.backend import Backend, BuildContext, LoadContext, Tolerance, machine_cores, payload_file
 from aitune.errors import BackendUnavailableError, BuildError, SerializationError
 from aitune.graph import GraphSpec
 from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
@@ -291,9 +291,11 @@ class ONNXRuntimeBackend(Backend):
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[level]
         # one thread budget for every candidate: torch's, unless the config names its own (0: ORT's default)
+        # a count from the config (perhaps read from a file) is capped at the cores this process may use
         intra, inter = self.config.intra_op_num_threads, self.config.inter_op_num_threads
-        options.intra_op_num_threads = torch.get_num_threads() if intra is None else intra
-        options.inter_op_num_threads = 1 if inter is None else inter  # execution is sequential
+        cores = machine_cores()
+        options.intra_op_num_threads = torch.get_num_threads() if intra is None else min(intra, cores)
+        options.inter_op_num_threads = 1 if inter is None else min(inter, cores)  # execution is sequential
         self.build_info["threads"] = options.intra_op_num_threads or "onnxruntime's default"
         options.log_severity_level = 3
         for key, value in session_config(provider).items():
