@@ -486,3 +486,39 @@ def test_numbers_in_the_manifest_are_bounded_before_anything_is_allocated(saved,
     assert peak < 64 * 2**20, f"loading allocated {peak} bytes"
     result = verify(bad)
     assert not result["runnable_here"] and any(words in p for p in result["problems"])
+
+
+# -- ait.load(check=...): an unpinned, unsigned payload is compared with eager once ------------------
+
+
+def _swap_to_wrong(manifest):
+    graph = _graph(manifest)
+    graph["backend"], graph["config"] = "toy_wrong", {**graph["config"], "backend": "toy_wrong"}
+
+
+def test_a_payload_that_disagrees_with_eager_is_refused_and_the_model_restored(saved, tmp_path):
+    """A payload swapped for one that answers otherwise (here: off by 10% of the scale) loaded
+    silently from an artifact nobody pinned or signed; ``check`` is on by default for those."""
+    bad = _rewrite(saved, tmp_path / "bad.ait", _swap_to_wrong)
+    torch.manual_seed(123)
+    model = SlowModule(delay_s=0.0)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ArtifactError, match="does not answer as eager does"):
+        ait.load(model, bad)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items()), "the model was not restored"
+    with pytest.warns(RuntimeWarning, match="does not answer as eager does"):
+        loaded = ait.load(_fresh(), bad, fallback="eager")
+    assert loaded.state == "passthrough"
+    assert verify(bad)["integrity"] == "ok", "the digests cannot see it: the file is whole"
+
+
+def test_check_is_off_for_a_pinned_artifact_and_can_be_asked_for(saved, tmp_path):
+    import hashlib
+
+    bad = _rewrite(saved, tmp_path / "bad.ait", _swap_to_wrong)
+    pin = hashlib.sha256(bad.read_bytes()).hexdigest()
+    assert ait.load(_fresh(), bad, expected_sha256=pin).state == "tuned", "the user vouched for this file"
+    with pytest.raises(ArtifactError, match="does not answer as eager does"):
+        ait.load(_fresh(), bad, expected_sha256=pin, check=True)
+    assert ait.load(_fresh(), bad, check=False).state == "tuned"
+    assert ait.load(_fresh(), saved).state == "tuned", "a faithful payload passes the check"

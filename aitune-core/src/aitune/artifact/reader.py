@@ -29,6 +29,7 @@ from ..engine import settings
 from ..engine.module import Module, wrapped_modules
 from ..engine.tuner import freeze_tuned
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
+from ..graph import GraphSpec
 from ..plugins import get_manager
 from ..registry import BackendRegistry, missing_requirements
 from ..session import Session
@@ -197,6 +198,7 @@ def load(
     trust_native_code: bool = False,
     freeze: bool | None = None,
     weights: str | None = None,
+    check: bool | None = None,
 ) -> Any:
     """Load the artifact at ``path`` into ``obj`` and return it tuned, with no build.
 
@@ -223,6 +225,19 @@ def load(
     a new checkpoint loaded into ``build_model()``: the payloads are refitted with them and checked
     against eager, and a module whose payload cannot be refitted runs eager, with a warning). Left
     None, the artifact's are used, with a warning when the model's own differ.
+
+    ``check`` runs each payload once on the graph's recorded (opt) shapes against eager with the
+    artifact's weights, and refuses one that disagrees (a swapped ONNX graph, reordered outputs): an
+    ArtifactError, or that graph eager with a warning under ``fallback="eager"``. On by default for an
+    artifact that is neither pinned (``expected_sha256``) nor signed by a trusted key; it costs one
+    call of the payload and one of eager per graph. Payloads refitted with weights
+    (``weights="model"``, a refitted artifact) are checked against eager on every size anyway.
+
+    Every check that needs no runtime (digests, signature, manifest, devices, bounds, configs,
+    trust, the object's structure) passes before anything in ``obj`` changes. With ``fallback``
+    left None, a failure after that (a runtime refusing a payload, ``check``) puts the model's own
+    weights, device and modules back before the error is raised: it costs a host copy of the
+    weights while loading.
     """
     if fallback not in (None, "eager"):
         raise ValueError("fallback must be None or 'eager'")
@@ -231,7 +246,9 @@ def load(
     path = Path(path)
     with only_artifact_errors(path, "loading"):
         trust = trust_of(path, expected_sha256, trusted_keys, trust_native_code, signature)
-        obj = _load(obj, path, device_map, fallback, expected_sha256, trust, weights)
+        if check is None:
+            check = expected_sha256 is None and not trusted_keys
+        obj = _load(obj, path, device_map, fallback, expected_sha256, trust, weights, check)
     if settings.freeze if freeze is None else freeze:
         freeze_tuned(obj)
     return obj
@@ -245,6 +262,7 @@ def _load(
     expected_sha256: str | None,
     trust: Trust,
     weights: str | None = None,
+    check: bool = False,
 ) -> Any:
     """Every check first, then the changes: nothing in ``obj`` changes until the digests, the
     manifest, the object's structure, every device, config, bound and the trust policy passed."""
@@ -263,20 +281,55 @@ def _load(
                     reader, entry, targets[entry.name], devices[entry.name], fallback, session, trust, weights
                 )
         # -- every check passed: from here on the given object changes --------------------------------
-        for entry in sorted(manifest.modules, key=lambda e: -_depth(e)):  # children before the object itself
-            target = targets[entry.name]
-            if not isinstance(target, Module):
-                target = Module(target, entry.name, strict=entry.strict)
-                if entry.path:
-                    place(obj, entry.path, target)
-                else:
-                    obj = target
-                targets[entry.name] = target
-        with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
-            for entry in manifest.modules:
-                with _as_artifact_error(path, entry):
-                    _apply_plan(reader, plans[entry.name], targets[entry.name], fallback, Path(tmp), session)
+        given = obj
+        saved = [_Saved.of(obj, entry, targets[entry.name]) for entry in manifest.modules] if fallback is None else []
+        try:
+            for entry in sorted(manifest.modules, key=lambda e: -_depth(e)):  # children before the object itself
+                target = targets[entry.name]
+                if not isinstance(target, Module):
+                    target = Module(target, entry.name, strict=entry.strict)
+                    if entry.path:
+                        place(obj, entry.path, target)
+                    else:
+                        obj = target
+                    targets[entry.name] = target
+            with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
+                for entry in manifest.modules:
+                    with _as_artifact_error(path, entry):
+                        _apply_plan(reader, plans[entry.name], targets[entry.name], fallback, Path(tmp), session, check)
+        except BaseException:
+            for kept in saved:
+                kept.restore(given)
+            raise
     return obj
+
+
+@attrs.define
+class _Saved:
+    """A module as it was before ``ait.load`` changed it: its weights (a host copy), device and place."""
+
+    entry: ModuleEntry
+    module: torch.nn.Module
+    was_wrapped: bool
+    state: dict[str, torch.Tensor]
+    device: torch.device | None
+
+    @classmethod
+    def of(cls, obj: Any, entry: ModuleEntry, target: Any) -> _Saved:
+        module = target.module if isinstance(target, Module) else target
+        state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        first = next(iter(module.state_dict().values()), None)
+        return cls(entry, module, isinstance(target, Module), state, first.device if first is not None else None)
+
+    def restore(self, obj: Any) -> None:
+        from ..engine.wrap import place
+
+        if self.device is not None:
+            self.module.to(self.device)
+        self.module.load_state_dict(self.state, strict=False)
+        if not self.was_wrapped and self.entry.path:
+            with contextlib.suppress(Exception):  # the path was checked before: it holds the wrapper now
+                place(obj, self.entry.path, self.module)
 
 
 @contextlib.contextmanager
@@ -483,7 +536,13 @@ def _plan_module(
 
 
 def _apply_plan(
-    reader: Reader, plan: _ModulePlan, target: Module, fallback: str | None, tmp: Path, session: Session
+    reader: Reader,
+    plan: _ModulePlan,
+    target: Module,
+    fallback: str | None,
+    tmp: Path,
+    session: Session,
+    check: bool = False,
 ) -> None:
     """Put the checked plan into ``target``: its weights, its device, each payload loaded, the winners."""
     entry, whose, device = plan.entry, plan.whose, plan.device
@@ -505,6 +564,14 @@ def _apply_plan(
                 loaded = session.hook.aitune_deserialize(
                     backend=graph.backend, module=target.module, directory=folder, context=context, session=session
                 )
+            if check and whose != "model" and not graph_entry.refit:  # refitted ones are checked by adopt_weights
+                disagreement = _disagreement(loaded, target.module, graph_entry.graph)
+                if disagreement is not None:
+                    raise ArtifactError(
+                        f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}): the payload does not "
+                        f"answer as eager does with the artifact's own weights ({disagreement}); the artifact was "
+                        "altered or its payload belongs to other weights: tune and save again"
+                    )
             winners.append((graph_entry.graph, loaded))
         except ArtifactError as exc:
             if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
@@ -533,6 +600,30 @@ def _apply_plan(
                 RuntimeWarning,
                 stacklevel=4,
             )
+
+
+def _disagreement(backend: Backend, module: torch.nn.Module, graph: GraphSpec) -> str | None:
+    """Why ``backend`` answers otherwise than ``module`` (eager, the artifact's weights) on one example
+    at the graph's recorded (opt) shapes, or None. ``ait.load(check=True)``."""
+    from ..engine import recording
+    from ..validation import validate
+
+    sample = graph.example("opt")
+    try:
+        probe = sample.fresh()
+        with torch.no_grad(), recording.bypass():
+            module(*probe.args, **probe.kwargs)
+    except Exception as exc:
+        warnings.warn(
+            f"ait.load(check=True): eager refuses random inputs of the recorded shapes ({type(exc).__name__}: {exc}), "
+            "so the payload could not be compared with it; pin or sign the artifact to load it without this check",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+        return None
+    with torch.no_grad(), recording.bypass():
+        report = validate(backend, module, [sample], attrs.evolve(graph, dims={}))
+    return None if report.passed else report.reason
 
 
 def _weights_mismatch(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> str | None:
