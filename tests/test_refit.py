@@ -178,3 +178,26 @@ def test_a_float64_model_with_weights_model_refits_nothing_and_runs_eager(name: 
     tuned_model = tuned(name)
     tuned_model.double()  # reached load_constants with float64 tensors before: a crash
     assert "float64" in (tuned_model.stale_reason or "")
+
+
+def test_a_deep_copy_of_a_tuned_module_runs_and_follows_its_own_weights() -> None:
+    """``copy.deepcopy`` of an ONNX-Runtime-tuned module raised TypeError (its session cannot be
+    pickled). The copy shares the session, watches its own weights, and outlives the original."""
+    import copy
+    import gc
+
+    model = tuned("onnxruntime")
+    x = torch.randn(3, 8)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        same(twin(x), mlp(0)(x))
+    del model
+    gc.collect()  # the original's payload folder goes with it; the copy has its own
+    fresh = mlp(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refitted, no eager fallback
+        twin.load_state_dict(fresh.state_dict())
+        served = served_by_winner(twin)
+        with torch.no_grad():
+            same(twin(x), fresh(x))
+    assert served[0] == 1 and twin.stale_reason is None

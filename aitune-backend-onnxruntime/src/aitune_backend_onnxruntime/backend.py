@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import hashlib
 import os
 import shutil
@@ -46,6 +47,10 @@ _TORCH_FROM_ORT = {
     "tensor(int64)": torch.int64, "tensor(int32)": torch.int32, "tensor(int16)": torch.int16,
     "tensor(int8)": torch.int8, "tensor(uint8)": torch.uint8, "tensor(bool)": torch.bool,
 }  # fmt: skip
+
+
+_SHARED_ON_COPY = frozenset({"_session", "_stream", "_run_options", "_initializers"})
+"""What a deep copy shares with the original: ONNX Runtime objects, which cannot be copied."""
 
 
 class ONNXRuntimeBackend(Backend):
@@ -256,6 +261,21 @@ class ONNXRuntimeBackend(Backend):
             "provider": provider.value,
             "fallback_reason": export.fallback_reason,
         }
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ONNXRuntimeBackend:
+        """A copy for ``copy.deepcopy`` of a tuned module. ONNX Runtime's session (and the buffers,
+        stream and run options it holds) cannot be copied or pickled: the copy shares them, which is
+        safe because the session's weights are read-only, ``run`` may be called from several threads,
+        and a refit gives the refitted object a session of its own. The payload folder is copied, so
+        either object may be dropped first."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = value if key in _SHARED_ON_COPY else copy.deepcopy(value, memo)
+        if self._dir is not None:
+            new._dir = None
+            shutil.copytree(self._dir, new._own_folder(), dirs_exist_ok=True)
+        return new
 
     # -- sessions -------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ the per-call check is one attribute read, and such calls run eager until the hoo
 from __future__ import annotations
 
 import collections
+import copy
 import hashlib
 import logging
 import time
@@ -200,6 +201,16 @@ class Guard:
         """What the baked winners were built with (the module's weights now, or what ``ait.load`` says):
         weights of another dtype, shape or device are never handed to ``refit``."""
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Guard:
+        """A copy that watches the copied module (``copy.deepcopy`` of a tuned module), not the original."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = value if key == "_module" else copy.deepcopy(value, memo)
+        module = self._module()
+        new._module = weakref.ref(copy.deepcopy(module, memo)) if module is not None else self._module
+        return new
+
     def check_weights(self) -> None:
         """Re-read the weights (after load_state_dict, .to(), eval()); when they changed, winners that
         baked them in are refitted with the new ones and checked against eager, and go stale where
@@ -297,3 +308,13 @@ class RecheckWeights:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_owner": None}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RecheckWeights:
+        """In a deep copy of the owner, the copied hook tells the copied owner; a copy of the module
+        alone has no owner to tell."""
+        owner = self._owner() if self._owner is not None else None
+        copied = memo.get(id(owner)) if owner is not None else None
+        new = RecheckWeights(copied) if copied is not None else RecheckWeights.__new__(RecheckWeights)
+        if copied is None:
+            new._owner = None
+        return new
