@@ -167,6 +167,9 @@ class Trust:
 
     native: bool
     why: str
+    vouched: bool = False
+    """The bytes themselves are vouched for (pinned, or signed by a trusted key), not only native code
+    allowed: ``ait.load``'s ``check`` is off by default for such an artifact."""
 
 
 def trust_of(
@@ -178,9 +181,9 @@ def trust_of(
 ) -> Trust:
     """How far the user trusts the artifact at ``path``; a signature that does not check raises."""
     if trusted_keys:
-        return Trust(True, verify_signature(path, trusted_keys, signature=signature))
+        return Trust(True, verify_signature(path, trusted_keys, signature=signature), vouched=True)
     if expected_sha256 is not None:
-        return Trust(True, "pinned by expected_sha256")
+        return Trust(True, "pinned by expected_sha256", vouched=True)
     if trust_native_code:
         return Trust(True, "trust_native_code=True")
     return Trust(False, "")
@@ -247,7 +250,7 @@ def load(
     with only_artifact_errors(path, "loading"):
         trust = trust_of(path, expected_sha256, trusted_keys, trust_native_code, signature)
         if check is None:
-            check = expected_sha256 is None and not trusted_keys
+            check = not trust.vouched
         obj = _load(obj, path, device_map, fallback, expected_sha256, trust, weights, check)
     if settings.freeze if freeze is None else freeze:
         freeze_tuned(obj)
