@@ -201,3 +201,6 @@ def test_a_deep_copy_of_a_tuned_module_runs_and_follows_its_own_weights() -> Non
         with torch.no_grad():
             same(twin(x), fresh(x))
     assert served[0] == 1 and twin.stale_reason is None
+    twin.module[0].register_forward_hook(lambda m, i, o: o * 0)  # the copy sees hooks added to it
+    with pytest.warns(RuntimeWarning, match="hooks were added"), torch.no_grad():
+        assert float(twin(x).abs().max()) > 0 and twin._dispatcher.guard.hooks.changed

@@ -168,6 +168,15 @@ class HookWatch:
     def recheck(self) -> None:
         self.changed = any(frozenset(hooks) != keys for hooks, keys in self._baseline)
 
+    def rebased(self, modules: Iterable[torch.nn.Module]) -> HookWatch:
+        """A watch on ``modules`` (copies of the watched ones, in the same order) that compares them
+        with this watch's baseline."""
+        new = HookWatch(modules)
+        if len(new._baseline) == len(self._baseline):
+            new._baseline = [(hooks, keys) for (hooks, _), (_, keys) in zip(new._baseline, self._baseline)]
+            new.recheck()
+        return new
+
 
 class Guard:
     """Why a call of a tuned module must run eager, or None; built when the winners are installed.
@@ -202,13 +211,19 @@ class Guard:
         weights of another dtype, shape or device are never handed to ``refit``."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Guard:
-        """A copy that watches the copied module (``copy.deepcopy`` of a tuned module), not the original."""
+        """A copy that watches the copied module's weights and hooks (``copy.deepcopy`` of a tuned
+        module), not the original's."""
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            new.__dict__[key] = value if key == "_module" else copy.deepcopy(value, memo)
+            new.__dict__[key] = value if key in ("_module", "hooks") else copy.deepcopy(value, memo)
         module = self._module()
-        new._module = weakref.ref(copy.deepcopy(module, memo)) if module is not None else self._module
+        if module is None:
+            new.hooks = HookWatch(())
+            return new
+        copied = copy.deepcopy(module, memo)
+        new._module = weakref.ref(copied)
+        new.hooks = self.hooks.rebased(copied.modules())
         return new
 
     def check_weights(self) -> None:
