@@ -302,7 +302,15 @@ def _load(
                         _apply_plan(reader, plans[entry.name], targets[entry.name], fallback, Path(tmp), session, check)
         except BaseException:
             for kept in saved:
-                kept.restore(given)
+                try:
+                    kept.restore(given)
+                except Exception as exc:  # the load's own error stays the one raised
+                    warnings.warn(
+                        f"{path}: after the failed load, {kept.entry.name} could not be put back as it was "
+                        f"({type(exc).__name__}: {exc}); build the model again",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
             raise
     return obj
 
