@@ -204,3 +204,22 @@ def test_a_deep_copy_of_a_tuned_module_runs_and_follows_its_own_weights() -> Non
     twin.module[0].register_forward_hook(lambda m, i, o: o * 0)  # the copy sees hooks added to it
     with pytest.warns(RuntimeWarning, match="hooks were added"), torch.no_grad():
         assert float(twin(x).abs().max()) > 0 and twin._dispatcher.guard.hooks.changed
+
+
+def test_a_strict_module_refuses_weights_of_another_dtype_at_load(tmp_path: Any) -> None:
+    from aitune.errors import ArtifactError
+
+    model = ait.Module(
+        mlp(0),
+        "mlp",
+        strict=True,
+        strategy=ait.OneBackendStrategy(backend("onnxruntime"), performance_validation=False),
+    )
+    ait.tune(model, [torch.randn(2, 8), torch.randn(6, 8)], end_to_end=False)
+    path = ait.save(model, tmp_path / "strict.ait")
+    target = mlp(7).double()
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ArtifactError, match="float64"):
+        ait.load(target, path, weights="model")
+    assert all(torch.equal(target.state_dict()[k], v) for k, v in before.items())
+    assert not isinstance(target[0], ait.Module)
