@@ -2,11 +2,13 @@
 
 A config read from a file (an artifact, a cache entry, the JIT store) is data. Reading it, through
 :meth:`aitune.registry.BackendRegistry.config_from_json` with ``from_file=True``, must call
-nothing and import nothing the file names, and a config that comes out must carry no name of
-something to call: only plain values the backend checked. :func:`config_problems` feeds each field
-of a backend's config (and of the attrs classes inside it) every value of :func:`hostile_values`
-and says, in words, where that promise broke (a plain string that survives is data and may stay). :class:`~aitune.testing.BackendConformance` runs it
-for every backend, so a third-party backend is held to the same rule as aitune's own.
+nothing and import nothing the file names, and a config that comes out must hold no callable and
+no object that names its own type. :func:`config_problems` feeds each field of a backend's config
+(and of the attrs classes inside it) every value of :func:`hostile_values` and says, in words,
+where that promise broke. A plain string that survives is data and may stay; no hostile value
+names a type a backend allow-lists, so a typed object that survives is a failure.
+:class:`~aitune.testing.BackendConformance` runs it for every backend, so a third-party backend is
+held to the same rule as aitune's own.
 """
 
 from __future__ import annotations
