@@ -38,7 +38,8 @@ def cold_start(kind: str, spec: dict) -> dict:
             from .tuning import wrap
 
             model = wrap(case, model, None)
-            ait.load(model, spec["artifact"], trust_native_code=True)  # this run built it
+            # this run built it; unpinned and unsigned, so check=True compares each payload with eager once
+            ait.load(model, spec["artifact"], trust_native_code=True, check=spec.get("check", True))
         else:
             model.load_state_dict(load_file(spec["weights"]))
             if kind == "compile":

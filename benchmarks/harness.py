@@ -262,6 +262,12 @@ def cold_starts(
         path = tmp / f"{case.name}-{name}.ait"
         ait.save(oracle[name].model, path)
         contenders[f"ait.load ({name})"] = ("aitune", {**spec, "artifact": str(path)}, {})
+        if not args.quick:  # what ait.load's check against eager (on for unpinned artifacts) costs
+            contenders[f"ait.load ({name}, check=False)"] = (
+                "aitune",
+                {**spec, "artifact": str(path), "check": False},
+                {},
+            )
     log(f"  {case.name}: cold starts of {len(contenders)} contenders x {args.cold_start_repeats}")
     walls: dict[str, list[float]] = {n: [] for n in contenders}
     phases: dict[str, dict[str, Any]] = {}

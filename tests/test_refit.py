@@ -8,7 +8,7 @@ says whose weights a loaded model serves.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -127,3 +127,99 @@ def test_a_backend_without_refit_says_so(toy_backends: Any) -> None:
     ait.tune(model, [torch.randn(2, 8), torch.randn(6, 8)], end_to_end=False)
     model.load_state_dict(mlp(1).state_dict())
     assert "cannot load new weights" in (model.stale_reason or "")
+
+
+class RecordsRefit(ToyBackend):
+    """Refits by copying the new weights into its module; records every call, as a native runtime would see it."""
+
+    name = "toy_records_refit"
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def refit(self, weights: Any) -> bool:
+        RecordsRefit.seen.append({k: (v.dtype, tuple(v.shape)) for k, v in weights.items()})
+        return True
+
+
+def test_weights_of_another_dtype_never_reach_refit_and_the_module_runs_eager(toy_backends: Any) -> None:
+    """``.double()`` on a tuned module: the payload was built for float32, so nothing is refitted
+    (AOTInductor's load_constants crashed on float64) and calls run eager with the reason."""
+    RecordsRefit.seen.clear()
+    model = ait.Module(mlp(0), "mlp", strategy=ait.OneBackendStrategy(RecordsRefit(), performance_validation=False))
+    ait.tune(model, [torch.randn(2, 8), torch.randn(6, 8)], end_to_end=False)
+    model.double()
+    assert RecordsRefit.seen == [], "a float64 weight reached refit"
+    assert "float64" in (model.stale_reason or "") and "nothing was refitted" in (model.stale_reason or "")
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="float64"), torch.no_grad():
+        assert model(x).dtype == torch.float64
+
+    strict = ait.Module(
+        mlp(0), "mlp", strict=True, strategy=ait.OneBackendStrategy(RecordsRefit(), performance_validation=False)
+    )
+    ait.tune(strict, [torch.randn(2, 8), torch.randn(6, 8)], end_to_end=False)
+    strict.module[0].weight.data = torch.zeros(32, 9)  # another shape, in place of the old tensor
+    strict.eval()
+    assert RecordsRefit.seen == [] and "[32, 9]" in (strict.stale_reason or "")
+    from aitune.errors import StaleWeightsError
+
+    with pytest.raises(StaleWeightsError), torch.no_grad():
+        strict(torch.randn(3, 8))
+
+
+@pytest.mark.parametrize("name", REFITTABLE)
+def test_a_float64_model_with_weights_model_refits_nothing_and_runs_eager(name: str, tmp_path: Any) -> None:
+    path = ait.save(tuned(name), tmp_path / "base.ait")
+    with pytest.warns(RuntimeWarning, match="float64"):
+        model = ait.load(mlp(7).double(), path, weights="model", trust_native_code=True)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="running this call eager"), torch.no_grad():
+        same(model(x), mlp(7).double()(x))
+
+    tuned_model = tuned(name)
+    tuned_model.double()  # reached load_constants with float64 tensors before: a crash
+    assert "float64" in (tuned_model.stale_reason or "")
+
+
+def test_a_deep_copy_of_a_tuned_module_runs_and_follows_its_own_weights() -> None:
+    """``copy.deepcopy`` of an ONNX-Runtime-tuned module raised TypeError (its session cannot be
+    pickled). The copy shares the session, watches its own weights, and outlives the original."""
+    import copy
+    import gc
+
+    model = tuned("onnxruntime")
+    x = torch.randn(3, 8)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        same(twin(x), mlp(0)(x))
+    del model
+    gc.collect()  # the original's payload folder goes with it; the copy has its own
+    fresh = mlp(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refitted, no eager fallback
+        twin.load_state_dict(fresh.state_dict())
+        served = served_by_winner(twin)
+        with torch.no_grad():
+            same(twin(x), fresh(x))
+    assert served[0] == 1 and twin.stale_reason is None
+    twin.module[0].register_forward_hook(lambda m, i, o: o * 0)  # the copy sees hooks added to it
+    with pytest.warns(RuntimeWarning, match="hooks were added"), torch.no_grad():
+        assert float(twin(x).abs().max()) > 0 and twin._dispatcher.guard.hooks.changed
+
+
+def test_a_strict_module_refuses_weights_of_another_dtype_at_load(tmp_path: Any) -> None:
+    from aitune.errors import ArtifactError
+
+    model = ait.Module(
+        mlp(0),
+        "mlp",
+        strict=True,
+        strategy=ait.OneBackendStrategy(backend("onnxruntime"), performance_validation=False),
+    )
+    ait.tune(model, [torch.randn(2, 8), torch.randn(6, 8)], end_to_end=False)
+    path = ait.save(model, tmp_path / "strict.ait")
+    target = mlp(7).double()
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ArtifactError, match="float64"):
+        ait.load(target, path, weights="model")
+    assert all(torch.equal(target.state_dict()[k], v) for k, v in before.items())
+    assert not isinstance(target[0], ait.Module)

@@ -125,3 +125,28 @@ def test_unseen_sizes_skip_warmed_and_specialized_sizes() -> None:
 def test_trace_sizes_avoid_zero_and_one() -> None:
     assert trace_sizes(_graph(1, 1, 8)) == {"batch": 2}
     assert trace_sizes(_graph(4, 4, 8)) == {"batch": 4}
+
+
+def test_a_thread_count_from_a_file_is_capped_at_the_machines_cores(monkeypatch) -> None:
+    """``cpp.threads`` is an option a file may set; 2000 must not become 2000 threads."""
+    from aitune.backend import machine_cores
+    from aitune.testing import config_from_json
+    from aitune_backend_inductor import jit
+
+    config = config_from_json(
+        {"backend": "torch_inductor_jit", "options": {"cpp.threads": 2000, "max_autotune": False}}, from_file=True
+    )
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def compile_(module, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(jit.torch, "compile", compile_)
+    graph = infer_graph([Sample((torch.randn(2, 4),))], ["x"])
+    with pytest.raises(Stop):
+        jit.TorchInductorJitBackend(config)._compile(torch.nn.Linear(4, 4), graph, torch.device("cpu"), [])
+    assert seen["options"] == {"cpp.threads": machine_cores(), "max_autotune": False}

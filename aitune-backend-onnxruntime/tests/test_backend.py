@@ -547,6 +547,8 @@ def test_provider_options_from_a_file_are_allow_listed():
 
 def test_the_session_runs_under_the_torch_thread_budget(tmp_path):
     """One thread budget for eager and every candidate: ONNX Runtime's pool follows torch's count."""
+    from aitune.backend import machine_cores
+
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -561,9 +563,24 @@ def test_the_session_runs_under_the_torch_thread_budget(tmp_path):
             tmp_path / "p",
             ONNXRuntimeBackendConfig(intra_op_num_threads=2),
         )
-        assert pinned._session.get_session_options().intra_op_num_threads == 2, "a config's own count wins"
+        assert pinned._session.get_session_options().intra_op_num_threads == min(2, machine_cores()), (
+            "a config's own count wins, up to the cores"
+        )
     finally:
         torch.set_num_threads(before)
+
+
+def test_thread_counts_from_a_file_are_capped_at_the_machines_cores(tmp_path):
+    """``intra_op_num_threads=2000`` in an artifact's config started 2000 threads."""
+    from aitune.backend import machine_cores
+
+    data = {"backend": "onnxruntime", "intra_op_num_threads": 2000, "inter_op_num_threads": 500}
+    config = config_from_json(data, from_file=True)
+    module = MLP().eval()
+    backend, _ = _build(module, _samples(CASES["mlp"][1], [(2,)]), ["x"], tmp_path, config)
+    options = backend._session.get_session_options()
+    assert options.intra_op_num_threads == machine_cores() and options.inter_op_num_threads == machine_cores()
+    assert backend.build_info["threads"] == machine_cores()
 
 
 def test_both_exports_are_default_candidates_named_by_their_variant():

@@ -304,3 +304,87 @@ def test_int8_weight_only_is_chosen_under_a_top1_budget_and_a_tighter_budget_rej
     int8, fp32 = report.modules[0].graphs[0].candidates
     assert int8.status == "failed" and "accuracy_budget" in int8.reason and int8.metric < 0.999
     assert fp32.status == "selected", "the next candidate serves"
+
+
+# -- a config read from a file --------------------------------------------------------------------
+
+HOSTILE_FORMS = [
+    {"_type": "torch.dtype", "_data": "manual_seed"},  # torchao's reader returns torch.manual_seed for this
+    {
+        "_type": "Int8WeightOnlyConfig",
+        "_version": 2,
+        "_data": {"group_size": {"_type": "torch.dtype", "_data": "save"}},
+    },
+    {"_type": "Int8WeightOnlyConfig", "_data": {"granularity": {"_type": "PerRow", "_data": {"dim": {"_type": "x"}}}}},
+    {"_type": "IntxWeightOnlyConfig", "_data": {}},  # a torchao config, but none of the presets'
+    {"_type": "Int8WeightOnlyConfig", "_data": {"granularity": {"_type": "MappingType", "_data": "__class__"}}},
+    {"_type": "Int8WeightOnlyConfig", "_data": {"layout": "torchao.dtypes:PlainLayout"}},
+]
+
+
+@pytest.mark.parametrize("form", HOSTILE_FORMS, ids=range(len(HOSTILE_FORMS)))
+def test_a_saved_config_naming_anything_off_the_lists_is_refused_before_torchao_sees_it(form, monkeypatch) -> None:
+    """``config_from_dict`` is never called: a saved form is read by aitune from closed lists, and
+    anything else is refused when the config is read, in the user's code as from a file."""
+    import torchao.core.config
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("config_from_dict was called")
+
+    monkeypatch.setattr(torchao.core.config, "config_from_dict", never)
+    with pytest.raises(ConfigError, match="quantization"):
+        config_from_json({"backend": "torchao", "quantization": form}, from_file=True)
+    with pytest.raises(ConfigError, match="quantization"):
+        TorchAOBackendConfig(quantization=form)
+
+
+def test_the_presets_forms_read_back_equal_without_torchaos_reader(monkeypatch) -> None:
+    import torchao.core.config
+    from torchao.core.config import config_to_dict
+    from torchao.quantization import Int8WeightOnlyConfig, PerGroup
+
+    from aitune_backend_torchao.config import from_json_form
+    from aitune_backend_torchao.presets import PRESETS
+
+    monkeypatch.setattr(torchao.core.config, "config_from_dict", None)
+    for preset in PRESETS.values():
+        made = preset.make()
+        assert from_json_form(json.loads(json.dumps(config_to_dict(made)))) == made, preset.name
+    config = TorchAOBackendConfig(quantization=Int8WeightOnlyConfig(granularity=PerGroup(32)), compile=False)
+    data = json.loads(json.dumps(config_to_json(config)))
+    assert config_from_json(data, from_file=True) == config
+
+
+def test_saved_quantized_weights_naming_a_torch_function_as_dtype_are_refused(tmp_path: Path) -> None:
+    from aitune_backend_torchao import weights
+
+    module, samples = make("mlp")
+    backend = build(module, samples, tmp_path, quantization="int8wo")
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    metadata = backend.save(payload)
+    path = payload / weights.FILE
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        header, flat = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    name = next(k for k in header if k != "tensor_names")
+    text = header[name]
+    assert '"torch.dtype"' in text, "the metadata names dtypes (the test needs one to replace)"
+    hostile = json.loads(text)
+
+    def poison(node: object) -> None:
+        if isinstance(node, dict):
+            if node.get("_type") == "torch.dtype":
+                node["_data"] = "manual_seed"
+            for value in node.values():
+                poison(value)
+        elif isinstance(node, list):
+            for value in node:
+                poison(value)
+
+    poison(hostile)
+    save_file(flat, str(path), metadata={**header, name: json.dumps(hostile)})
+    fresh = TorchAOBackend(backend.config)
+    with pytest.raises(SerializationError, match="manual_seed"):
+        fresh.load(module, payload, LoadContext(graph_of(module, samples), torch.device("cpu"), metadata, tmp_path))

@@ -341,11 +341,40 @@ def test_hostile_type_paths(valid, scratch, node, where):
     ), "a module was imported because the file named it"
 
 
+def _typed(inner: Any) -> Any:
+    """torchao-style typed objects (``{"_type", "_data"}``) naming anything, nested."""
+    names = st.one_of(
+        st.sampled_from(
+            [
+                "torch.dtype",
+                "Int8WeightOnlyConfig",
+                "PerRow",
+                "MappingType",
+                "os.system",
+                "aitune.testing.hostile:probe",
+            ]
+        ),
+        st.text(max_size=12),
+    )
+    return st.fixed_dictionaries({"_type": names, "_data": inner}, optional={"_version": st.integers(0, 3)})
+
+
+typed_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-4, 4), st.sampled_from(["manual_seed", "float64", "save", "X"])),
+    lambda inner: st.one_of(
+        _typed(inner), _typed(st.dictionaries(st.text(max_size=6), inner, max_size=3)), st.lists(inner, max_size=2)
+    ),
+    max_leaves=8,
+)
 configs = st.fixed_dictionaries(
     # not torch_inductor_jit here: it compiles on load, which outlasts the deadline (its options are
     # fuzzed on their own below)
-    {"backend": st.sampled_from(["toy", "torch_inductor_aot", "onnxruntime", "nope", 3])},
+    {"backend": st.sampled_from(["toy", "torch_inductor_aot", "onnxruntime", "torchao", "nope", 3])},
     optional={
+        "quantization": st.one_of(typed_values, st.sampled_from(["int8wo", "int8dq", "int3"])),
+        "filter_fn": st.one_of(
+            st.none(), st.dictionaries(st.sampled_from(["include", "types", "_type"]), typed_values)
+        ),
         "speed": st.one_of(st.floats(allow_nan=True), st.text(max_size=4)),
         "options": st.dictionaries(
             st.sampled_from(["cpp.cxx", "cpp.inject_relu_bug_TESTING_ONLY", "max_autotune", "epilogue_fusion"]),
@@ -378,16 +407,68 @@ def test_hostile_backend_configs(valid, scratch, config):
 @FUZZ
 @given(config=configs)
 def test_hostile_configs_read_as_from_a_file(manager, config):
-    """Every backend's config, read as an artifact's: a config or a ConfigError naming what it refuses."""
-    for backend in ("torch_inductor_jit", "torch_inductor_aot", "onnxruntime", "toy"):
+    """Every registered backend's config, read as an artifact's: a config or a ConfigError naming what it
+    refuses; nothing imported, and no typed object (``_type``) kept unless aitune's own reader took it."""
+    before = set(sys.modules)
+    for backend in manager.registry.names():
         data = {**config, "backend": backend}
         try:
-            manager.registry.config_from_json(data, "config", from_file=True)
+            read = manager.registry.config_from_json(data, "config", from_file=True)
         except ConfigError:
             continue
         options = data.get("options") or {}
         assert not {"cpp.cxx", "cpp.inject_relu_bug_TESTING_ONLY"} & set(options), f"{backend} took {options}"
         assert "trt_extra_plugin_lib_paths" not in (data.get("provider_options") or {}) or backend != "onnxruntime"
+        if backend == "torchao" and isinstance(read.quantization, dict):
+            from aitune_backend_torchao.config import CONFIG_CLASSES
+
+            assert read.quantization["_type"] in CONFIG_CLASSES, read.quantization
+    assert not {"aitune.testing.hostile", "antigravity"} & (set(sys.modules) - before)
+
+
+def test_every_registered_backends_config_from_a_file_calls_and_imports_nothing(manager):
+    """The conformance rule (:mod:`aitune.testing.hostile`) over every installed backend, at once."""
+    from aitune.testing.hostile import config_problems
+
+    problems = {name: config_problems(manager.registry, name) for name in manager.registry.names()}
+    assert "torchao" in problems or not _installed("aitune_backend_torchao"), "torchao is installed but not registered"
+    assert not {name: p for name, p in problems.items() if p}
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def test_an_artifact_whose_torchao_config_names_a_callable_is_neither_loaded_nor_runnable(manager, valid, scratch):
+    """The first attack of issue 40: a TorchAO config that makes torchao look a name up and call it.
+    ``ait.load`` refuses it (also with fallback="eager", since the config is not data), and ``verify``
+    does not call the artifact runnable."""
+    if "torchao" not in manager.registry:
+        pytest.skip("aitune-backend-torchao is not installed")
+    items = members(valid)
+    manifest = json.loads(dict(items)[MANIFEST])
+    graph = manifest["modules"][0]["graphs"][0]
+    graph["backend"] = "torchao"
+    graph["config"] = {
+        "backend": "torchao",
+        "quantization": {
+            "_type": "Int8WeightOnlyConfig",
+            "_data": {"group_size": {"_type": "torch.dtype", "_data": "save"}},
+        },
+        "compile": False,
+    }
+    body = json.dumps(manifest).encode()
+    path = scratch / "torchao-hostile.ait"
+    path.write_bytes(pack(with_sums([(n, body if n == MANIFEST else b) for n, b in items])))
+    report = verify(path)
+    assert not report["runnable_here"] and any("torch.dtype" in p or "dtype" in p for p in report["problems"])
+    with pytest.raises(AituneError, match="dtype"):
+        ait.load(_fresh(), path)
+    with pytest.warns(RuntimeWarning, match="dtype"):
+        model = ait.load(_fresh(), path, fallback="eager")
+    assert model.state == "passthrough"
 
 
 @FUZZ

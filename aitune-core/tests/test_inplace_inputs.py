@@ -142,3 +142,37 @@ def test_a_cache_structure_from_a_file_sets_only_data() -> None:
             tree.check_types({**node, "attrs": {"is_updated": bad}})
     with pytest.raises(InputError, match="not one"):
         tree.check_types({**node, "type": "collections:OrderedDict"})
+
+
+def test_a_cache_structure_from_a_file_cannot_hide_a_method_or_name_the_meta_device() -> None:
+    """An attribute from a file that would shadow a method (``get_seq_length``) or a dunder, a child
+    stored under any other name than a cache keeps its children at, and the ``meta`` device are refused."""
+    pytest.importorskip("transformers")
+    import transformers.cache_utils  # noqa: F401  (the type must be loaded: files never import)
+
+    from aitune import tree
+    from aitune.errors import InputError
+
+    node = {
+        "kind": "state",
+        "type": "transformers.cache_utils:EncoderDecoderCache",
+        "attrs": {},
+        "keys": [],
+        "items": [],
+    }
+    const = {"kind": "const", "value": 1}
+    hostile = [
+        {**node, "attrs": {"get_seq_length": 3}},
+        {**node, "attrs": {"__class__": "x"}},
+        {**node, "attrs": {"device": {"device": "meta"}}},
+        {**node, "keys": ["get_seq_length"], "items": [const]},
+        {**node, "keys": ["update"], "items": [const]},
+    ]
+    for bad in hostile:
+        with pytest.raises(InputError):
+            tree.check_types(bad)
+        with pytest.raises(InputError):
+            tree.unflatten(bad, [])
+    layer = {"kind": "state", "type": "transformers.cache_utils:StaticLayer", "keys": [], "items": []}
+    rebuilt = tree.unflatten({**layer, "attrs": {"is_sliding": False, "device": {"device": "cpu"}}}, [])
+    assert rebuilt.is_sliding is False and rebuilt.device == torch.device("cpu"), "plain class values may be set"

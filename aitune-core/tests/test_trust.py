@@ -663,3 +663,115 @@ def test_a_jit_store_entry_naming_a_path_outside_it_is_forgotten(tmp_path):
         with pytest.raises(SerializationError):
             payload_file(tmp_path, name)
     assert payload_file(tmp_path, "0") == tmp_path / "0"
+
+
+# -- a failed load changes nothing; numbers in the manifest are bounded -----------------------------
+
+
+def _set_batch_max(value):
+    def change(manifest):
+        _graph(manifest)["graph"]["dims"]["batch"]["max"] = value
+
+    return change
+
+
+def _meta_device(manifest):
+    for spec in _graph(manifest)["graph"]["inputs"]:
+        spec["device"] = "meta"
+
+
+def _hostile_config(manifest):
+    _graph(manifest)["config"] = {"backend": "toy", "speed": "fast"}
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [_meta_device, _set_batch_max(2**22), _hostile_config],
+    ids=["meta-device", "batch-2**22", "bad-config"],
+)
+def test_a_failed_load_leaves_the_model_bit_identical(saved, tmp_path, attack):
+    """``load_state_dict`` used to run before the manifest's device was checked: after the
+    ArtifactError the model held the artifact's weights, and a server falling back to its own model
+    served someone else's. Now every check passes before anything in the model changes."""
+    bad = _rewrite(saved, tmp_path / "bad.ait", attack)
+    torch.manual_seed(123)  # other weights than the artifact's
+    model = SlowModule(delay_s=0.0)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ArtifactError):
+        ait.load(model, bad)
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    for name, value in before.items():
+        assert after[name].dtype == value.dtype and after[name].device == value.device
+        assert torch.equal(after[name], value), f"{name} changed"
+    assert not isinstance(model, ait.Module) and all(not isinstance(m, ait.Module) for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (_set_batch_max(2**22), "over the cap"),
+        (_set_batch_max(1), "not 0 <= min <= opt <= max"),
+        (lambda m: _graph(m)["graph"]["inputs"][0].__setitem__("shape", [2, 2**21]), "over the cap"),
+        (lambda m: _graph(m)["graph"]["inputs"][0].__setitem__("dtype", "manual_seed"), "not a torch dtype"),
+        (lambda m: _graph(m)["graph"]["inputs"][0].__setitem__("dims", ["nope", None]), "does not have"),
+    ],
+    ids=["batch-2**22", "max-below-min", "static-axis-2**21", "dtype-by-name", "unknown-range"],
+)
+def test_numbers_in_the_manifest_are_bounded_before_anything_is_allocated(saved, tmp_path, change, words):
+    """A 17 KB artifact claiming a batch of 2**22 made ait.load allocate 4.45 GB for the refit check
+    and warm-up; a graph must be consistent and its largest example under the documented cap."""
+    import time
+    import tracemalloc
+
+    bad = _rewrite(saved, tmp_path / "bad.ait", change)
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(ArtifactError, match=words):
+            ait.load(_fresh(), bad)
+        with pytest.warns(RuntimeWarning, match=words):
+            model = ait.load(_fresh(), bad, fallback="eager")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert model.state == "passthrough" and time.perf_counter() - start < 30
+    assert peak < 64 * 2**20, f"loading allocated {peak} bytes"
+    result = verify(bad)
+    assert not result["runnable_here"] and any(words in p for p in result["problems"])
+
+
+# -- ait.load(check=...): an unpinned, unsigned payload is compared with eager once ------------------
+
+
+def _swap_to_wrong(manifest):
+    graph = _graph(manifest)
+    graph["backend"], graph["config"] = "toy_wrong", {**graph["config"], "backend": "toy_wrong"}
+
+
+def test_a_payload_that_disagrees_with_eager_is_refused_and_the_model_restored(saved, tmp_path):
+    """A payload swapped for one that answers otherwise (here: off by 10% of the scale) loaded
+    silently from an artifact nobody pinned or signed; ``check`` is on by default for those."""
+    bad = _rewrite(saved, tmp_path / "bad.ait", _swap_to_wrong)
+    torch.manual_seed(123)
+    model = SlowModule(delay_s=0.0)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ArtifactError, match="does not answer as eager does"):
+        ait.load(model, bad)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items()), "the model was not restored"
+    with pytest.warns(RuntimeWarning, match="does not answer as eager does"):
+        loaded = ait.load(_fresh(), bad, fallback="eager")
+    assert loaded.state == "passthrough"
+    assert verify(bad)["integrity"] == "ok", "the digests cannot see it: the file is whole"
+
+
+def test_check_is_off_for_a_pinned_artifact_and_can_be_asked_for(saved, tmp_path):
+    import hashlib
+
+    bad = _rewrite(saved, tmp_path / "bad.ait", _swap_to_wrong)
+    pin = hashlib.sha256(bad.read_bytes()).hexdigest()
+    assert ait.load(_fresh(), bad, expected_sha256=pin).state == "tuned", "the user vouched for this file"
+    with pytest.raises(ArtifactError, match="does not answer as eager does"):
+        ait.load(_fresh(), bad, expected_sha256=pin, check=True)
+    assert ait.load(_fresh(), bad, check=False).state == "tuned"
+    assert ait.load(_fresh(), saved).state == "tuned", "a faithful payload passes the check"

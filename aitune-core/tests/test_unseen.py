@@ -169,8 +169,9 @@ def test_a_module_with_hooks_still_pickles_and_copies(toy_backends):
         lambda m: m.fc.weight.data.mul_(2),
         lambda m: setattr(m.fc.weight, "data", m.fc.weight.data * 2),
         lambda m: setattr(m.fc, "weight", torch.nn.Parameter(m.fc.weight.detach() * 2)),
+        lambda m: m.fc.weight.data.copy_(m.fc.weight.data.flip(0)),  # the same values in another order
     ],
-    ids=["data-in-place", "data-assigned", "new-parameter"],
+    ids=["data-in-place", "data-assigned", "new-parameter", "rows-swapped-through-data"],
 )
 def test_edits_through_data_are_seen_at_eval(toy_backends, edit):
     model = _tuned_slow()
@@ -397,3 +398,21 @@ def test_a_dynamic_dim_name_still_ties_height_and_width(toy_backends):
     ait.tune(model, [torch.randn(1, 3, 64, 64), torch.randn(1, 3, 96, 96)])
     text = _fallback_warning(model, torch.randn(1, 3, 64, 96))
     assert "x: axis 3 (side) is 96 but x axis 2 is 64" in text, text
+
+
+def test_a_metric_that_returns_nan_fails_the_budget(unseen_backends):
+    model, candidates = _classifier_tuned(metric=lambda tuned, eager, batch: float("nan"), accuracy_budget=0.5)
+    assert all(c.status == "failed" and "measures nothing" in c.reason for c in candidates)
+    assert model.state == "passthrough"
+
+
+def test_relative_accuracy_scores_nan_and_zero_outputs_for_what_they_are():
+    from aitune import metrics
+
+    zeros = torch.zeros(4, 8)
+    assert metrics.relative_accuracy(torch.full((4, 8), 5.0), zeros) == 0.0, "garbage against all-zero eager"
+    assert metrics.relative_accuracy(zeros.clone(), zeros) == 1.0
+    assert metrics.relative_accuracy(torch.full((4, 8), float("nan")), torch.ones(4, 8)) == 0.0
+    assert metrics.relative_accuracy(torch.ones(4, 8), torch.full((4, 8), float("nan"))) == 0.0
+    both = torch.tensor([float("nan"), 1.0])
+    assert metrics.relative_accuracy(both.clone(), both) == 1.0, "eager's own NaN, repeated, agrees"

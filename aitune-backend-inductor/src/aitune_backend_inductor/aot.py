@@ -17,7 +17,7 @@ from aitune.graph import FlatModule, GraphSpec, Sample, resize
 from aitune.tracing import exclusive
 
 from .cache import inductor_cache
-from .config import TorchInductorAotBackendConfig
+from .config import TorchInductorAotBackendConfig, capped_options
 from .package import check_archive, open_package
 from .shapes import export_dynamic_shapes, trace_sizes
 
@@ -219,7 +219,7 @@ def _compile(program: Any, config: TorchInductorAotBackendConfig, cache_dir: Pat
             from torch._inductor import aoti_compile_and_package
 
             # every weight stays a named constant of the package, so refit can replace it
-            options = {"always_keep_tensor_constants": True, **(config.options or {})}
+            options = {"always_keep_tensor_constants": True, **(capped_options(config.options) or {})}
             aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
         except Exception as exc:
             raise BuildError(

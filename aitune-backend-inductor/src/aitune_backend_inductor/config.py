@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from aitune.backend import BackendConfig
+from aitune.backend import BackendConfig, machine_cores
 from aitune.errors import ConfigError
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -52,6 +52,22 @@ FILE_SAFE_OPTIONS = frozenset(
 """Inductor options a file (an artifact, a cache entry) may set: switches and sizes of its passes,
 with a bool or number value. The rest can name a compiler or a command (``cpp.cxx``), load a
 library, or break results on purpose (``*_TESTING_ONLY``), so only the user's own code sets them."""
+
+
+THREAD_OPTIONS = ("cpp.threads",)
+"""Options that set a thread count: capped at the cores the process may use, wherever they come from."""
+
+
+def capped_options(options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``options`` as Inductor gets them: a thread count above the machine's cores is lowered to it
+    (a file may set ``cpp.threads``, and 2000 would start 2000 threads)."""
+    if not options:
+        return None
+    cores = machine_cores()
+    return {
+        k: min(v, cores) if k in THREAD_OPTIONS and isinstance(v, int) and not isinstance(v, bool) else v
+        for k, v in options.items()
+    }
 
 
 def _file_refusals(options: dict[str, Any] | None) -> list[str]:

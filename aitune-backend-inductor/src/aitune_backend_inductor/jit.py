@@ -15,7 +15,7 @@ from aitune.errors import BuildError
 from aitune.graph import GraphSpec, Sample, resize
 
 from .cache import inductor_cache
-from .config import TorchInductorJitBackendConfig
+from .config import TorchInductorJitBackendConfig, capped_options
 from .shapes import dim_sizes, unseen_sizes, warmup_cases
 
 RECOMPILE_LIMIT = 64
@@ -106,7 +106,7 @@ class TorchInductorJitBackend(Backend):
             module,
             backend="inductor",
             mode=cfg.mode,
-            options=dict(cfg.options) if cfg.options else None,
+            options=capped_options(cfg.options),
             dynamic=bool(cfg.dynamic),
             fullgraph=cfg.fullgraph,
         )

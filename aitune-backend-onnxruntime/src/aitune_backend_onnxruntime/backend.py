@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import hashlib
 import os
 import shutil
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from aitune import tree
-from aitune.backend import Backend, BuildContext, LoadContext, Tolerance, payload_file
+from aitune.backend import Backend, BuildContext, LoadContext, Tolerance, machine_cores, payload_file
 from aitune.errors import BackendUnavailableError, BuildError, NotApplicableError, SerializationError
 from aitune.graph import GraphSpec
 from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
@@ -47,6 +48,10 @@ _TORCH_FROM_ORT = {
     "tensor(int64)": torch.int64, "tensor(int32)": torch.int32, "tensor(int16)": torch.int16,
     "tensor(int8)": torch.int8, "tensor(uint8)": torch.uint8, "tensor(bool)": torch.bool,
 }  # fmt: skip
+
+
+_SHARED_ON_COPY = frozenset({"_session", "_stream", "_run_options", "_initializers"})
+"""What a deep copy shares with the original: ONNX Runtime objects, which cannot be copied."""
 
 
 class ONNXRuntimeBackend(Backend):
@@ -268,6 +273,21 @@ class ONNXRuntimeBackend(Backend):
             "fallback_reason": export.fallback_reason,
         }
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> ONNXRuntimeBackend:
+        """A copy for ``copy.deepcopy`` of a tuned module. ONNX Runtime's session (and the buffers,
+        stream and run options it holds) cannot be copied or pickled: the copy shares them, which is
+        safe because the session's weights are read-only, ``run`` may be called from several threads,
+        and a refit gives the refitted object a session of its own. The payload folder is copied, so
+        either object may be dropped first."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = value if key in _SHARED_ON_COPY else copy.deepcopy(value, memo)
+        if self._dir is not None:
+            new._dir = None
+            shutil.copytree(self._dir, new._own_folder(), dirs_exist_ok=True)
+        return new
+
     # -- sessions -------------------------------------------------------------------------------
 
     def _own_folder(self) -> Path:
@@ -305,9 +325,11 @@ class ONNXRuntimeBackend(Backend):
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[level]
         # one thread budget for every candidate: torch's, unless the config names its own (0: ORT's default)
+        # a count from the config (perhaps read from a file) is capped at the cores this process may use
         intra, inter = self.config.intra_op_num_threads, self.config.inter_op_num_threads
-        options.intra_op_num_threads = torch.get_num_threads() if intra is None else intra
-        options.inter_op_num_threads = 1 if inter is None else inter  # execution is sequential
+        cores = machine_cores()
+        options.intra_op_num_threads = torch.get_num_threads() if intra is None else min(intra, cores)
+        options.inter_op_num_threads = 1 if inter is None else min(inter, cores)  # execution is sequential
         self.build_info["threads"] = options.intra_op_num_threads or "onnxruntime's default"
         options.log_severity_level = 3
         record = provider is not ONNXExecutionProvider.CPU and records_assignment(ort.InferenceSession)

@@ -17,12 +17,12 @@ import torch
 
 from aitune import tree
 from aitune.backend import Backend, BuildContext, LoadContext, Tolerance
-from aitune.errors import BuildError, ConfigError, SerializationError
+from aitune.errors import BuildError, SerializationError
 from aitune.graph import GraphSpec, Sample, resize
 from aitune.validation import DEFAULT_TOLERANCES
 
 from . import quiet, weights
-from .config import TorchAOBackendConfig
+from .config import TorchAOBackendConfig, from_json_form
 from .presets import CUSTOM_TOLERANCE, PRESETS, for_torchao_class
 
 PAYLOAD_FORMAT = 1
@@ -146,12 +146,7 @@ class TorchAOBackend(Backend):
         if isinstance(q, str):
             return PRESETS[q].make()
         if isinstance(q, dict):
-            from torchao.core.config import config_from_dict
-
-            try:
-                return config_from_dict(q)
-            except (ValueError, TypeError, KeyError) as exc:
-                raise ConfigError(f"quantization: torchao cannot read this config ({exc}); {q!r}") from exc
+            return from_json_form(q)  # aitune's closed reader: torchao's config_from_dict calls what a file names
         return q
 
     def _quantized(self, module: torch.nn.Module) -> torch.nn.Module:

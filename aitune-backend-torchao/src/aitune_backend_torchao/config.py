@@ -16,6 +16,8 @@ import torch
 from aitune.backend import BackendConfig, Tolerance
 from aitune.errors import ConfigError
 
+from .presets import PRESETS as _PRESETS
+
 PRESETS = ("int8wo", "int8dq", "int4wo", "fp8wo", "fp8dq")
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -50,17 +52,15 @@ class ModuleFilter:
 
 
 def _quantization(value: Any) -> Any:
-    """A preset name, torchao's JSON form of a config, or (unsaveable) the config object itself."""
+    """A preset name, the JSON form of an allow-listed torchao config, or (unsaveable) a config object."""
     if isinstance(value, str):
         if value not in PRESETS:
             raise ConfigError(f"quantization: unknown preset {value!r}; choose one of {', '.join(PRESETS)}")
         return value
     if isinstance(value, dict):
-        if "_type" not in value or "_data" not in value:
-            raise ConfigError(
-                "quantization: a dict must be torchao's JSON form of a config (keys '_type', '_data'), "
-                "as torchao.core.config.config_to_dict writes it"
-            )
+        problems = json_form_problems(value)
+        if problems:
+            raise ConfigError(f"quantization: {problems[0]}")
         return value
     if type(value).__module__.startswith("torchao") or _is_ao_config(value):
         return _to_json_form(value)
@@ -75,18 +75,183 @@ def _is_ao_config(value: Any) -> bool:
 
 
 def _to_json_form(config: Any) -> Any:
+    """torchao's JSON form of ``config`` when aitune's own reader rebuilds an equal object from it,
+    else the object (it runs, and refuses to be saved)."""
     # torchao is already imported here: the user built the object with it.
-    from torchao.core.config import AOBaseConfig, config_from_dict, config_to_dict
+    from torchao.core.config import AOBaseConfig, config_to_dict
 
     if not isinstance(config, AOBaseConfig):
         raise ConfigError(f"quantization: {type(config).__name__} is not a torchao AOBaseConfig")
     try:
         data = config_to_dict(config)
-        if config_from_dict(data) == config:
+        if not json_form_problems(data) and from_json_form(data) == config:
             return data
     except Exception:
         pass
     return config
+
+
+# -- torchao's JSON form, read by aitune, never by torchao's config_from_dict --------------------------
+#
+# ``config_from_dict`` looks every ``_type`` up in torchao's namespaces and calls it with the file's
+# values, and ``{"_type": "torch.dtype", "_data": X}`` returns any attribute of ``torch``. A config
+# read from an artifact is data, so aitune reads the form itself from closed lists: the config
+# classes the presets build, the small value classes and enums they hold, dtypes by an allow-listed
+# name, and plain numbers and switches. Anything else is refused before torchao is imported.
+
+CONFIG_CLASSES = {name: "torchao.quantization" for name in sorted({p.torchao_class for p in _PRESETS.values()})}
+"""The torchao configs a saved ``quantization`` may name: those of the presets (README, "Presets")."""
+VALUE_CLASSES = {
+    **{name: "torchao.quantization" for name in ("PerAxis", "PerGroup", "PerRow", "PerTensor", "PerToken")},
+    "Float8MMConfig": "torchao.quantization",
+}
+"""Value objects a config's fields may hold (granularities, the float8 matmul switches): numbers and switches only."""
+ENUMS = {
+    "MappingType": "torchao.quantization",
+    "Int4PackingFormat": "torchao.quantization.quantize_.workflows",
+    "Int4ChooseQParamsAlgorithm": "torchao.quantization.quantize_.workflows",
+    "Float8PackingFormat": "torchao.quantization.quantize_.workflows",
+    "KernelPreference": "torchao.quantization.quantize_.common",
+}
+"""Enums a config's fields may hold, by member name."""
+DTYPES = (
+    "bfloat16",
+    "float16",
+    "float32",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "int4",
+    "int8",
+    "int16",
+    "int32",
+    "uint4",
+    "uint8",
+)
+"""The dtypes a saved form may name (``{"_type": "torch.dtype", "_data": name}``)."""
+_SCALARS = (bool, int, float, type(None))
+
+
+def json_form_problems(data: Any, where: str = "quantization") -> list[str]:
+    """Why ``data`` is not a torchao config form aitune reads, in words; empty when it is.
+
+    Checked with no torchao import: the top is one of :data:`CONFIG_CLASSES`, its fields hold
+    numbers, switches, None, lists of them, or one of the value classes, enums and dtypes above.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("_type"), str) or not isinstance(data.get("_data"), dict):
+        return [
+            f"{where}: a dict must be torchao's JSON form of a config ({{'_type': name, '_data': {{...}}}}, as "
+            f"torchao.core.config.config_to_dict writes it), got {_short(data)}"
+        ]
+    if data["_type"] not in CONFIG_CLASSES:
+        return [
+            f"{where}: {_short(data['_type'])} is not a torchao config aitune reads from a file; it reads "
+            f"{', '.join(CONFIG_CLASSES)} (pass any other config as the object, in your own code)"
+        ]
+    return _object_problems(data, where, top=True)
+
+
+def _object_problems(data: dict[str, Any], where: str, top: bool = False) -> list[str]:
+    extra = set(data) - {"_type", "_data", "_version"}
+    if extra or not isinstance(data.get("_version", 1), int) or isinstance(data.get("_version"), bool):
+        return [f"{where}: unexpected keys or version in {_short(data)}"]
+    problems = []
+    for key, value in data["_data"].items():
+        if not isinstance(key, str) or not key.isidentifier() or key.startswith("_"):
+            problems.append(f"{where}: field name {_short(key)} is not a plain name")
+        elif top or not isinstance(value, (dict, list)):
+            problems += _value_problems(value, f"{where}.{key}")
+        else:
+            problems.append(f"{where}.{key}: a value object holds numbers and switches only, got {_short(value)}")
+    return problems
+
+
+def _value_problems(value: Any, where: str, in_list: bool = False) -> list[str]:
+    if isinstance(value, _SCALARS):
+        return []
+    if isinstance(value, list) and not in_list:
+        return [p for i, v in enumerate(value) for p in _value_problems(v, f"{where}[{i}]", in_list=True)]
+    if isinstance(value, dict) and isinstance(value.get("_type"), str):
+        kind, inner = value["_type"], value.get("_data")
+        if kind == "torch.dtype":
+            ok = set(value) == {"_type", "_data"} and inner in DTYPES
+            return [] if ok else [f"{where}: the dtype {_short(inner)} is not one of {', '.join(DTYPES)}"]
+        if kind in ENUMS:
+            ok = set(value) <= {"_type", "_data", "_version"} and isinstance(inner, str) and _member_name(inner)
+            return [] if ok else [f"{where}: {_short(value)} is not a member of {kind}"]
+        if kind in VALUE_CLASSES and isinstance(inner, dict):
+            return _object_problems(value, where)
+    return [
+        f"{where}: {_short(value)} is not a value aitune reads from a file (numbers, switches, None, dtypes "
+        f"and torchao's {', '.join([*VALUE_CLASSES, *ENUMS])})"
+    ]
+
+
+def _member_name(name: str) -> bool:
+    return name.isidentifier() and not name.startswith("_")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def from_json_form(data: dict[str, Any]) -> Any:
+    """The torchao config ``data`` describes, built by aitune from the closed lists above.
+
+    ``data`` must have passed :func:`json_form_problems`; a class comes from a fixed module and a
+    name on the lists, an enum member by name, a dtype by an allow-listed name, and only plain
+    values reach a constructor.
+    """
+    problems = json_form_problems(data)
+    if problems:
+        raise ConfigError(problems[0])
+    cls = _lookup(data["_type"], CONFIG_CLASSES)
+    saved, current = data.get("_version", 1), getattr(cls, "version", 1)
+    if saved != current:
+        raise ConfigError(
+            f"quantization: the saved {data['_type']} is version {saved}, the installed torchao's is {current}; "
+            "tune again with this torchao"
+        )
+    return _build(cls, data["_data"])
+
+
+def _build(cls: type, fields: dict[str, Any]) -> Any:
+    try:
+        return cls(**{k: _value(v) for k, v in fields.items()})
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"quantization: torchao refuses {cls.__name__}({fields!r}): {exc}") from exc
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_value(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    kind, inner = value["_type"], value["_data"]
+    if kind == "torch.dtype":
+        dtype = getattr(torch, inner)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"quantization: torch.{inner} is not a dtype in this torch")
+        return dtype
+    if kind in ENUMS:
+        members = _lookup(kind, ENUMS).__members__
+        if inner not in members:
+            raise ConfigError(f"quantization: {kind} has no member {inner!r} in this torchao")
+        return members[inner]
+    return _build(_lookup(kind, VALUE_CLASSES), inner)
+
+
+def _lookup(name: str, table: dict[str, str]) -> Any:
+    import importlib
+
+    found = vars(importlib.import_module(table[name])).get(name)
+    if not isinstance(found, type):
+        raise ConfigError(f"quantization: this torchao has no {name}; tune again with the torchao that saved it")
+    return found
 
 
 def _filter(value: Any) -> Any:
@@ -118,6 +283,19 @@ class TorchAOBackendConfig(BackendConfig):
     tolerance: Tolerance | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Tolerance))
     )
+
+    def untrusted_settings(self) -> list[str]:
+        """From a file: a preset name or an allow-listed JSON form (:func:`json_form_problems`), and a
+        ModuleFilter: never an object or a callable."""
+        refused = []
+        q = self.quantization
+        if isinstance(q, dict):
+            refused += json_form_problems(q)
+        elif not isinstance(q, str):
+            refused.append(f"quantization (a {type(q).__name__} object, not data)")
+        if self.filter_fn is not None and not isinstance(self.filter_fn, ModuleFilter):
+            refused.append("filter_fn (a callable, not a ModuleFilter)")
+        return refused
 
     @property
     def quantization_name(self) -> str:

@@ -7,11 +7,15 @@ flatten makes :func:`save` write nothing, and the backend re-quantizes at load i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from aitune.errors import SerializationError
+
+from .config import DTYPES
 
 FILE = "quantized.safetensors"
 
@@ -54,6 +58,7 @@ def load(model: torch.nn.Module, directory: Path, device: torch.device, expected
     with safe_open(str(path), framework="pt", device=str(device)) as f:
         metadata = f.metadata() or {}
         flat = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no items()
+    _check_dtypes(metadata)
     try:
         tensors, leftover = unflatten_tensor_state_dict(flat, metadata)
     except (ValueError, KeyError, TypeError) as exc:
@@ -79,3 +84,27 @@ def load(model: torch.nn.Module, directory: Path, device: torch.device, expected
             raise SerializationError(f"the module has no weight {name!r} to put the saved quantized tensor in")
     for p in model.parameters():
         p.requires_grad_(False)
+
+
+def _check_dtypes(metadata: dict[str, str]) -> None:
+    """Refuse a dtype named outside :data:`~.config.DTYPES` before torchao reads the metadata: its
+    reader returns ``getattr(torch, name)`` for any name, a function as well as a dtype."""
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if node.get("_type") == "torch.dtype" and node.get("_data") not in DTYPES:
+                raise SerializationError(
+                    f"the saved quantized weight {where} names the dtype {node.get('_data')!r}, which is not one of "
+                    f"{', '.join(DTYPES)}; the payload is corrupt or hostile"
+                )
+            for value in node.values():
+                walk(value, where)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, where)
+
+    for name, text in metadata.items():
+        try:
+            walk(json.loads(text), name)
+        except ValueError:
+            continue  # not JSON: torchao's reader refuses it on its own

@@ -9,6 +9,7 @@ cloning the object the user handed to a strategy, so user-facing objects stay re
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Mapping
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, ClassVar
@@ -90,6 +91,19 @@ def torch_allows_tf32() -> bool:
             generic if matmul == "none" else matmul,
         )
     return bool(backends.cuda.matmul.allow_tf32 or backends.cudnn.allow_tf32)
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else ``os.cpu_count()``).
+
+    Thread counts a config gives a runtime are capped at this: a count read from a file
+    (``intra_op_num_threads=2000``) must not start thousands of threads, and more threads than
+    cores never ran faster.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity API (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
 
 
 def payload_file(directory: Path, name: Any) -> Path:

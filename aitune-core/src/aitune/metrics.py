@@ -38,13 +38,29 @@ def cosine_similarity(tuned: Any, eager: Any, batch: Any = None) -> float:
 
 
 def relative_accuracy(tuned: Any, eager: Any, batch: Any = None) -> float:
-    """1 minus the largest error of any floating output, relative to that output's scale."""
+    """1 minus the largest error of any floating output, relative to that output's scale.
+
+    A NaN or infinity where eager has a finite number scores 0.0 (no agreement), and an output
+    eager answered with all zeros is scored by its absolute error, so a candidate cannot reach 1.0
+    by answering garbage where the scale is zero.
+    """
     worst = 0.0
     for a, b in zip(_leaves(tuned), _leaves(eager)):
-        scale = float(b.abs().max()) if b.numel() else 0.0
-        if scale > 0:
-            worst = max(worst, float((a.double() - b.double()).abs().max()) / scale)
-    return 1.0 - worst
+        if b.numel() == 0:
+            continue
+        a, b = a.double(), b.double().to(a.device)
+        if a.shape != b.shape:
+            return 0.0
+        finite = torch.isfinite(b)
+        same = (a == b) | (a.isnan() & b.isnan())
+        if not bool(torch.isfinite(a)[finite].all()) or not bool(same[~finite].all()):
+            return 0.0  # a NaN or infinity where eager has none, or another one than eager's
+        if not bool(finite.any()):
+            continue
+        error = float((a[finite] - b[finite]).abs().max())
+        scale = float(b[finite].abs().max())
+        worst = max(worst, error / scale if scale > 0 else error)
+    return max(0.0, 1.0 - worst)
 
 
 __all__ = ["cosine_similarity", "relative_accuracy", "top1_agreement"]

@@ -104,6 +104,31 @@ def _plain(obj: Any, path: str, exclude: frozenset[str] | set[str]) -> dict[str,
     return out
 
 
+STATE_DEVICES = ("cpu", "cuda")
+"""The device types a state attribute read from a file may name: ``meta`` would drop the tensors'
+data, and any other type is not one a tuned graph runs on."""
+CHILDREN = frozenset({"layers", *PAIRED, *LAYER_TENSORS})
+"""The attribute names that hold a state object's children (its layers, its two caches, a layer's tensors)."""
+
+
+def attribute_name(cls: type, key: Any) -> str:
+    """``key`` when it may be set on a ``cls`` instance rebuilt from a file, else a ValueError.
+
+    An instance attribute hides the class's own of that name: one from a file must never hide a
+    method or a property (``get_seq_length``, ``__class__``), only a plain class-level value
+    (``is_sliding = True``) the object itself sets too.
+    """
+    if not isinstance(key, str) or not key.isidentifier() or key.startswith("__"):
+        raise ValueError(f"an attribute is named {key!r}, which is not a plain attribute name")
+    for klass in cls.__mro__:
+        found = vars(klass).get(key)
+        if key in vars(klass) and not (found is None or isinstance(found, (bool, int, float, str))):
+            raise ValueError(
+                f"an attribute is named {key!r}, which would hide {cls.__name__}'s own {type(found).__name__} of that name"
+            )
+    return key
+
+
 def attribute_value(value: Any) -> Any:
     """An attribute as :func:`describe` wrote it, back to its value (a device or a JSON scalar)."""
     if isinstance(value, dict) and set(value) == {"flags"} and isinstance(value["flags"], dict):
@@ -115,7 +140,12 @@ def attribute_value(value: Any) -> Any:
         device = value.get("device")
         if set(value) != {"device"} or not isinstance(device, str):
             raise ValueError(f"an attribute holds {value!r}: only devices, layer flags and JSON scalars are allowed")
-        return torch.device(device)
+        found = torch.device(device)
+        if found.type not in STATE_DEVICES:
+            raise ValueError(
+                f"an attribute names the device {device!r}; a file may only name {' or '.join(STATE_DEVICES)}"
+            )
+        return found
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise ValueError(f"an attribute holds a {type(value).__name__}: only devices and JSON scalars are allowed")
@@ -125,8 +155,15 @@ def bare(cls: type, attrs: dict[str, Any]) -> Any:
     """An instance of ``cls`` with ``attrs`` set, made without running any of ``cls``'s code."""
     obj: Any = object.__new__(cls)
     for key, value in attrs.items():
-        obj.__dict__[key] = attribute_value(value)
+        obj.__dict__[attribute_name(cls, key)] = attribute_value(value)
     return obj
+
+
+def child_name(cls: type, key: Any) -> str:
+    """``key`` when it names where a state object keeps a child (:data:`CHILDREN`), else a ValueError."""
+    if key not in CHILDREN:
+        raise ValueError(f"a child is named {key!r}; a state object keeps its children at {sorted(CHILDREN)} only")
+    return attribute_name(cls, key)
 
 
 def key_of(obj: Any, leaves: list[torch.Tensor]) -> Any:

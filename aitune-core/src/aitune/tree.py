@@ -196,8 +196,12 @@ def check_types(structure: dict[str, Any]) -> None:
         if kind in (*_TYPED, "enum", "pytree", "state"):
             _checked(kind, str(structure["type"]))
         if kind == "state":
-            for value in dict(structure["attrs"]).values():
+            cls = _checked(kind, str(structure["type"]))
+            for key, value in dict(structure["attrs"]).items():
+                state.attribute_name(cls, key)
                 state.attribute_value(value)
+            for key in structure["keys"]:
+                state.child_name(cls, key)
         items = structure.get("items", [])
         if not isinstance(items, list):
             raise TypeError(f"items is a {type(items).__name__}")
@@ -263,10 +267,11 @@ def _unflatten(node: dict[str, Any], it: Any) -> Any:
     if kind == "state":
         try:
             obj = state.bare(_checked(kind, node["type"]), dict(node["attrs"]))
+            names = [state.child_name(type(obj), key) for key in node["keys"]]
         except ValueError as exc:
             raise InputError(f"{node['type']}: {exc}; the structure is corrupt") from None
-        for key, child in zip(node["keys"], node["items"]):
-            obj.__dict__[str(key)] = _unflatten(child, it)
+        for key, child in zip(names, node["items"]):
+            obj.__dict__[key] = _unflatten(child, it)
         return obj
     raise InputError(f"unknown structure node kind {kind!r}")
 

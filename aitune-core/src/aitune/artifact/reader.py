@@ -29,11 +29,13 @@ from ..engine import settings
 from ..engine.module import Module, wrapped_modules
 from ..engine.tuner import freeze_tuned
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
+from ..graph import GraphSpec
 from ..plugins import get_manager
 from ..registry import BackendRegistry, missing_requirements
 from ..session import Session
 from . import ownkey
 from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, REPORT, Reader, open_artifact
+from .bounds import graph_problem
 from .format import GraphEntry, Manifest, ModuleEntry
 from .signing import signature_path, verify_signature
 
@@ -166,6 +168,9 @@ class Trust:
 
     native: bool
     why: str
+    vouched: bool = False
+    """The bytes themselves are vouched for (pinned, or signed by a trusted key), not only native code
+    allowed: ``ait.load``'s ``check`` is off by default for such an artifact."""
 
 
 @attrs.frozen
@@ -188,9 +193,9 @@ class Asked:
             why = verify_signature(
                 reader.path, self.trusted_keys, signature=self.signature, content=reader.content_path()
             )
-            return Trust(True, why)
+            return Trust(True, why, vouched=True)
         if self.expected_sha256 is not None:
-            return Trust(True, "pinned by expected_sha256")
+            return Trust(True, "pinned by expected_sha256", vouched=True)
         if self.trust_native_code:
             return Trust(True, "trust_native_code=True")
         return Trust(False, "")
@@ -207,7 +212,7 @@ class Asked:
             verify_signature(reader.path, [own.public], signature=self.signature, content=reader.content_path())
         except ArtifactError:  # signed by someone else, or changed since: not the user's own
             return Trust(False, "")
-        return Trust(True, f"signed by your own key ({own.public})")
+        return Trust(True, f"signed by your own key ({own.public})", vouched=True)
 
 
 def load(
@@ -222,6 +227,7 @@ def load(
     trust_native_code: bool = False,
     freeze: bool | None = None,
     weights: str | None = None,
+    check: bool | None = None,
 ) -> Any:
     """Load the artifact at ``path`` into ``obj`` and return it tuned, with no build.
 
@@ -248,6 +254,19 @@ def load(
     a new checkpoint loaded into ``build_model()``: the payloads are refitted with them and checked
     against eager, and a module whose payload cannot be refitted runs eager, with a warning). Left
     None, the artifact's are used, with a warning when the model's own differ.
+
+    ``check`` runs each payload once on the graph's recorded (opt) shapes against eager with the
+    artifact's weights, and refuses one that disagrees (a swapped ONNX graph, reordered outputs): an
+    ArtifactError, or that graph eager with a warning under ``fallback="eager"``. On by default for an
+    artifact that is neither pinned (``expected_sha256``) nor signed by a trusted key; it costs one
+    call of the payload and one of eager per graph. Payloads refitted with weights
+    (``weights="model"``, a refitted artifact) are checked against eager on every size anyway.
+
+    Every check that needs no runtime (digests, signature, manifest, devices, bounds, configs,
+    trust, the object's structure) passes before anything in ``obj`` changes. With ``fallback``
+    left None, a failure after that (a runtime refusing a payload, ``check``) puts the model's own
+    weights, device and modules back before the error is raised: it costs a host copy of the
+    weights while loading.
     """
     if fallback not in (None, "eager"):
         raise ValueError("fallback must be None or 'eager'")
@@ -256,7 +275,7 @@ def load(
     path = Path(path)
     with only_artifact_errors(path, "loading"):
         asked = Asked(expected_sha256, trusted_keys, signature, trust_native_code)
-        obj = _load(obj, path, device_map, fallback, asked, weights)
+        obj = _load(obj, path, device_map, fallback, asked, weights, check)
     if settings.freeze if freeze is None else freeze:
         freeze_tuned(obj)
     return obj
@@ -269,7 +288,10 @@ def _load(
     fallback: str | None,
     asked: Asked,
     weights: str | None = None,
+    check: bool | None = None,
 ) -> Any:
+    """Every check first, then the changes: nothing in ``obj`` changes until the digests, the
+    manifest, the object's structure, every device, config, bound and the trust policy passed."""
     from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
 
     session = get_manager().session()
@@ -279,38 +301,45 @@ def _load(
         manifest = read_manifest(reader)
         if not trust.native and _has_native(manifest, session.registry):
             trust = asked.own_key(reader)
+        if check is None:  # on unless the bytes are vouched for: pinned, or signed by a trusted key or your own
+            check = not (trust.vouched or asked.own_key(reader).vouched)
         targets = _targets(obj, manifest, reader)
         devices = _devices(manifest, device_map)
-        for entry in sorted(manifest.modules, key=lambda e: -_depth(e)):  # children before the object itself
-            target = targets[entry.name]
-            if not isinstance(target, Module):
-                target = Module(target, entry.name, strict=entry.strict)
-                if entry.path:
-                    place(obj, entry.path, target)
-                else:
-                    obj = target
-                targets[entry.name] = target
-        with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
-            for entry in manifest.modules:
+        plans = {}
+        for entry in manifest.modules:
+            with _as_artifact_error(path, entry):
+                plans[entry.name] = _plan_module(
+                    reader, entry, targets[entry.name], devices[entry.name], fallback, session, trust, weights
+                )
+        # -- every check passed: from here on the given object changes --------------------------------
+        given = obj
+        saved = [_Saved.of(obj, entry, targets[entry.name]) for entry in manifest.modules] if fallback is None else []
+        try:
+            for entry in sorted(manifest.modules, key=lambda e: -_depth(e)):  # children before the object itself
+                target = targets[entry.name]
+                if not isinstance(target, Module):
+                    target = Module(target, entry.name, strict=entry.strict)
+                    if entry.path:
+                        place(obj, entry.path, target)
+                    else:
+                        obj = target
+                    targets[entry.name] = target
+            with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
+                for entry in manifest.modules:
+                    with _as_artifact_error(path, entry):
+                        _apply_plan(reader, plans[entry.name], targets[entry.name], fallback, Path(tmp), session, check)
+        except BaseException:
+            for kept in saved:
                 try:
-                    _load_module(
-                        reader,
-                        entry,
-                        targets[entry.name],
-                        devices[entry.name],
-                        fallback,
-                        Path(tmp),
-                        session,
-                        trust,
-                        weights,
+                    kept.restore(given)
+                except Exception as exc:  # the load's own error stays the one raised
+                    warnings.warn(
+                        f"{path}: after the failed load, {kept.entry.name} could not be put back as it was "
+                        f"({type(exc).__name__}: {exc}); build the model again",
+                        RuntimeWarning,
+                        stacklevel=4,
                     )
-                except AituneError:
-                    raise
-                except Exception as exc:  # an inconsistent manifest that passed its schema (found by fuzzing)
-                    raise ArtifactError(
-                        f"{path}: {entry.name} cannot be loaded from this artifact ({type(exc).__name__}: {exc}); "
-                        "the file is corrupt or was written by an incompatible aitune: tune and save again"
-                    ) from exc
+            raise
     return obj
 
 
@@ -321,6 +350,47 @@ def _has_native(manifest: Manifest, registry: BackendRegistry) -> bool:
         for e in manifest.modules
         for g in e.graphs
     )
+
+
+@attrs.define
+class _Saved:
+    """A module as it was before ``ait.load`` changed it: its weights (a host copy), device and place."""
+
+    entry: ModuleEntry
+    module: torch.nn.Module
+    was_wrapped: bool
+    state: dict[str, torch.Tensor]
+    device: torch.device | None
+
+    @classmethod
+    def of(cls, obj: Any, entry: ModuleEntry, target: Any) -> _Saved:
+        module = target.module if isinstance(target, Module) else target
+        state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        first = next(iter(module.state_dict().values()), None)
+        return cls(entry, module, isinstance(target, Module), state, first.device if first is not None else None)
+
+    def restore(self, obj: Any) -> None:
+        from ..engine.wrap import place
+
+        if self.device is not None:
+            self.module.to(self.device)
+        self.module.load_state_dict(self.state, strict=False)
+        if not self.was_wrapped and self.entry.path:
+            with contextlib.suppress(Exception):  # the path was checked before: it holds the wrapper now
+                place(obj, self.entry.path, self.module)
+
+
+@contextlib.contextmanager
+def _as_artifact_error(path: Path, entry: ModuleEntry) -> Iterator[None]:
+    try:
+        yield
+    except AituneError:
+        raise
+    except Exception as exc:  # an inconsistent manifest that passed its schema (found by fuzzing)
+        raise ArtifactError(
+            f"{path}: {entry.name} cannot be loaded from this artifact ({type(exc).__name__}: {exc}); "
+            "the file is corrupt or was written by an incompatible aitune: tune and save again"
+        ) from exc
 
 
 def _depth(entry: ModuleEntry) -> int:
@@ -422,55 +492,72 @@ def _saved_shapes(reader: Reader, entry: ModuleEntry) -> dict[str, tuple[int, ..
         ) from exc
 
 
-def _load_module(
+@attrs.define
+class _GraphPlan:
+    index: int
+    entry: GraphEntry
+    backend: Backend
+
+
+@attrs.define
+class _ModulePlan:
+    """What loading one module will do, decided with the given object untouched."""
+
+    entry: ModuleEntry
+    weights: dict[str, torch.Tensor]
+    device: torch.device | None
+    """None: the module runs eager on the CPU (its CUDA device is missing and fallback="eager")."""
+    graphs: list[_GraphPlan]
+    whose: str | None
+
+
+def _plan_module(
     reader: Reader,
     entry: ModuleEntry,
-    target: Module,
+    target: Any,
     chosen: torch.device | None,
     fallback: str | None,
-    tmp: Path,
     session: Session,
     trust: Trust,
-    whose: str | None = None,
-) -> None:
+    whose: str | None,
+) -> _ModulePlan:
+    """Read and check everything about ``entry``; refusals raise (or, with ``fallback="eager"``, leave
+    a graph eager with a warning). Changes nothing in ``target``."""
     from safetensors.torch import load as load_tensors  # imported on use: it costs ~75 ms at import
 
+    module = target.module if isinstance(target, Module) else target
     try:
         weights = load_tensors(reader.read(entry.weights))
     except AituneError:
         raise
     except Exception as exc:
         raise ArtifactError(f"{reader.path}: weights of {entry.name!r} cannot be read: {exc}") from exc
-    if whose is None and _differ(target.module, weights):
-        warnings.warn(
-            f"{reader.path}: the weights of {entry.name} in the given model differ from the artifact's; ait.load "
-            "serves the artifact's (those its payloads were built with). Pass weights='model' to serve the model's "
-            "own (refitted into the payloads and checked against eager), or weights='artifact' to say this is meant",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-    try:
-        if whose != "model":
-            target.module.load_state_dict(weights, strict=True)
-    except RuntimeError as exc:
+    mismatch = _weights_mismatch(module, weights)
+    if mismatch:
         raise ArtifactError(
             f"{reader.path}: the weights of {entry.name!r} do not fit the module given to load "
-            f"(is it the same architecture?): {exc}"
-        ) from exc
+            f"(is it the same architecture?): {mismatch}"
+        )
     device = _device_for(entry, chosen)
     if device.type == "cuda" and not torch.cuda.is_available():
         message = f"{reader.path}: {entry.name} needs a CUDA device and none is visible here"
         if fallback != "eager":
             raise ArtifactError(message + "; load it on a GPU machine, or pass fallback='eager'")
-        warnings.warn(message + "; running it eager on the CPU", RuntimeWarning, stacklevel=3)
-        target._install([], None)
-        return
-    target.module.to(device)
+        warnings.warn(message + "; running it eager on the CPU", RuntimeWarning, stacklevel=4)
+        return _ModulePlan(entry, weights, None, [], whose)
+    if whose is None and _differ(module, weights):
+        warnings.warn(
+            f"{reader.path}: the weights of {entry.name} in the given model differ from the artifact's; ait.load "
+            "serves the artifact's (those its payloads were built with). Pass weights='model' to serve the model's "
+            "own (refitted into the payloads and checked against eager), or weights='artifact' to say this is meant",
+            RuntimeWarning,
+            stacklevel=5,
+        )
     registry = session.registry
-    winners: list[tuple[Any, Backend]] = []
+    graphs = []
     for index, graph_entry in enumerate(entry.graphs):
         try:
-            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry)
+            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry) or _bounds(graph_entry)
             if reason:
                 raise ArtifactError(f"{entry.name} graph {index}: {reason}")
             config = registry.config_from_json(
@@ -483,37 +570,127 @@ def _load_module(
                     "only from an artifact you trust: pass expected_sha256='<its SHA-256>', trusted_keys=[public key] "
                     "(the artifact signed with aitune sign), or trust_native_code=True"
                 )
-            backend = backend_class(config)
+            graphs.append(_GraphPlan(index, graph_entry, backend_class(config)))
+        except ArtifactError as exc:
+            if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
+                raise
+            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=4)
+        except AituneError as exc:  # a config refused, a backend that cannot be made from it
+            message = f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}) cannot be loaded here: {exc}"
+            if fallback != "eager":
+                raise ArtifactError(message) from exc
+            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
+    return _ModulePlan(entry, weights, device, graphs, whose)
+
+
+def _apply_plan(
+    reader: Reader,
+    plan: _ModulePlan,
+    target: Module,
+    fallback: str | None,
+    tmp: Path,
+    session: Session,
+    check: bool = False,
+) -> None:
+    """Put the checked plan into ``target``: its weights, its device, each payload loaded, the winners."""
+    entry, whose, device = plan.entry, plan.whose, plan.device
+    if whose != "model":
+        target.module.load_state_dict(plan.weights, strict=True)
+    if device is None:
+        target._install([], None)
+        return
+    target.module.to(device)
+    winners: list[tuple[Any, Backend]] = []
+    for graph in plan.graphs:
+        index, graph_entry = graph.index, graph.entry
+        try:
             folder = tmp / f"{entry.name}-{index}".replace("/", "_")
             folder.mkdir()
             reader.extract(graph_entry.payload, folder)
             context = LoadContext(graph_entry.graph, device, dict(graph_entry.metadata), _cache(), entry.name)
             with torch.no_grad():
                 loaded = session.hook.aitune_deserialize(
-                    backend=backend, module=target.module, directory=folder, context=context, session=session
+                    backend=graph.backend, module=target.module, directory=folder, context=context, session=session
                 )
+            if check and whose != "model" and not graph_entry.refit:  # refitted ones are checked by adopt_weights
+                disagreement = _disagreement(loaded, target.module, graph_entry.graph)
+                if disagreement is not None:
+                    raise ArtifactError(
+                        f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}): the payload does not "
+                        f"answer as eager does with the artifact's own weights ({disagreement}); the artifact was "
+                        "altered or its payload belongs to other weights: tune and save again"
+                    )
             winners.append((graph_entry.graph, loaded))
         except ArtifactError as exc:
             if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
                 raise
-            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=4)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # a runtime's SystemExit too: fallback="eager" keeps serving
             message = f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}) cannot be loaded here: {type(exc).__name__}: {exc}"
             if fallback != "eager":
                 raise ArtifactError(message) from exc
-            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=3)
-    target._install(winners, None)
+            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
+    built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in plan.weights.items()}
+    target._install(winners, None, built_with)
     if whose == "model" or any(g.refit for g in entry.graphs):  # payloads hold other weights than the module
         why = target.adopt_weights()
+        if why is not None and target.strict:
+            raise ArtifactError(
+                f"{reader.path}: {entry.name} is strict and its payloads could not take the "
+                f"{'model' if whose == 'model' else 'artifact'}'s weights ({why})"
+            )
         if why is not None:
             warnings.warn(
                 f"{reader.path}: {entry.name} runs eager: its payloads could not take the "
                 f"{'model' if whose == 'model' else 'artifact'}'s weights ({why})",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
+
+
+def _disagreement(backend: Backend, module: torch.nn.Module, graph: GraphSpec) -> str | None:
+    """Why ``backend`` answers otherwise than ``module`` (eager, the artifact's weights) on one example
+    at the graph's recorded (opt) shapes, or None. ``ait.load(check=True)``."""
+    from ..engine import recording
+    from ..validation import validate
+
+    sample = graph.example("opt")
+    try:
+        probe = sample.fresh()
+        with torch.no_grad(), recording.bypass():
+            module(*probe.args, **probe.kwargs)
+    except Exception as exc:
+        warnings.warn(
+            f"ait.load(check=True): eager refuses random inputs of the recorded shapes ({type(exc).__name__}: {exc}), "
+            "so the payload could not be compared with it; pin or sign the artifact to load it without this check",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+        return None
+    with torch.no_grad(), recording.bypass():
+        report = validate(backend, module, [sample], attrs.evolve(graph, dims={}))
+    return None if report.passed else report.reason
+
+
+def _weights_mismatch(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> str | None:
+    """Why ``load_state_dict(weights, strict=True)`` would fail on ``module``, found without calling it."""
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if missing or unexpected:
+        return f"missing in the artifact: {_few(missing)}; not in the module: {_few(unexpected)}"
+    for name, saved in weights.items():
+        if tuple(own[name].shape) != tuple(saved.shape):
+            return f"{name} is {list(own[name].shape)} here, {list(saved.shape)} saved"
+        if own[name].is_floating_point() != saved.is_floating_point() and own[name].device.type != "meta":
+            return f"{name} is {own[name].dtype} here, {saved.dtype} saved"
+    return None
+
+
+def _bounds(entry: GraphEntry) -> str | None:
+    problem = graph_problem(entry.graph)
+    return f"the manifest's graph is refused: {problem}" if problem else None
 
 
 def _differ(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> bool:
@@ -596,7 +773,7 @@ def _verify(
         device = _device_for(entry, None)
         for index, graph_entry in enumerate(entry.graphs):
             where = f"{entry.name} graph {index} ({graph_entry.backend})"
-            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry)
+            reason = _incompatible(graph_entry, device, registry) or _unimportable(graph_entry) or _bounds(graph_entry)
             if reason is None:
                 try:
                     registry.config_from_json(graph_entry.config, f"{where} config", from_file=True)

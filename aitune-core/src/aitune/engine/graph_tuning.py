@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -235,6 +236,8 @@ class GraphTuning:
                 values.append(float(self.metric(tuned, eager, sample)))
         value = sum(values) / len(values) if values else 1.0
         candidate.report.metric = value
+        if not math.isfinite(value):
+            return f"the metric returned {value} for some recorded call, which measures nothing, so the candidate fails"
         if value < floor:
             return f"the metric is {value:.4g} over the recorded calls, below {floor:.4g} (1 - accuracy_budget)"
         if not result.passed:

@@ -11,7 +11,7 @@ checking every tensor's version counter on every call would cost more than the d
 Winners that baked the weights in are then refitted with the new ones (``Backend.refit``) and
 checked against eager on the graph's min, opt and max shapes; only where that fails does the
 module run eager.
-The stamp those checks compare includes a checksum of every weight's bytes, so an edit through
+The stamp those checks compare includes a digest of every weight's bytes, so an edit through
 ``.data`` (which has a version counter of its own) or a newly assigned tensor is seen too.
 
 Hooks added after tuning to a module a tuned backend replaces (the wrapped module, any submodule)
@@ -22,10 +22,12 @@ the per-call check is one attribute read, and such calls run eager until the hoo
 from __future__ import annotations
 
 import collections
+import copy
+import hashlib
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,24 +58,62 @@ HOOKS = (
 HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def weights_stamp(module: torch.nn.Module) -> tuple[tuple[int, int, int], ...]:
-    """Where each weight lives, how often it was written in place, and a checksum of its bytes.
+Stamp = tuple[tuple[tuple[int, int], ...], str]
+"""Where each weight lives and how often it was written in place, and a digest of every weight's bytes."""
 
-    The checksum catches what the other two cannot: ``p.data.mul_(2)`` writes through a tensor
-    with its own version counter. It is the sum of the raw bytes read as integers, one pass over
-    the weights, taken only when something asks to look at them again (never per call).
+
+def weights_stamp(module: torch.nn.Module) -> Stamp:
+    """Where each weight lives, how often it was written in place, and a BLAKE2b digest of their bytes.
+
+    The digest catches what the other two cannot: ``p.data.mul_(2)`` or two rows swapped through
+    ``.data`` write through a tensor with its own version counter. A digest and not a sum, so a
+    permutation of the same values is seen too. One pass over the weights (copied to the host when on
+    a GPU), taken only when something asks to look at them again (never per call).
     """
-    return tuple((t.data_ptr(), t._version, _checksum(t.detach())) for t in module.state_dict(keep_vars=True).values())
+    tensors = [t.detach() for t in module.state_dict(keep_vars=True).values()]
+    digest = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        _feed(digest, t)
+    return tuple((t.data_ptr(), t._version) for t in tensors), digest.hexdigest()
 
 
-def _checksum(t: torch.Tensor) -> int:
-    if t.device.type == "meta" or t.numel() == 0 or t.is_sparse:
-        return 0
-    flat = t.contiguous().view(-1)
-    for width, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8)):
-        if flat.element_size() % width == 0:
-            return int(flat.view(dtype).sum(dtype=torch.int64))
-    return 0
+def _feed(digest: Any, t: torch.Tensor) -> None:
+    digest.update(f"{t.dtype}{tuple(t.shape)}{t.device.type};".encode())
+    if t.device.type == "meta" or t.numel() == 0 or t.is_sparse or t.layout != torch.strided:
+        return
+    raw = t.contiguous().reshape(-1).view(torch.uint8)
+    digest.update(raw.cpu().numpy().data)
+
+
+Layout = dict[str, tuple[torch.dtype, tuple[int, ...], torch.device]]
+"""Each weight's dtype, shape and device: what a payload that baked the weights in was built with."""
+
+
+def weights_layout(weights: Mapping[str, torch.Tensor]) -> Layout:
+    return {name: (t.dtype, tuple(t.shape), t.device) for name, t in weights.items()}
+
+
+def layout_mismatch(weights: Mapping[str, torch.Tensor], built_with: Layout) -> str | None:
+    """How ``weights`` differ in dtype, shape or device from what the payload was built with, or None.
+
+    Checked before any weight reaches a backend's ``refit``: a native runtime (AOTInductor's
+    ``load_constants``, TensorRT's refitter) copies bytes by the layout it was compiled for, so a
+    float64 or resized tensor there corrupts memory instead of raising.
+    """
+    for name, (dtype, shape, device) in built_with.items():
+        t = weights.get(name)
+        if t is None:
+            return f"the weight {name} is missing"
+        if t.dtype != dtype or tuple(t.shape) != shape or not _same_device(t.device, device):
+            return (
+                f"{name} is {str(t.dtype).removeprefix('torch.')} {list(t.shape)} on {t.device}, and the payload was "
+                f"built with {str(dtype).removeprefix('torch.')} {list(shape)} on {device}"
+            )
+    return None
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 class _WatchedHooks(collections.OrderedDict):  # type: ignore[type-arg]
@@ -128,6 +168,15 @@ class HookWatch:
     def recheck(self) -> None:
         self.changed = any(frozenset(hooks) != keys for hooks, keys in self._baseline)
 
+    def rebased(self, modules: Iterable[torch.nn.Module]) -> HookWatch:
+        """A watch on ``modules`` (copies of the watched ones, in the same order) that compares them
+        with this watch's baseline."""
+        new = HookWatch(modules)
+        if len(new._baseline) == len(self._baseline):
+            new._baseline = [(hooks, keys) for (hooks, _), (_, keys) in zip(new._baseline, self._baseline)]
+            new.recheck()
+        return new
+
 
 class Guard:
     """Why a call of a tuned module must run eager, or None; built when the winners are installed.
@@ -144,6 +193,7 @@ class Guard:
         *,
         refittable: Sequence[tuple[GraphSpec, Backend]] = (),
         reference: Callable[..., Any] | None = None,
+        built_with: Layout | None = None,
     ) -> None:
         self._module = weakref.ref(module)
         self.hooks = HookWatch(watched)
@@ -156,6 +206,25 @@ class Guard:
         self.params = tuple(module.parameters())
         self.stamp = weights_stamp(module)
         self.stale: str | None = None
+        self.built_with = built_with if built_with is not None else weights_layout(module.state_dict())
+        """What the baked winners were built with (the module's weights now, or what ``ait.load`` says):
+        weights of another dtype, shape or device are never handed to ``refit``."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Guard:
+        """A copy that watches the copied module's weights and hooks (``copy.deepcopy`` of a tuned
+        module), not the original's."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = value if key in ("_module", "hooks") else copy.deepcopy(value, memo)
+        module = self._module()
+        if module is None:
+            new.hooks = HookWatch(())
+            return new
+        copied = copy.deepcopy(module, memo)
+        new._module = weakref.ref(copied)
+        new.hooks = self.hooks.rebased(copied.modules())
+        return new
 
     def check_weights(self) -> None:
         """Re-read the weights (after load_state_dict, .to(), eval()); when they changed, winners that
@@ -169,7 +238,7 @@ class Guard:
         if stamp != self.stamp and self.baked and self.stale is None:
             self.adopt_weights(stamp)
 
-    def adopt_weights(self, stamp: tuple[tuple[int, int, int], ...] | None = None) -> str | None:
+    def adopt_weights(self, stamp: Stamp | None = None) -> str | None:
         """Refit every winner that baked the weights in with the module's weights as they are now
         and check it against eager; the reason it could not (the module then runs eager), or None."""
         module = self._module()
@@ -191,6 +260,9 @@ class Guard:
         if not self.refittable or self.reference is None:
             return "it cannot load new weights"
         weights = module.state_dict()
+        mismatch = layout_mismatch(weights, self.built_with)
+        if mismatch is not None:
+            return f"{mismatch}; nothing was refitted"
         start = time.perf_counter()
         for graph, backend in self.refittable:
             try:
@@ -251,3 +323,13 @@ class RecheckWeights:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_owner": None}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RecheckWeights:
+        """In a deep copy of the owner, the copied hook tells the copied owner; a copy of the module
+        alone has no owner to tell."""
+        owner = self._owner() if self._owner is not None else None
+        copied = memo.get(id(owner)) if owner is not None else None
+        new = RecheckWeights(copied) if copied is not None else RecheckWeights.__new__(RecheckWeights)
+        if copied is None:
+            new._owner = None
+        return new

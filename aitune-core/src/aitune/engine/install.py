@@ -19,7 +19,7 @@ from ..builtin.eager import TorchEagerBackend
 from ..graph import GraphSpec
 from .dispatch import Dispatcher
 from .graph_tuning import narrow
-from .guard import Guard
+from .guard import Guard, Layout
 from .recording import Canonicalizer
 
 
@@ -52,6 +52,7 @@ def dispatcher_for(
     routes: Sequence[Winner],
     strict: bool = False,
     watched: Iterable[torch.nn.Module] = (),
+    built_with: Layout | None = None,
 ) -> Dispatcher:
     """The guard and the dispatcher that route ``module``'s inference calls to ``routes``.
 
@@ -67,5 +68,6 @@ def dispatcher_for(
         watched,
         refittable=[(r.graph, r.backend) for r in baked],
         reference=eager,
+        built_with=built_with,
     )
     return Dispatcher(name, eager, canonicalize, runners, strict, guard=guard)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..backend import Backend, Tolerance
     from ..graph import GraphSpec
     from ..report import ModuleReport
+    from .guard import Layout
     from .strategies import TuneStrategy
 
 _INNER = "module"
@@ -154,11 +155,14 @@ class Module(torch.nn.Module):
 
     # -- used by the tuner and the artifact loader -------------------------------------------
 
-    def _install(self, routes: Sequence[tuple[GraphSpec, Backend]], report: ModuleReport | None) -> None:
+    def _install(
+        self, routes: Sequence[tuple[GraphSpec, Backend]], report: ModuleReport | None, built_with: Layout | None = None
+    ) -> None:
         """Route calls by ``routes`` (see :mod:`aitune.engine.install`); all eager needs no dispatcher.
 
         Graphs (or batch ranges) whose winner is eager keep a route to eager, so their calls run
-        eager silently instead of counting as calls outside what was tuned.
+        eager silently instead of counting as calls outside what was tuned. ``built_with``: the
+        weights' layout the payloads were built with, when not the module's own now (``ait.load``).
         """
         installed = [Winner(g, b) for g, b in routes]
         object.__setattr__(self, "tuned_graphs", installed)
@@ -168,7 +172,14 @@ class Module(torch.nn.Module):
             object.__setattr__(self, "_state", "passthrough")
             return
         dispatcher = dispatcher_for(
-            self.name, self.module, self.module, self._canonicalize, installed, self.strict, self.module.modules()
+            self.name,
+            self.module,
+            self.module,
+            self._canonicalize,
+            installed,
+            self.strict,
+            self.module.modules(),
+            built_with,
         )
         object.__setattr__(self, "_dispatcher", dispatcher)
         object.__setattr__(self, "_state", "tuned")

@@ -16,6 +16,7 @@ def config_to_json(config: Any, backend: str | None = None) -> dict[str, Any]:
     return get_manager().registry.config_to_json(config, backend)
 
 
-def config_from_json(data: Any, what: str = "$") -> Any:
-    """:meth:`aitune.registry.BackendRegistry.config_from_json` with the process's plugins."""
-    return get_manager().registry.config_from_json(data, what)
+def config_from_json(data: Any, what: str = "$", *, from_file: bool = False) -> Any:
+    """:meth:`aitune.registry.BackendRegistry.config_from_json` with the process's plugins
+    (``from_file=True``: read as an artifact's config is read)."""
+    return get_manager().registry.config_from_json(data, what, from_file=from_file)

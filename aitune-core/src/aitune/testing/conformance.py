@@ -108,6 +108,15 @@ class BackendConformance:
         assert data["backend"] == self.backend_name
         assert registry.config_from_json(data) == config
 
+    def test_a_config_from_a_file_calls_and_imports_nothing(self) -> None:
+        """Each config field given callables, names of callables and modules, ``_type`` objects and
+        dtypes by name, as a crafted artifact would: refused or kept as plain data, nothing called or
+        imported (see :mod:`aitune.testing.hostile`)."""
+        from .hostile import config_problems
+
+        problems = config_problems(self.session().registry, self.backend_name)
+        assert not problems, f"{self.backend_name}'s config read from a file: " + "; ".join(problems[:8])
+
     def test_probe_imports_no_runtime(self) -> None:
         code = textwrap.dedent(
             f"""
