@@ -248,6 +248,9 @@ class TuneReport:
     end_to_end: EndToEndReport | None = None
     """Set by ``ait.tune`` after installing the winners (``end_to_end=False``, dry runs and ranks of a
     distributed job have none)."""
+    changes: list[str] = attrs.field(factory=list)
+    """What ``ait.tune`` changed on the user's objects besides installing winners (a model's
+    generation config switched to a static KV cache), one sentence each."""
 
     def to_json(self) -> dict[str, Any]:
         return unstructure(self)  # type: ignore[no-any-return]

@@ -31,6 +31,7 @@ from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
 from . import end_to_end, fanout, ranks, recording, settings
+from .generation import StaticCacheSwitch
 from .install import winners_of
 from .module import Module, check_budget, top_modules, wrapped_modules
 from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
@@ -83,6 +84,7 @@ def tune(
     metric: Callable[[Any, Any, Any], float] | None = None,
     accuracy_budget: float | None = None,
     end_to_end: bool | float = True,
+    static_cache: bool = True,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -123,6 +125,12 @@ def tune(
     dataset items, eager against tuned, interleaved, for up to 10 s (a number: that budget); the
     report and the log lead with it ("end to end 1.70x [1.61-1.79]"), next to each module's share
     of the eager time, so a partial wrap that barely moves the whole says so.
+
+    ``static_cache`` (default True): a transformers model holding a wrapped module, whose
+    ``generate()`` would use the default (dynamic) KV cache, generates with a static cache from
+    now on (``generation_config.cache_implementation = "static"``, set before recording, logged
+    and listed in the report's ``changes``), so its decode step can be tuned. It is put back when
+    no recorded call used it, the tune fails or is a dry run; ``static_cache=False`` leaves it.
     """
     if threads is not None:
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -156,25 +164,33 @@ def tune(
     kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
     progress = TuneProgress(settings.show_progress if show_progress is None else show_progress)
     manager = get_manager()
-    with progress, kept, build_session(manager.executors, manager.registry, executor) as builds:
-        report = _tune(
-            manager.session(builds),
-            progress,
-            model_or_callable,
-            dataset,
-            batch_sizes,
-            device,
-            samples,
-            fail,
-            report_path,
-            tolerances,
-            dry_run,
-            decide_by,
-            settings.freeze if freeze is None else freeze,
-            metric,
-            budget,
-            _end_to_end_budget(end_to_end),
-        )
+    switch = StaticCacheSwitch.apply(model_or_callable) if static_cache else StaticCacheSwitch([])
+    try:
+        with progress, kept, build_session(manager.executors, manager.registry, executor) as builds:
+            report = _tune(
+                manager.session(builds),
+                progress,
+                model_or_callable,
+                dataset,
+                batch_sizes,
+                device,
+                samples,
+                fail,
+                report_path,
+                tolerances,
+                dry_run,
+                decide_by,
+                settings.freeze if freeze is None else freeze,
+                metric,
+                budget,
+                _end_to_end_budget(end_to_end),
+                switch,
+            )
+    except BaseException:
+        switch.restore()
+        raise
+    if dry_run:
+        switch.restore()
     return report
 
 
@@ -261,11 +277,14 @@ def _tune(
     metric: Any = None,
     accuracy_budget: float | None = None,
     end_to_end_s: float = 0.0,
+    switch: StaticCacheSwitch | None = None,
 ) -> TuneReport:
     started = time.perf_counter()
     group = distributed.coordinator()  # None in a single process
     with distributed.step(group, "recording") as outbox:
         recorded = _record(model_or_callable, dataset, max_samples, progress)
+        static_cache_used = any(g.mutated for rec in recorded.modules.values() for g in rec.graphs.values())
+        changes = switch.settle(static_cache_used and not dry_run) if switch is not None else []
         modules = [rec.module for rec in recorded.modules.values()]
         tune_device = torch.device(device) if device is not None else _device_of(modules)
         run = TuneRun(
@@ -290,6 +309,7 @@ def _tune(
         device=str(tune_device),
         started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         environment=environment(tune_device),
+        changes=changes,
     )
     if report_path is not None:
         report_path = distributed.per_rank_path(report_path)
