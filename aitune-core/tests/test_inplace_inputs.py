@@ -172,3 +172,30 @@ def test_a_sliding_window_step_counter_is_data_not_structure() -> None:
     graph = infer_graph(samples, ["cache"])
     assert graph.counters == ("cache.layers.0.cumulative_length_int",)
     assert graph.key == infer_graph(samples[:1], ["cache"]).key
+
+
+def test_profiling_sets_a_step_counter_back_before_every_timed_call() -> None:
+    """A timed call must start from the recorded state: the counter too, not only the tensors, or
+    a sliding window's decode step is timed further and further past the step recorded."""
+    transformers = pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from aitune.engine.graph_tuning import _runner
+    from aitune.graph import Sample
+
+    config = transformers.MistralConfig(
+        hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, sliding_window=3
+    )
+    cache = transformers.StaticCache(config=config, max_cache_len=8)
+    cache.update(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4), 0)
+    seen = []
+
+    def step(cache: Any) -> None:
+        seen.append(cache.layers[0].cumulative_length_int)
+        cache.update(torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4), 0)
+
+    run = _runner(SimpleNamespace(infer=step), [Sample((copy.deepcopy(cache),))], restore=True)
+    for _ in range(3):
+        run.prepare()
+        run()
+    assert seen == [2, 2, 2]

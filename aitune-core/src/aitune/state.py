@@ -112,6 +112,25 @@ def counters_of(layer: Any) -> tuple[str, ...]:
     return tuple(c for c in COUNTERS if c in held)
 
 
+def counter_slots(value: Any) -> list[tuple[Any, str]]:
+    """Every ``(layer, counter name)`` in ``value`` (a call's arguments, nested in tuples, lists and
+    dicts), in flatten order: what restoring a recorded call sets back besides its tensors."""
+    out: list[tuple[Any, str]] = []
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            out += counter_slots(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            out += counter_slots(v)
+    elif is_state(value):
+        if _paired(value):
+            for name in PAIRED:
+                out += counter_slots(getattr(value, name))
+        else:
+            out += [(layer, c) for layer in getattr(value, "layers", []) for c in counters_of(layer)]
+    return out
+
+
 def counter_leaf(value: int) -> torch.Tensor:
     """A counter as the tensor leaf a structure holds for it."""
     return torch.tensor(value, dtype=torch.int64)
