@@ -26,6 +26,7 @@ from .. import tree
 from ..backend import Backend, LoadContext
 from ..converter import structure
 from ..engine import settings
+from ..engine.generation import StaticCacheSwitch
 from ..engine.module import Module, wrapped_modules
 from ..engine.tuner import freeze_tuned
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
@@ -196,6 +197,7 @@ def load(
     trust_native_code: bool = False,
     freeze: bool | None = None,
     weights: str | None = None,
+    static_cache: bool = True,
 ) -> Any:
     """Load the artifact at ``path`` into ``obj`` and return it tuned, with no build.
 
@@ -222,6 +224,10 @@ def load(
     a new checkpoint loaded into ``build_model()``: the payloads are refitted with them and checked
     against eager, and a module whose payload cannot be refitted runs eager, with a warning). Left
     None, the artifact's are used, with a warning when the model's own differ.
+
+    ``static_cache`` (default True): when a loaded decode step runs on a static KV cache, the
+    transformers model holding it generates with one (``generation_config.cache_implementation =
+    "static"`` where it was None, logged), as ``ait.tune`` set it; ``static_cache=False`` leaves it.
     """
     if fallback not in (None, "eager"):
         raise ValueError("fallback must be None or 'eager'")
@@ -231,6 +237,8 @@ def load(
     with only_artifact_errors(path, "loading"):
         trust = trust_of(path, expected_sha256, trusted_keys, trust_native_code, signature)
         obj = _load(obj, path, device_map, fallback, expected_sha256, trust, weights)
+    if static_cache and any(w.graph.mutated for m in wrapped_modules(obj) for w in m.tuned_graphs):
+        StaticCacheSwitch.apply(obj).settle(used=True, by="ait.load")
     if settings.freeze if freeze is None else freeze:
         freeze_tuned(obj)
     return obj

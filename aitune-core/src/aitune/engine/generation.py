@@ -11,8 +11,9 @@ So before recording, ``ait.tune`` sets ``cache_implementation = "static"`` on ev
 that holds a wrapped module and whose user chose no cache (``None``), so the recorded calls already
 use it. After recording, a model none of whose wrapped modules saw a static cache (its pipeline
 never called ``generate()``) is put back as it was; so is every model when the tune fails or is a
-dry run. ``ait.tune(..., static_cache=False)`` leaves generation configs alone. Nothing from
-transformers is imported: models are recognised by their attributes.
+dry run. ``ait.tune(..., static_cache=False)`` leaves generation configs alone. ``ait.load`` does
+the same for a model whose loaded decode step runs on a static cache. Nothing from transformers is
+imported: models are recognised by their attributes.
 """
 
 from __future__ import annotations
@@ -94,9 +95,9 @@ class StaticCacheSwitch:
                 logger.debug("%s: generate() keeps its cache: %s", type(model).__name__, reason)
         return cls(switched)
 
-    def settle(self, used: bool) -> list[str]:
+    def settle(self, used: bool, by: str = "ait.tune") -> list[str]:
         """Keep the switch where a static cache was recorded (``used``), else put it back; the
-        report's lines for what is kept."""
+        report's lines for what is kept (``by`` names the call whose ``static_cache=False`` opts out)."""
         if not used:
             self.restore()
             return []
@@ -105,7 +106,7 @@ class StaticCacheSwitch:
             note = (
                 f"{type(model).__name__}.generation_config.cache_implementation set to {STATIC!r} (it was None) so "
                 "generate() uses a static KV cache, whose decode step a backend can run; "
-                "ait.tune(..., static_cache=False) keeps the default cache"
+                f"{by}(..., static_cache=False) keeps the default cache"
             )
             logger.info("%s", note)
             notes.append(note)
