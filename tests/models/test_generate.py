@@ -171,6 +171,12 @@ def qwen2() -> tuple[torch.nn.Module, str]:
     return transformers.Qwen2ForCausalLM(decoder_config(transformers.Qwen2Config)).eval(), "model"
 
 
+def gemma2() -> tuple[torch.nn.Module, str]:
+    """A hybrid cache: a sliding-window layer (window 10) and a full-attention one."""
+    config = decoder_config(transformers.Gemma2Config, head_dim=16, sliding_window=10, pad_token_id=0)
+    return transformers.Gemma2ForCausalLM(config).eval(), "model"
+
+
 def prompts(n: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(3)
     return [torch.randint(1, 100, (1, 8), generator=g) for _ in range(n)]
@@ -180,10 +186,10 @@ def decode_steps(report: Any) -> list[Any]:
     return [g for m in report.modules for g in m.graphs if g.graph and g.graph.get("mutated")]
 
 
-@pytest.mark.parametrize("build", [mistral, qwen2], ids=["mistral-sliding-window", "qwen2"])
+@pytest.mark.parametrize("build", [mistral, gemma2, qwen2], ids=["mistral-sliding-window", "gemma2-hybrid", "qwen2"])
 def test_the_decode_step_is_one_tuned_graph(flow, build):
-    """Mistral's sliding-window layers count their tokens in a Python int that grows every step:
-    still one decode graph, compiled once, serving every step with eager's tokens."""
+    """Mistral's sliding-window layers (and Gemma 2's, next to full-attention ones) count their tokens
+    in a Python int that grows every step: still one decode graph, serving every step with eager's tokens."""
     torch.manual_seed(0)
     model, body = build()
     recorded, unseen = prompts(2), prompts(3)[2]
@@ -204,7 +210,7 @@ def test_the_decode_step_is_one_tuned_graph(flow, build):
     assert served[0] == 3 * (NEW_TOKENS - 1), "every decode step ran the tuned backend"
 
 
-def test_generate_with_the_default_cache_ends_tuned(flow):
+def test_generate_with_the_default_cache_ends_tuned(flow, tmp_path):
     """The user passes no cache_implementation: ait.tune switches the model to a static cache before
     recording (and says so), so the decode step is tuned; static_cache=False keeps the default."""
     torch.manual_seed(0)
@@ -235,3 +241,14 @@ def test_generate_with_the_default_cache_ends_tuned(flow):
         for ids, want in zip(recorded, expected):
             assert torch.equal(plain(ids), want)
     assert served[0] == 2 * (NEW_TOKENS - 1)
+
+    path = ait.save(model, tmp_path / "qwen2.ait")
+    torch.manual_seed(0)
+    model, _ = qwen2()  # a fresh process's model: the default cache again; plain() calls this one now
+    ait.load(model, path)
+    assert model.generation_config.cache_implementation == "static", "ait.load switches it as ait.tune did"
+    served = counted(getattr(model, body))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(plain(recorded[0]), expected[0])
+    assert served[0] == NEW_TOKENS - 1
