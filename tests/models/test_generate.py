@@ -122,16 +122,15 @@ def whisper() -> torch.nn.Module:
 
 def test_whisper_generate_tunes_its_encoder_and_its_decode_step(flow):
     """An encoder-decoder cache: the decoder's own static cache is updated in place, the cross-attention
-    one is filled by the first decoder call and read after; the encoder runs once per generate()."""
+    one is filled by the first decoder call and read after; the encoder runs once per generate().
+    Called with its default cache, which ait.tune switches to the static one."""
     torch.manual_seed(0)
     model = whisper()
     g = torch.Generator().manual_seed(4)
     features = [torch.randn(1, 16, 32, generator=g) for _ in range(3)]
 
     def transcribe(f: torch.Tensor) -> torch.Tensor:
-        return model.generate(
-            f, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation="static"
-        )
+        return model.generate(f, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
 
     with torch.no_grad():
         expected = [transcribe(f) for f in features]
@@ -141,6 +140,7 @@ def test_whisper_generate_tunes_its_encoder_and_its_decode_step(flow):
         strategy=flow.strategy("torch_inductor_jit", "onnxruntime").enable_performance_validation(False),
     )
     report = ait.tune(transcribe, features[:2])
+    assert model.generation_config.cache_implementation == "static" and report.changes
     decisions = {m.name: [g.decision for g in m.graphs] for m in report.modules}
     assert decisions["model.encoder"] != ["torch_eager"], decisions
     reasons = [g.reason for m in report.modules for g in m.graphs]
