@@ -102,3 +102,23 @@ def test_a_failed_tune_leaves_the_config_as_it_was() -> None:
     with pytest.raises(ValueError, match="pipeline failed"):
         ait.tune(broken, [torch.randn(1, 4)])
     assert model.generation_config.cache_implementation is None
+
+
+class Accumulate(torch.nn.Module):
+    def forward(self, x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        total.add_(x.sum(0))
+        return total * 2
+
+
+def test_an_input_updated_in_place_is_not_a_static_cache() -> None:
+    """Only a recorded KV cache keeps the switch: a module that updates a plain tensor input does not."""
+    from aitune.engine import recording
+    from aitune.engine.tuner import _used_a_static_cache
+
+    module = ait.Module(Accumulate().eval(), "acc")
+    total = torch.zeros(4)
+    with torch.no_grad(), recording.recording(max_samples=8) as session:
+        for _ in range(2):
+            module(torch.randn(2, 4), total)
+    assert any(g.mutated for rec in session.modules.values() for g in rec.graphs.values())
+    assert not _used_a_static_cache(session)

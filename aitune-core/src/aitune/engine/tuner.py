@@ -241,6 +241,12 @@ def _kept_as_they_are(obj: Any) -> Iterator[None]:
                 module._install(graphs, report)
 
 
+def _used_a_static_cache(recorded: recording.RecordingSession[Any]) -> bool:
+    """A recorded call updated a KV cache in place: ``generate()`` ran on a static cache."""
+    graphs = (g for rec in recorded.modules.values() for g in rec.graphs.values())
+    return any(g.mutated and g.samples and recording.holds_state(g.samples[0]) for g in graphs)
+
+
 def _inference_mode(modules: Sequence[Module], set_eval: bool) -> None:
     """Refuse (or switch to eval) wrapped modules whose outputs depend on training mode."""
     from ..module_code import reads_training
@@ -283,8 +289,7 @@ def _tune(
     group = distributed.coordinator()  # None in a single process
     with distributed.step(group, "recording") as outbox:
         recorded = _record(model_or_callable, dataset, max_samples, progress)
-        static_cache_used = any(g.mutated for rec in recorded.modules.values() for g in rec.graphs.values())
-        changes = switch.settle(static_cache_used and not dry_run) if switch is not None else []
+        changes = switch.settle(_used_a_static_cache(recorded) and not dry_run) if switch is not None else []
         modules = [rec.module for rec in recorded.modules.values()]
         tune_device = torch.device(device) if device is not None else _device_of(modules)
         run = TuneRun(
