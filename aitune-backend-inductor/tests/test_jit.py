@@ -178,3 +178,35 @@ def test_a_module_dynamo_does_not_capture_is_refused(tmp_path):
     context = BuildContext(graph, samples, torch.device("cpu"), tmp_path, tmp_path)
     with pytest.raises(BuildError, match="captured no graph"):
         TorchInductorJitBackend().build(gru, context)
+
+
+class Stepped(torch.nn.Module):
+    """Reads a Python int attribute the caller advances every call: Dynamo guards on its value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.step + 1
+
+
+def test_a_module_that_keeps_compiling_is_noticed_before_dynamos_limit(build) -> None:
+    from aitune_backend_inductor.recompiles import RecompileRefused
+
+    module = Stepped().eval()
+    backend, _ = build(TorchInductorJitBackend(), module, tiny_samples(batch_sizes=(2, 2)))
+    limit = backend._watch.limit
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for step in range(1, limit):  # compiles again, under the watch's limit: silent
+            module.step = step
+            assert torch.equal(backend.infer(x), x * step + 1)
+        module.step = limit
+        with pytest.warns(RuntimeWarning, match=r"compiled again \d+ times at run time.*step"):
+            assert torch.equal(backend.infer(x), x * limit + 1)
+        module.step = limit + 1
+        with pytest.raises(RecompileRefused, match="would compile again"):
+            backend.infer(x)  # the dispatcher runs such a call eager
+        module.step = 1  # a value compiled before still runs compiled
+        assert torch.equal(backend.infer(x), x + 1)

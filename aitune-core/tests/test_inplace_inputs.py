@@ -176,3 +176,60 @@ def test_a_cache_structure_from_a_file_cannot_hide_a_method_or_name_the_meta_dev
     layer = {"kind": "state", "type": "transformers.cache_utils:StaticLayer", "keys": [], "items": []}
     rebuilt = tree.unflatten({**layer, "attrs": {"is_sliding": False, "device": {"device": "cpu"}}}, [])
     assert rebuilt.is_sliding is False and rebuilt.device == torch.device("cpu"), "plain class values may be set"
+
+
+def test_a_sliding_window_step_counter_is_data_not_structure() -> None:
+    """A sliding-window layer counts its tokens in a Python int that grows every step: it is a 0-d
+    tensor leaf, so every decode step has one key and one structure, and each sample keeps its value."""
+    transformers = pytest.importorskip("transformers")
+    from aitune import tree
+    from aitune.graph import Sample, infer_graph
+
+    config = transformers.MistralConfig(
+        hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, sliding_window=3
+    )
+    cache = transformers.StaticCache(config=config, max_cache_len=8)
+    (layer,) = cache.layers
+    assert type(layer).__name__ == "StaticSlidingWindowLayer"
+    keys, samples = [], []
+    for _ in range(2):
+        cache.update(torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4), 0)
+        keys.append(tree.call_key(cache, []))
+        samples.append(Sample((copy.deepcopy(cache),)))
+    assert [s.args[0].layers[0].cumulative_length_int for s in samples] == [1, 2]
+    assert keys[0] == keys[1], "the counter's value is not part of the key"
+    (leaves0, structure0), (leaves1, structure1) = (tree.flatten(s.args[0]) for s in samples)
+    assert structure0 == structure1
+    assert [int(t) for t in leaves0 if t.dim() == 0 and t.dtype == torch.int64][-1] == 1
+    rebuilt = tree.unflatten(structure1, leaves1)
+    assert type(rebuilt.layers[0].cumulative_length_int) is int and rebuilt.layers[0].cumulative_length_int == 2
+    graph = infer_graph(samples, ["cache"])
+    assert graph.counters == ("cache.layers.0.cumulative_length_int",)
+    assert graph.key == infer_graph(samples[:1], ["cache"]).key
+
+
+def test_profiling_sets_a_step_counter_back_before_every_timed_call() -> None:
+    """A timed call must start from the recorded state: the counter too, not only the tensors, or
+    a sliding window's decode step is timed further and further past the step recorded."""
+    transformers = pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from aitune.engine.graph_tuning import _runner
+    from aitune.graph import Sample
+
+    config = transformers.MistralConfig(
+        hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, sliding_window=3
+    )
+    cache = transformers.StaticCache(config=config, max_cache_len=8)
+    cache.update(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4), 0)
+    seen = []
+
+    def step(cache: Any) -> None:
+        seen.append(cache.layers[0].cumulative_length_int)
+        cache.update(torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4), 0)
+
+    run = _runner(SimpleNamespace(infer=step), [Sample((copy.deepcopy(cache),))], restore=True)
+    for _ in range(3):
+        run.prepare()
+        run()
+    assert seen == [2, 2, 2]

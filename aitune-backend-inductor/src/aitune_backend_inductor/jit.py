@@ -16,6 +16,7 @@ from aitune.graph import GraphSpec, Sample, resize
 
 from .cache import inductor_cache
 from .config import TorchInductorJitBackendConfig, capped_options
+from .recompiles import RecompileWatch
 from .shapes import dim_sizes, unseen_sizes, warmup_cases
 
 RECOMPILE_LIMIT = 64
@@ -42,6 +43,7 @@ class TorchInductorJitBackend(Backend):
         super().__init__(config)
         self._compiled: Any = None
         self._cudagraphs = False
+        self._watch = RecompileWatch(self.name)
 
     def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
         if self.config.dynamic is False and graph.is_dynamic:
@@ -77,7 +79,7 @@ class TorchInductorJitBackend(Backend):
         with torch.no_grad():
             if self._cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            out = self._compiled(*args, **kwargs)
+            out = self._watch.call(self._compiled, *args, **kwargs)
         if self._cudagraphs:  # a CUDA graph's outputs are overwritten by its next replay
             leaves, structure = tree.flatten(out)
             out = tree.unflatten(structure, [t.clone() for t in leaves])
@@ -107,7 +109,7 @@ class TorchInductorJitBackend(Backend):
             backend="inductor",
             mode=cfg.mode,
             options=capped_options(cfg.options),
-            dynamic=bool(cfg.dynamic),
+            dynamic=_dynamic(cfg, graph),
             fullgraph=cfg.fullgraph,
         )
         self._cudagraphs = device.type == "cuda" and _uses_cudagraphs(cfg)
@@ -119,6 +121,7 @@ class TorchInductorJitBackend(Backend):
             if probe is not None:
                 self._check_no_recompile(compiled, graph, cases[0][1], probe)
         self._compiled = compiled
+        self._watch = RecompileWatch(self.name)  # compiles from here on happen at run time
         self.build_info.update(
             mode=cfg.mode,
             dynamic_dims=sorted(graph.dims) if mark else [],
@@ -164,6 +167,15 @@ class TorchInductorJitBackend(Backend):
                 "build it for static shapes, or pick an exporting backend such as torch_inductor_aot"
             ) from exc
         self.build_info["checked_no_recompile_at"] = label
+
+
+def _dynamic(cfg: TorchInductorJitBackendConfig, graph: GraphSpec) -> bool | None:
+    """``torch.compile``'s ``dynamic``: a graph with step counters (a sliding-window KV cache) gets
+    Dynamo's automatic dynamic ints, so a counter seen at two values becomes symbolic and later
+    steps reuse the compiled code; other graphs compile static unless ``dynamic=True``."""
+    if cfg.dynamic is None and graph.counters:
+        return None
+    return bool(cfg.dynamic)
 
 
 def _marked(graph: GraphSpec, sample: Sample) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -174,6 +174,13 @@ class GraphSpec:
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
     @property
+    def counters(self) -> tuple[str, ...]:
+        """Paths of the inputs that are a state's step counters (see :mod:`aitune.state`): ints a
+        compiled graph must not specialise on, carried as 0-d tensors."""
+        kinds = tree.leaf_kinds(self.structure)
+        return tuple(spec.path for spec, kind in zip(self.inputs, kinds) if kind == "counter")
+
+    @property
     def batch(self) -> DimRange | None:
         return self.dims.get(BATCH)
 

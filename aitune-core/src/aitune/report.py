@@ -261,6 +261,9 @@ class TuneReport:
     ``end to end``, and ``other`` for the rest of ``duration_s``)."""
     time_budget: float | None = None
     """``ait.tune(time_budget=...)``, seconds; candidates not built in it are ``skipped``."""
+    changes: list[str] = attrs.field(factory=list)
+    """What ``ait.tune`` changed on the user's objects besides installing winners (a model's
+    generation config switched to a static KV cache), one sentence each."""
 
     def to_json(self) -> dict[str, Any]:
         return unstructure(self)  # type: ignore[no-any-return]

@@ -7,6 +7,14 @@ all written in place by each decode step, and the encoder-decoder cache that pai
 input mutation (``Backend.mutates_inputs``) can run the decode step, and validation compares
 what the candidate left in them with what eager left.
 
+Bookkeeping that changes every step is not part of a graph: a sliding-window layer
+(``StaticSlidingWindowLayer``, Mistral's and Gemma's local attention) also counts its tokens in a
+Python int (``cumulative_length_int``) that grows by one each step. Were it a plain attribute,
+every step would be another graph (and a compiled step would guard on its value until TorchDynamo's
+recompile limit). Such counters (:data:`COUNTERS`) are described as 0-d ``int64`` tensors instead:
+the graph's key holds their dtype and rank, not their value, a sample keeps its own value, and a
+backend that runs the live call (``torch.compile``) reads the live one, so results equal eager's.
+
 Why an allow-list and no generic "any object": a structure can come from a file, and rebuilding
 an object from it must not run the type's code or set anything but tensors, devices, layer flags
 and JSON scalars. A cache whose layers are not all static (a ``DynamicCache``, whose tensors grow by
@@ -29,6 +37,11 @@ LAYER_ATTRS = frozenset({"keys", "values", "cumulative_length"})
 """The tensors of a static layer; every other attribute is a JSON scalar or a device."""
 LAYER_TENSORS = tuple(sorted(LAYER_ATTRS))
 """The order a layer's tensors are described (and flattened) in."""
+COUNTERS = ("cumulative_length_int",)
+"""Python ints a layer advances every step, described as 0-d int64 tensors after its tensors
+(in this order), so no graph key or compiled guard holds their value."""
+_COUNTER_LEAF = torch.zeros((), dtype=torch.int64)
+"""What :func:`key_of` hands the per-call path for a counter: only its dtype, rank and device are read."""
 
 
 def is_cache(cls: type) -> bool:
@@ -78,11 +91,49 @@ def describe(obj: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]
 
 
 def layer_parts(layer: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-    """The plain attributes of one static layer and its tensors, in a fixed order."""
+    """The plain attributes of one static layer, then its tensors and counters, in a fixed order."""
     missing = [a for a in LAYER_TENSORS if not isinstance(getattr(layer, a, None), torch.Tensor)]
     if missing:
         raise UnsupportedValueError(f"the cache layer at {path} has no tensor {missing[0]!r}")
-    return _plain(layer, path, exclude=LAYER_ATTRS), [(a, getattr(layer, a)) for a in LAYER_TENSORS]
+    counters = counters_of(layer)
+    for name in counters:
+        value = getattr(layer, name)
+        if type(value) is not int:
+            raise UnsupportedValueError(
+                f"the cache layer at {path} holds {name}={type(value).__name__}, a step counter aitune expects as int"
+            )
+    children = [(a, getattr(layer, a)) for a in LAYER_TENSORS] + [(c, getattr(layer, c)) for c in counters]
+    return _plain(layer, path, exclude=LAYER_ATTRS.union(counters)), children
+
+
+def counters_of(layer: Any) -> tuple[str, ...]:
+    """The step counters (:data:`COUNTERS`) ``layer`` holds, in their fixed order."""
+    held = vars(layer)
+    return tuple(c for c in COUNTERS if c in held)
+
+
+def counter_slots(value: Any) -> list[tuple[Any, str]]:
+    """Every ``(layer, counter name)`` in ``value`` (a call's arguments, nested in tuples, lists and
+    dicts), in flatten order: what restoring a recorded call sets back besides its tensors."""
+    out: list[tuple[Any, str]] = []
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            out += counter_slots(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            out += counter_slots(v)
+    elif is_state(value):
+        if _paired(value):
+            for name in PAIRED:
+                out += counter_slots(getattr(value, name))
+        else:
+            out += [(layer, c) for layer in getattr(value, "layers", []) for c in counters_of(layer)]
+    return out
+
+
+def counter_leaf(value: int) -> torch.Tensor:
+    """A counter as the tensor leaf a structure holds for it."""
+    return torch.tensor(value, dtype=torch.int64)
 
 
 def _plain(obj: Any, path: str, exclude: frozenset[str] | set[str]) -> dict[str, Any]:
@@ -182,10 +233,13 @@ def key_of(obj: Any, leaves: list[torch.Tensor]) -> Any:
     try:
         parts: list[Any] = [type(obj), tuple(sorted((k, v) for k, v in vars(obj).items() if k != "layers"))]
         for layer in layers:
-            plain = tuple(sorted((k, v) for k, v in vars(layer).items() if k not in LAYER_ATTRS))
+            held = vars(layer)
+            counters = [c for c in COUNTERS if c in held]
+            plain = tuple(sorted((k, v) for k, v in held.items() if k not in LAYER_ATTRS and k not in counters))
             tensors = [getattr(layer, a) for a in LAYER_TENSORS]
-            parts.append((type(layer), plain, tuple((t.dtype, t.dim(), t.device.type) for t in tensors)))
+            parts.append((type(layer), plain, tuple((t.dtype, t.dim(), t.device.type) for t in tensors), *counters))
             found.extend(tensors)
+            found.extend(_COUNTER_LEAF for _ in counters)
         key = tuple(parts)
         hash(key)  # attribute values are hashed as they are (no repr on this per-call path)
     except (AttributeError, TypeError):  # not filled yet (the prefill), or an odd attribute: identity, runs eager

@@ -20,6 +20,7 @@ Structure nodes::
     {"kind": "namedtuple" | "dataclass" | "mapping", "type": "pkg.mod:Out", "keys": [...], "items": [...]}
     {"kind": "pytree", "type": "pkg.mod:Node", "context": <JSON>, "items": [...]}
     {"kind": "state", "type": "pkg.mod:Cache", "attrs": {...}, "keys": [...], "items": [...]}
+    {"kind": "counter"}                                   a state's step counter: an int, as a 0-d int64 leaf
 
 ``mapping`` is a dict subclass (``OrderedDict``, ``ModelOutput``); ``pytree`` is any other type
 registered with ``torch.utils._pytree`` whose context is JSON; ``state`` is an object the module
@@ -119,6 +120,9 @@ def _state_node(
                 layer_attrs, tensors = state.layer_parts(layer, f"{where}.{i}")
                 nodes.append(_state_node(type(layer), layer_attrs, tensors, leaves, f"{where}.{i}"))
             items.append({"kind": "list", "items": nodes})
+        elif key in state.COUNTERS:  # its value is data, not structure (see aitune.state)
+            leaves.append(state.counter_leaf(value))
+            items.append({"kind": "counter"})
         else:
             items.append(_flatten(value, leaves, where))
     keys = [key for key, _ in children]
@@ -246,6 +250,8 @@ def _unflatten(node: dict[str, Any], it: Any) -> Any:
         return next(it)
     if kind == "const":
         return node["value"]
+    if kind == "counter":
+        return int(next(it))
     if kind == "tuple":
         return tuple(_unflatten(n, it) for n in node["items"])
     if kind == "list":
@@ -309,7 +315,7 @@ def leaf_paths(structure: dict[str, Any], prefix: str = "") -> list[str]:
 
 def _paths(node: dict[str, Any], path: str, out: list[str]) -> None:
     kind = node["kind"]
-    if kind == "tensor":
+    if kind in ("tensor", "counter"):
         out.append(path)
     elif "keys" in node:
         for k, n in zip(node["keys"], node["items"]):
@@ -317,6 +323,20 @@ def _paths(node: dict[str, Any], path: str, out: list[str]) -> None:
     elif "items" in node:
         for i, n in enumerate(node["items"]):
             _paths(n, f"{path}.{i}" if path else str(i), out)
+
+
+def leaf_kinds(structure: dict[str, Any]) -> list[str]:
+    """Per leaf, in flatten order: ``"tensor"``, or ``"counter"`` for a state's step counter."""
+    out: list[str] = []
+    _kinds(structure, out)
+    return out
+
+
+def _kinds(node: dict[str, Any], out: list[str]) -> None:
+    if node["kind"] in ("tensor", "counter"):
+        out.append(node["kind"])
+    for n in node.get("items", ()):
+        _kinds(n, out)
 
 
 def call_key(obj: Any, leaves: list[torch.Tensor]) -> Any:

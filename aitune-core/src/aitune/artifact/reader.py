@@ -26,6 +26,7 @@ from .. import tree
 from ..backend import Backend, LoadContext
 from ..converter import structure
 from ..engine import settings
+from ..engine.generation import StaticCacheSwitch
 from ..engine.module import Module, wrapped_modules
 from ..engine.tuner import freeze_tuned
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
@@ -228,6 +229,7 @@ def load(
     freeze: bool | None = None,
     weights: str | None = None,
     check: bool | None = None,
+    static_cache: bool = True,
 ) -> Any:
     """Load the artifact at ``path`` into ``obj`` and return it tuned, with no build.
 
@@ -267,6 +269,10 @@ def load(
     left None, a failure after that (a runtime refusing a payload, ``check``) puts the model's own
     weights, device and modules back before the error is raised: it costs a host copy of the
     weights while loading.
+
+    ``static_cache`` (default True): when a loaded decode step runs on a static KV cache, the
+    transformers model holding it generates with one (``generation_config.cache_implementation =
+    "static"`` where it was None, logged), as ``ait.tune`` set it; ``static_cache=False`` leaves it.
     """
     if fallback not in (None, "eager"):
         raise ValueError("fallback must be None or 'eager'")
@@ -276,6 +282,8 @@ def load(
     with only_artifact_errors(path, "loading"):
         asked = Asked(expected_sha256, trusted_keys, signature, trust_native_code)
         obj = _load(obj, path, device_map, fallback, asked, weights, check)
+    if static_cache and any(w.graph.mutated for m in wrapped_modules(obj) for w in m.tuned_graphs):
+        StaticCacheSwitch.apply(obj).settle(used=True, by="ait.load")
     if settings.freeze if freeze is None else freeze:
         freeze_tuned(obj)
     return obj

@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 import torch
 
+from .. import state
 from ..backend import Backend, BuildContext, Tolerance
 from ..builtin import buildcache
 from ..builtin.eager import TorchEagerBackend
@@ -587,13 +588,17 @@ class _RestoringRunner:
         self.infer = backend.infer
         self.work = [s.fresh() for s in samples]
         self.recorded = [s.tensors() for s in samples]
+        self.slots = [state.counter_slots((w.args, w.kwargs)) for w in self.work]
+        self.counts = [[getattr(o, n) for o, n in state.counter_slots((s.args, s.kwargs))] for s in samples]
         self.order = itertools.cycle(range(len(samples)))
         self.current: int | None = None
 
     def prepare(self) -> None:
         self.current = next(self.order)
         for mine, recorded in zip(self.work[self.current].tensors(), self.recorded[self.current]):
-            mine.copy_(recorded)
+            mine.copy_(recorded)  # a step counter's leaf is a copy: its int is set back below
+        for (layer, name), value in zip(self.slots[self.current], self.counts[self.current]):
+            layer.__dict__[name] = value
 
     def __call__(self) -> Any:
         if self.current is None:

@@ -210,6 +210,14 @@ def _holds_state(node: dict[str, Any]) -> bool:
     return node.get("kind") == "state" or any(_holds_state(n) for n in node.get("items", ()))
 
 
+def holds_state(sample: Sample) -> bool:
+    """The recorded call passed a state object (a static KV cache)."""
+    try:
+        return _holds_state(tree.flatten((sample.args, sample.kwargs))[1])
+    except UnsupportedValueError:
+        return False
+
+
 def _changed(before: Before | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
     """The ids of the input tensors this call updated in place (compared with the copy taken
     before it, else by version counter)."""

@@ -33,6 +33,7 @@ from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
 from . import end_to_end, fanout, ranks, recording, settings
+from .generation import StaticCacheSwitch
 from .install import winners_of
 from .module import Module, check_budget, top_modules, wrapped_modules
 from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
@@ -86,6 +87,7 @@ def tune(
     accuracy_budget: float | None = None,
     end_to_end: bool | float = True,
     time_budget: float | None = None,
+    static_cache: bool = True,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -133,6 +135,11 @@ def tune(
     already running finishes, and what was built is still validated, profiled and decided on. Every
     build, validation and profile logs its start and, past 30 s, a line every 30 s; the report's
     ``time_spent`` (and each candidate's build, validate and profile seconds) says where the time went.
+    ``static_cache`` (default True): a transformers model holding a wrapped module, whose
+    ``generate()`` would use the default (dynamic) KV cache, generates with a static cache from
+    now on (``generation_config.cache_implementation = "static"``, set before recording, logged
+    and listed in the report's ``changes``), so its decode step can be tuned. It is put back when
+    no recorded call used it, the tune fails or is a dry run; ``static_cache=False`` leaves it.
     """
     if threads is not None:
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -170,25 +177,33 @@ def tune(
         raise InputError(f"time_budget must be a number of seconds > 0, got {time_budget!r}")
     progress = TuneProgress(settings.show_progress if show_progress is None else show_progress, time_budget)
     manager = get_manager()
-    with progress, kept, build_session(manager.executors, manager.registry, executor) as builds:
-        report = _tune(
-            manager.session(builds),
-            progress,
-            model_or_callable,
-            dataset,
-            batch_sizes,
-            device,
-            samples,
-            fail,
-            report_path,
-            tolerances,
-            dry_run,
-            decide_by,
-            settings.freeze if freeze is None else freeze,
-            metric,
-            budget,
-            _end_to_end_budget(end_to_end),
-        )
+    switch = StaticCacheSwitch.apply(model_or_callable) if static_cache else StaticCacheSwitch([])
+    try:
+        with progress, kept, build_session(manager.executors, manager.registry, executor) as builds:
+            report = _tune(
+                manager.session(builds),
+                progress,
+                model_or_callable,
+                dataset,
+                batch_sizes,
+                device,
+                samples,
+                fail,
+                report_path,
+                tolerances,
+                dry_run,
+                decide_by,
+                settings.freeze if freeze is None else freeze,
+                metric,
+                budget,
+                _end_to_end_budget(end_to_end),
+                switch,
+            )
+    except BaseException:
+        switch.restore()
+        raise
+    if dry_run:
+        switch.restore()
     return report
 
 
@@ -239,6 +254,12 @@ def _kept_as_they_are(obj: Any) -> Iterator[None]:
                 module._install(graphs, report)
 
 
+def _used_a_static_cache(recorded: recording.RecordingSession[Any]) -> bool:
+    """A recorded call updated a KV cache in place: ``generate()`` ran on a static cache."""
+    graphs = (g for rec in recorded.modules.values() for g in rec.graphs.values())
+    return any(g.mutated and g.samples and recording.holds_state(g.samples[0]) for g in graphs)
+
+
 def _inference_mode(modules: Sequence[Module], set_eval: bool) -> None:
     """Refuse (or switch to eval) wrapped modules whose outputs depend on training mode."""
     from ..module_code import reads_training
@@ -275,11 +296,13 @@ def _tune(
     metric: Any = None,
     accuracy_budget: float | None = None,
     end_to_end_s: float = 0.0,
+    switch: StaticCacheSwitch | None = None,
 ) -> TuneReport:
     started = time.perf_counter()
     group = distributed.coordinator()  # None in a single process
     with distributed.step(group, "recording") as outbox:
         recorded = _record(model_or_callable, dataset, max_samples, progress)
+        changes = switch.settle(_used_a_static_cache(recorded) and not dry_run) if switch is not None else []
         modules = [rec.module for rec in recorded.modules.values()]
         tune_device = torch.device(device) if device is not None else _device_of(modules)
         run = TuneRun(
@@ -304,6 +327,7 @@ def _tune(
         device=str(tune_device),
         started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         environment=environment(tune_device),
+        changes=changes,
     )
     if report_path is not None:
         report_path = distributed.per_rank_path(report_path)

@@ -92,6 +92,7 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
         ("failed", failures(report)),
         ("end to end", e2e.describe() if e2e is not None else ""),
         ("time shares", _shares(e2e.shares) if e2e is not None else ""),
+        ("changed", "; ".join(report.changes)),
         ("aitune", report.aitune_version),
         ("started", report.started_at),
         ("duration", f"{report.duration_s:.1f} s" if report.duration_s else ""),
