@@ -101,3 +101,19 @@ def test_the_peers_table_shows_speedups_and_failures() -> None:
     assert "| bert | 1 | 4.00 | 2.00x [1.90-2.11] | failed |" in text
     assert "BuildError: x" in text
     assert callable(hf_main)
+
+
+def test_overhead_benchmark_runs_the_wrapper_tuned_and_reports_the_machine() -> None:
+    import torch
+
+    from benchmarks.overhead import constant_module, machine, markdown, per_call_us
+
+    for case in ("linear", "bert"):
+        call, direct = constant_module(case)
+        with torch.inference_mode():
+            assert call() is direct(), "the wrapped call is served by the installed backend, not eager"
+            row = per_call_us(call, direct, rounds=3, calls=5)
+        assert row["q1"] <= row["us"] <= row["q3"]
+    text = markdown({"machine": machine(), "load_before": (1.0, 2.0, 3.0), "load_after": (1.5, 2.0, 3.0),
+                     "rows": [{"case": "linear", "mode": "inference_mode", **row}]})  # fmt: skip
+    assert "load average (1, 5, 15 min) 1.00, 2.00, 3.00 before" in text and "Linear(16, 16)" in text
