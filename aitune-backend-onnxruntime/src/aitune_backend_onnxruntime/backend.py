@@ -160,7 +160,9 @@ class ONNXRuntimeBackend(Backend):
         provider = self.provider_for(context.device)
         folder = self._own_folder()
         with attention_implementation(module, self.config.attention):
-            export = export_onnx(module, context.graph, context.samples[0], folder, self.config.export)
+            export = export_onnx(
+                module, context.graph, context.samples[0], folder, self.config.export, samples=context.samples
+            )
         save_optimized = self.config.save_optimized_model and provider is not ONNXExecutionProvider.TENSORRT
         self._adopt(export, context.graph, provider)
         if self.config.quantization is not None:
@@ -196,6 +198,8 @@ class ONNXRuntimeBackend(Backend):
             fallback_reason=export.fallback_reason,
             optimized_model_saved=save_optimized,
         )
+        if export.traced_branches:  # where the TorchScript trace froze a value, and how each was judged
+            self.build_info["traced_branches"] = list(export.traced_branches)
 
     def _quantize(self, folder: Path, context: BuildContext) -> None:
         """The exported graph quantized to int8 (dynamic, or static QDQ calibrated on the recorded samples)."""
