@@ -635,3 +635,43 @@ def test_tf32_turned_on_by_the_user_gets_tf32s_bound():
     assert ONNXRuntimeBackend().tolerance(torch.float32) is None, "fp32 as fp32: the dtype's own bound"
     tf32 = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(provider_options={"use_tf32": "1"}))
     assert tf32.tolerance(torch.float32) == TF32_TOLERANCE and tf32.tolerance(torch.float16) is None
+
+
+def test_variants_of_one_graph_share_one_export_and_nothing_else_does(tmp_path, monkeypatch):
+    """The int8 variant runs the plain variant's exported graph: it copies those files instead of
+    exporting again. Another export config, another call's samples or new weights export afresh."""
+    import aitune_backend_onnxruntime.backend as ort_backend
+
+    exports = []
+    real = ort_backend.export_onnx
+    monkeypatch.setattr(ort_backend, "export_onnx", lambda *a, **k: exports.append(1) or real(*a, **k))
+    module = MLP().eval()
+    samples = _samples(CASES["mlp"][1], [(2,), (6,)])
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+
+    def build(config, samples=samples):
+        backend = ONNXRuntimeBackend(config)
+        context = BuildContext(graph, samples, CPU, tmp_path / "work", tmp_path / "cache")
+        context.workdir.mkdir(parents=True, exist_ok=True)
+        context.cache_dir.mkdir(parents=True, exist_ok=True)
+        with torch.no_grad():
+            backend.build(module, context)
+        return backend
+
+    plain = build(ONNXRuntimeBackendConfig())
+    int8 = build(ONNXRuntimeBackendConfig(quantization="dynamic_int8"))
+    assert len(exports) == 1 and int8.build_info["export_shared"] and not plain.build_info["export_shared"]
+    assert int8.build_info["export_s"] == 0.0
+    with torch.no_grad():
+        assert validate(plain, module, samples, graph).passed
+        x = samples[1].args[0]
+        assert torch.allclose(int8.infer(x), module(x), atol=0.1), "the int8 variant runs the shared graph"
+    build(ONNXRuntimeBackendConfig(export=ONNXExportConfig(exporter="torchscript")))
+    assert len(exports) == 2, "another export config exports"
+    build(ONNXRuntimeBackendConfig(), samples=[Sample((s.args[0].clone(),)) for s in samples])
+    assert len(exports) == 3, "other recorded samples export"
+    with torch.no_grad():
+        module.net[0].weight.mul_(2)
+    build(ONNXRuntimeBackendConfig())
+    assert len(exports) == 4, "changed weights export"

@@ -185,6 +185,8 @@ def test_report_json_round_trip_and_log_line(toy_backends, tmp_path, caplog):
     assert data["schema_version"] == 2 and data["modules"][0]["graphs"][0]["decision"] == "toy"
     again = TuneReport.read(tmp_path / "report.json")
     assert again.modules[0].graphs[0].candidates[0].validation.passed
+    timed = again.modules[0].graphs[0].candidates[0]  # the tune time per stage, per candidate
+    assert timed.build_time_s is not None and timed.validate_time_s is not None and timed.validate_time_s >= 0
     assert report.environment["torch"] == torch.__version__
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: toy, "))
     assert "] eager at batch" in line and "(p50" in line and "max rel err" in line

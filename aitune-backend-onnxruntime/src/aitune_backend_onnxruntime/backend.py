@@ -33,6 +33,7 @@ from aitune.graph import GraphSpec
 from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
 
 from .config import INT8_TOLERANCE, TF32_TOLERANCE, ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from .exports import shared_export
 from .plugin import preload_tensorrt, provider_unavailable
 
 OPTIMIZED_FILE = "model.optimized.onnx"
@@ -159,9 +160,18 @@ class ONNXRuntimeBackend(Backend):
             raise BuildError("the onnxruntime backend needs at least one recorded sample to export the module")
         provider = self.provider_for(context.device)
         folder = self._own_folder()
+        graph = context.graph
+        key = (graph.key, tuple(sorted((n, r.min, r.max) for n, r in graph.dims.items())), str(context.device))
         with attention_implementation(module, self.config.attention):
-            export = export_onnx(
-                module, context.graph, context.samples[0], folder, self.config.export, samples=context.samples
+            export, shared = shared_export(
+                module,
+                (*key, self.config.export, self.config.attention),
+                context.samples,
+                self,
+                folder,
+                lambda: export_onnx(
+                    module, graph, context.samples[0], folder, self.config.export, samples=context.samples
+                ),
             )
         save_optimized = self.config.save_optimized_model and provider is not ONNXExecutionProvider.TENSORRT
         self._adopt(export, context.graph, provider)
@@ -197,6 +207,7 @@ class ONNXRuntimeBackend(Backend):
             session_s=round(session_seconds, 3),
             fallback_reason=export.fallback_reason,
             optimized_model_saved=save_optimized,
+            export_shared=shared,  # copied from another variant's export of this graph (export_s is then 0)
         )
         if export.traced_branches:  # where the TorchScript trace froze a value, and how each was judged
             self.build_info["traced_branches"] = list(export.traced_branches)

@@ -138,6 +138,10 @@ class CandidateReport:
     """Where a failed candidate failed: ``availability``, ``build``, ``validate`` or ``profile``."""
     reason: str | None = None
     build_time_s: float | None = None
+    """Wall time of the build (the export, compile and session start; ``build_info`` breaks some
+    of it down, e.g. ONNX Runtime's ``export_s`` and ``session_s``)."""
+    validate_time_s: float | None = None
+    """Wall time of the comparison with eager (and the user's metric)."""
     from_cache: bool = False
     build_info: dict[str, Any] = attrs.field(factory=dict)
     validation: ValidationReport | None = None

@@ -184,6 +184,13 @@ class GraphTuning:
 
     def validate(self, candidate: Candidate) -> bool:
         """Compare with eager on every sample; a failure marks the candidate failed."""
+        start = time.perf_counter()
+        try:
+            return self._validate(candidate)
+        finally:
+            candidate.report.validate_time_s = time.perf_counter() - start
+
+    def _validate(self, candidate: Candidate) -> bool:
         with self.progress.step(f"{self.module_name}: validate {candidate.name}"), torch.no_grad(), recording.bypass():
             result = self.hook.aitune_validate(
                 backend=candidate.backend,
