@@ -297,6 +297,7 @@ def test_a_traced_mask_shortcut_is_judged_on_the_other_side_and_kept(tmp_path):
         export = export_onnx(MaskShortcut(), graph, samples[0], tmp_path, torchscript, samples=samples)
         (branch,) = export.traced_branches
         assert branch["kind"] == "value" and branch["other_side_checked"], branch
+        assert branch["traced"] == ["False"] and branch["other_side"] == "recorded call 0", "all ones: the other side"
         assert branch["site"].startswith("test_onnx_export.py:")
         for probe in (_masked(2, 7, False), _masked(2, 7, True)):  # either side, a length not recorded
             x, mask = probe.args

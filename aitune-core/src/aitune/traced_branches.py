@@ -167,8 +167,9 @@ def judge(
     with torch.no_grad(), conversions() as at_trace:
         eager(*graph.flatten(traced_from.args, traced_from.kwargs))
     frozen = {site: at_trace[site] for site in sites if site in at_trace}  # value branches; the rest shapes
-    flipped: set[Site] = set()
-    for what, sample in probes(graph, traced_from, samples):
+    flipped: dict[Site, str] = {}
+    made = probes(graph, traced_from, samples)
+    for what, sample in made:
         flat = graph.flatten(sample.args, sample.kwargs)
         with torch.no_grad():
             with conversions() as seen:
@@ -177,23 +178,26 @@ def judge(
                 actual = traced(*flat)
             except Exception as exc:
                 return f"the trace fails on {what} ({type(exc).__name__}: {str(exc)[:200]})", []
-        other = {site for site in frozen if site in seen and seen[site] != frozen[site]}
+        other = [site for site in frozen if site in seen and seen[site] != frozen[site]]
         differs = _difference(actual, expected)
         if differs is not None:
             sides = ", ".join(f"{_where(s)} gave {sorted(seen[s], key=repr)}" for s in other)
             because = f" ({sides}; the trace holds {', '.join(_where(s) for s in other)} fixed)" if other else ""
             return f"on {what} the trace differs from eager: {differs}{because}", []
-        flipped |= other
-    unjudged = [site for site in frozen if site not in flipped]
+        for site in other:
+            flipped.setdefault(site, what)
+    lengths = "; ".join(what for what, _ in made)
     summary = [
         {
             "site": _where(b.site),
             "kind": "value" if b.site in frozen else "shape",
             "traced": sorted(map(repr, frozen[b.site])) if b.site in frozen else None,
-            "other_side_checked": b.site in flipped if b.site in frozen else True,
+            "other_side": flipped.get(b.site) if b.site in frozen else lengths,
+            "other_side_checked": b.site in flipped or b.site not in frozen,
         }
         for b in found
     ]
+    unjudged = [site for site in frozen if site not in flipped]
     if unjudged:
         return (
             f"no input aitune could make takes the other side of the value branch at {_where(unjudged[0])} "
