@@ -30,6 +30,7 @@ from .recording import Canonicalizer, Layout, layout_of
 logger = logging.getLogger("aitune")
 
 Runner = Callable[..., Any]
+_call_key = tree.call_key  # bound once: read on every call
 _NO_KWARGS = tree.call_key({}, [])
 """The key of an empty kwargs dict, built once: most calls pass none."""
 _Entry = tuple["Layout | None", list[tuple["ShapeCheck", Runner]], bool]
@@ -119,7 +120,7 @@ class Dispatcher:
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         leaves: list[torch.Tensor] = []
-        key = (tree.call_key(args, leaves), tree.call_key(kwargs, leaves) if kwargs else _NO_KWARGS)
+        key = (_call_key(args, leaves), _call_key(kwargs, leaves) if kwargs else _NO_KWARGS)
         blocked = self.guard.blocked(leaves)
         if blocked is not None:
             return self._blocked(blocked, args, kwargs)
