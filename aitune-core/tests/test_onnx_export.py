@@ -321,3 +321,18 @@ def test_a_value_branch_no_input_flips_stays_refused(tmp_path):
     with pytest.raises(BuildError, match="no input aitune could make takes the other side") as refused:
         export_onnx(DataDependent(), graph, samples[0], tmp_path, ONNXExportConfig(exporter="torchscript"), samples=samples)  # fmt: skip
     assert "[True]" in str(refused.value), "the value every input gave is named"
+
+
+class RefusesUnpadded(MaskShortcut):
+    def forward(self, x, attention_mask):
+        if attention_mask.all():
+            raise ValueError("pad the batch")
+        return (self.fc(x) * attention_mask.unsqueeze(-1)).sum(1)
+
+
+def test_an_input_the_model_refuses_judges_nothing(tmp_path):
+    """The all-ones probe raises in eager: it is passed over, so the branch's other side stays unseen."""
+    samples = [_masked(2, 6, True), _masked(3, 8, True)]
+    graph = _graph(RefusesUnpadded(), samples, ["x", "attention_mask"])
+    with pytest.raises(BuildError, match="no input aitune could make takes the other side"):
+        export_onnx(RefusesUnpadded(), graph, samples[0], tmp_path, ONNXExportConfig(exporter="torchscript"), samples=samples)  # fmt: skip
