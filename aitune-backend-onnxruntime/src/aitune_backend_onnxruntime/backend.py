@@ -161,11 +161,13 @@ class ONNXRuntimeBackend(Backend):
         provider = self.provider_for(context.device)
         folder = self._own_folder()
         graph = context.graph
-        key = (graph.key, tuple(sorted((n, r.min, r.max) for n, r in graph.dims.items())), str(context.device))
+        dims = tuple(sorted((n, r.min, r.max) for n, r in graph.dims.items()))
+        attention = effective_attention(module, self.config.attention)  # read before the block changes it
+        key = (graph.key, dims, str(context.device), self.config.export, attention)
         with attention_implementation(module, self.config.attention):
             export, shared = shared_export(
                 module,
-                (*key, self.config.export, self.config.attention),
+                key,
                 context.samples,
                 self,
                 folder,
@@ -689,6 +691,15 @@ def _from_ort(value: Any, device: torch.device) -> torch.Tensor:
     if to_dlpack is not None:
         return torch.from_dlpack(to_dlpack())
     return torch.from_numpy(value.numpy()).to(device)
+
+
+def effective_attention(module: torch.nn.Module, chosen: str | None) -> str | None:
+    """``chosen``, or None when every attention config of ``module`` already uses it: the export is
+    then the plain variant's, and is shared with it."""
+    configs = [c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")]
+    if chosen is not None and configs and all(c._attn_implementation == chosen for c in configs):
+        return None
+    return chosen
 
 
 @contextlib.contextmanager
