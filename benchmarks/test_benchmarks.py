@@ -128,6 +128,7 @@ def test_the_peers_table_gives_the_default_picks_miss_against_the_fastest_fp32_c
     row = {"eager": s(20.0), "ORT torchscript": s(10.0), "ORT int8": s(5.0), "aitune default": s(12.0)}
     assert miss(row) == "+20% vs ORT torchscript", "int8 is not an fp32 contender"
     assert miss({**row, "aitune default": s(9.0)}) == "fastest"
+    assert miss({**row, "by hand": s(6.0)}, wrong=("by hand",)) == "+20% vs ORT torchscript", "a wrong model is no peer"
     results = {"cases": [{"case": "bert", "contenders": {"ORT torchscript": {}}, "timing_ms": {"1": row},
                           "load_before": (9.5, 9.0, 8.0), "load_after": (9.8, 9.1, 8.1)}]}  # fmt: skip
     text = markdown(results)
