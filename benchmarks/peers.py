@@ -129,9 +129,9 @@ def by_hand(model: Any, items: list[dict[str, Any]], threads: int, tmp: Path) ->
 
     path = tmp / "by-hand.onnx"
     axes = {n: {0: "batch", 1: "seq"} if padded[n].dim() == 2 else {0: "batch"} for n in names}
-    with torch.no_grad():
+    with torch.no_grad():  # the wrapper in eval mode: the exporter restores the mode of the module it is handed
         torch.onnx.export(
-            Positional(), tuple(padded[n] for n in names), str(path), dynamo=False, input_names=names,
+            Positional().eval(), tuple(padded[n] for n in names), str(path), dynamo=False, input_names=names,
             dynamic_axes=axes,
         )  # fmt: skip
     options = ort.SessionOptions()
