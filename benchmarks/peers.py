@@ -8,7 +8,11 @@ contender are timed interleaved at batch 1 and 8 on held-out inputs, under one t
 torch.compile, AOTInductor, ONNX Runtime on the dynamo and on the TorchScript export and with
 transformers' eager attention, ONNX Runtime dynamic int8, aitune's default pick (``MaxThroughputStrategy()`` over every default candidate, both
 ONNX exports included), and the same with an accuracy budget (``metric=cosine_similarity,
-accuracy_budget=0.01``), which admits ONNX Runtime int8 among the default candidates.
+accuracy_budget=0.01``), which admits ONNX Runtime int8 among the default candidates. Two are made
+the way a user would by hand, outside aitune: a TorchScript ONNX export traced from a padded sample
+run by an ONNX Runtime session ("TorchScript by hand"), and AOTInductor built per batch size with
+static shapes ("AOTInductor static", one build per row). The table gives the default pick's miss
+against the fastest fp32 contender of each row, in %, and the load average around the run.
 """
 
 from __future__ import annotations
@@ -100,6 +104,42 @@ def contenders() -> dict[str, Callable[[], Any]]:
     return out
 
 
+STATIC = "AOTInductor static"
+BY_HAND = "TorchScript by hand"
+FP32_EXCLUDED = ("ORT int8", "aitune default", "aitune + int8")
+"""Not fp32 contenders of their own: the default pick's miss is measured against the others."""
+
+
+def by_hand(model: Any, items: list[dict[str, Any]], threads: int, tmp: Path) -> Callable[[dict[str, Any]], Any]:
+    """What a user writes by hand: ``torch.onnx.export(dynamo=False)`` traced from a padded sample
+    with batch and sequence dynamic, run by an ONNX Runtime session at ``threads``."""
+    import onnxruntime as ort
+    import torch
+
+    names = list(items[0])
+    padded = next(i for i in items if any(bool((v == 0).any()) for k, v in i.items() if "mask" in k))
+
+    class Positional(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: Any) -> Any:
+            return self.model(**dict(zip(names, tensors))).to_tuple()
+
+    path = tmp / "by-hand.onnx"
+    axes = {n: {0: "batch", 1: "seq"} if padded[n].dim() == 2 else {0: "batch"} for n in names}
+    with torch.no_grad():  # the wrapper in eval mode: the exporter restores the mode of the module it is handed
+        torch.onnx.export(
+            Positional().eval(), tuple(padded[n] for n in names), str(path), dynamo=False, input_names=names,
+            dynamic_axes=axes,
+        )  # fmt: skip
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda item: session.run(None, {n: item[n].numpy() for n in names})
+
+
 BUDGETED = {"aitune + int8": {"metric": "cosine_similarity", "accuracy_budget": 0.01}}
 """Contenders tuned with a metric and an accuracy budget (which admits ONNX Runtime int8 by default)."""
 
@@ -144,19 +184,82 @@ def run_case(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         }
         if model.state == "tuned":
             models[label] = model
+    static: dict[int, Any] = {}
+    if "torch_inductor_aot" in ait_backends():
+        for batch in BATCHES:
+            torch.manual_seed(0)
+            model = ait.Module(build(), f"{STATIC} {batch}", strategy=contenders()["AOTInductor"]())
+            ait.tune(model, [data(batch, seed) for seed in (1, 2)], batch_sizes=[batch])  # one static shape
+            if model.state == "tuned":
+                static[batch] = model
     torch.manual_seed(0)
     eager = build()
+    hand = None
+    if "attention_mask" in tune_items[0]:  # the by-hand export this row is about: a padded-mask trace
+        try:
+            hand = by_hand(eager, tune_items, args.threads, tmp)
+            error = by_hand_error(hand, eager, [data(batch, 99) for batch in BATCHES])
+            out["contenders"][BY_HAND] = {
+                "pick": ["onnxruntime session on torch.onnx.export(dynamo=False)"],
+                "max_rel_error": error,
+                "wrong": error > 1e-3,
+            }
+        except Exception as exc:
+            out["contenders"][BY_HAND] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    if static:
+        out["contenders"][STATIC] = {"pick": [f"torch_inductor_aot, batch {b} only" for b in static]}
+    out["load_before"] = os.getloadavg()
     for batch in BATCHES:
         item = data(batch, 99)
         runners = {"eager": lambda item=item: eager(**item)}
         runners.update({label: (lambda m=m, item=item: m(**item)) for label, m in models.items()})
+        if batch in static:
+            runners[STATIC] = lambda m=static[batch], item=item: m(**item)
+        if hand is not None:
+            runners[BY_HAND] = lambda item=item: hand(item)
         out["timing_ms"][str(batch)] = interleaved(runners, args.steps, args.repeats)
+    out["load_after"] = os.getloadavg()
     return out
+
+
+def by_hand_error(run: Callable[[dict[str, Any]], Any], eager: Any, items: list[dict[str, Any]]) -> float:
+    """The by-hand model's largest error against eager, relative to each output's scale, on the
+    timed inputs (padded otherwise than its trace sample): nobody validated it."""
+    import torch
+
+    worst = 0.0
+    for item in items:
+        with torch.no_grad():
+            expected = eager(**item).to_tuple()
+        for got, want in zip(run(item), expected):
+            scale = float(want.abs().max()) or 1.0
+            worst = max(worst, float((torch.from_numpy(got) - want).abs().max()) / scale)
+    return worst
+
+
+def ait_backends() -> list[str]:
+    from aitune.plugins import get_manager
+
+    registry = get_manager().registry
+    return [n for n in registry.names() if not registry.status(n).reason("cpu")]
+
+
+def miss(timing: dict[str, Any], wrong: tuple[str, ...] = ()) -> str:
+    """How much slower the default pick runs than the fastest fp32 contender of the row, in %
+    (contenders whose answers are ``wrong`` are no contenders)."""
+    excluded = ("eager", *FP32_EXCLUDED, *wrong)
+    fp32 = {k: v["median"] for k, v in timing.items() if k not in excluded}
+    mine = timing.get("aitune default")
+    if not fp32 or mine is None:
+        return ""
+    best = min(fp32, key=fp32.__getitem__)
+    behind = (mine["median"] / fp32[best] - 1) * 100
+    return f"{behind:+.0f}% vs {best}" if behind > 0 else "fastest"
 
 
 def markdown(results: dict[str, Any]) -> str:
     labels = list(contenders_names(results))
-    head = ["case", "batch", "eager ms", *labels]
+    head = ["case", "batch", "eager ms", *labels, "default's miss"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in results["cases"]:
         for batch, timing in case["timing_ms"].items():
@@ -169,13 +272,19 @@ def markdown(results: dict[str, Any]) -> str:
                     if s is None
                     else f"{eager / s['median']:.2f}x [{eager / s['q3']:.2f}-{eager / s['q1']:.2f}]"
                 )
+            wrong = tuple(k for k, v in case["contenders"].items() if v.get("wrong"))
+            row.append(miss(timing, wrong))
             lines.append("| " + " | ".join(row) + " |")
     picks = [
         f"- {c['case']} / {label}: {v.get('pick') or v.get('error')} (max rel err {v.get('max_rel_error')})"
         for c in results["cases"]
         for label, v in c["contenders"].items()
     ]
-    return "\n".join([*lines, "", *picks])
+    loads = [
+        f"- {c['case']}: load average (1, 5, 15 min) {c.get('load_before')} before timing, {c.get('load_after')} after"
+        for c in results["cases"]
+    ]
+    return "\n".join([*lines, "", *picks, *loads])
 
 
 def contenders_names(results: dict[str, Any]) -> list[str]:

@@ -123,3 +123,36 @@ def test_the_serving_table_shows_each_setup_and_what_the_kill_run_lost() -> None
     )
     assert "| demo | (c) | 100.0 | 5.0 | 9.0 | 4.50 | 75% |" in table
     assert "2 failed and then 1 answered on retry, 1 lost" in table and "2 x `HTTP 500: x`" in table
+
+
+def test_overhead_benchmark_runs_the_wrapper_tuned_and_reports_the_machine() -> None:
+    import torch
+
+    from benchmarks.overhead import constant_module, machine, markdown, per_call_us
+
+    for case in ("linear", "bert"):
+        call, direct = constant_module(case)
+        with torch.inference_mode():
+            assert call() is direct(), "the wrapped call is served by the installed backend, not eager"
+            row = per_call_us(call, direct, rounds=3, calls=5)
+        assert row["q1"] <= row["us"] <= row["q3"]
+    text = markdown({"machine": machine(), "load_before": (1.0, 2.0, 3.0), "load_after": (1.5, 2.0, 3.0),
+                     "rows": [{"case": "linear", "mode": "inference_mode", **row}]})  # fmt: skip
+    assert "load average (1, 5, 15 min) 1.00, 2.00, 3.00 before" in text and "Linear(16, 16)" in text
+
+
+def test_the_peers_table_gives_the_default_picks_miss_against_the_fastest_fp32_contender() -> None:
+    from benchmarks.peers import markdown, miss
+
+    def s(ms: float) -> dict[str, float]:
+        return {"median": ms, "q1": ms, "q3": ms}
+
+    row = {"eager": s(20.0), "ORT torchscript": s(10.0), "ORT int8": s(5.0), "aitune default": s(12.0)}
+    assert miss(row) == "+20% vs ORT torchscript", "int8 is not an fp32 contender"
+    assert miss({**row, "aitune default": s(9.0)}) == "fastest"
+    assert miss({**row, "by hand": s(6.0)}, wrong=("by hand",)) == "+20% vs ORT torchscript", "a wrong model is no peer"
+    results = {"cases": [{"case": "bert", "contenders": {"ORT torchscript": {}}, "timing_ms": {"1": row},
+                          "load_before": (9.5, 9.0, 8.0), "load_after": (9.8, 9.1, 8.1)}]}  # fmt: skip
+    text = markdown(results)
+    assert text.splitlines()[0].endswith("| default's miss |") and "+20% vs ORT torchscript |" in text
+    assert "load average (1, 5, 15 min) (9.5, 9.0, 8.0) before timing" in text

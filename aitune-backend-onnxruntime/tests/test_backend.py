@@ -649,3 +649,73 @@ def test_tf32_turned_on_by_the_user_gets_tf32s_bound():
     assert ONNXRuntimeBackend().tolerance(torch.float32) is None, "fp32 as fp32: the dtype's own bound"
     tf32 = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(provider_options={"use_tf32": "1"}))
     assert tf32.tolerance(torch.float32) == TF32_TOLERANCE and tf32.tolerance(torch.float16) is None
+
+
+def test_variants_of_one_graph_share_one_export_and_nothing_else_does(tmp_path, monkeypatch):
+    """The int8 variant runs the plain variant's exported graph: it copies those files instead of
+    exporting again. Another export config, another call's samples or new weights export afresh."""
+    import aitune_backend_onnxruntime.backend as ort_backend
+
+    exports = []
+    real = ort_backend.export_onnx
+    monkeypatch.setattr(ort_backend, "export_onnx", lambda *a, **k: exports.append(1) or real(*a, **k))
+    module = MLP().eval()
+    samples = _samples(CASES["mlp"][1], [(2,), (6,)])
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+
+    def build(config, samples=samples):
+        backend = ONNXRuntimeBackend(config)
+        context = BuildContext(graph, samples, CPU, tmp_path / "work", tmp_path / "cache")
+        context.workdir.mkdir(parents=True, exist_ok=True)
+        context.cache_dir.mkdir(parents=True, exist_ok=True)
+        with torch.no_grad():
+            backend.build(module, context)
+        return backend
+
+    plain = build(ONNXRuntimeBackendConfig())
+    int8 = build(ONNXRuntimeBackendConfig(quantization="dynamic_int8"))
+    assert len(exports) == 1 and int8.build_info["export_shared"] and not plain.build_info["export_shared"]
+    assert int8.build_info["export_s"] == 0.0
+    with torch.no_grad():
+        assert validate(plain, module, samples, graph).passed
+        x = samples[1].args[0]
+        assert torch.allclose(int8.infer(x), module(x), atol=0.1), "the int8 variant runs the shared graph"
+    build(ONNXRuntimeBackendConfig(export=ONNXExportConfig(exporter="torchscript")))
+    assert len(exports) == 2, "another export config exports"
+    build(ONNXRuntimeBackendConfig(), samples=[Sample((s.args[0].clone(),)) for s in samples])
+    assert len(exports) == 3, "other recorded samples export"
+    with torch.no_grad():
+        module.net[0].weight.mul_(2)
+    build(ONNXRuntimeBackendConfig())
+    assert len(exports) == 4, "changed weights export"
+
+
+def test_the_eager_attention_variant_of_a_model_already_eager_shares_the_plain_export(tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    import aitune_backend_onnxruntime.backend as ort_backend
+
+    exports = []
+    real = ort_backend.export_onnx
+    monkeypatch.setattr(ort_backend, "export_onnx", lambda *a, **k: exports.append(1) or real(*a, **k))
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=100,
+        max_position_embeddings=32, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    module = transformers.BertModel(config).eval()
+    g = torch.Generator().manual_seed(0)
+    samples = [Sample((torch.randint(0, 100, (b, s), generator=g),)) for b, s in ((1, 6), (2, 9))]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["input_ids"], outputs=[module(*s.args) for s in samples])
+    built, alive = [], []  # a tune keeps its candidates alive; the export's files live in the first one's folder
+    for attention in (None, "eager", "sdpa"):
+        backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(attention=attention))
+        context = BuildContext(graph, samples, CPU, tmp_path / "work", tmp_path / "cache")
+        context.workdir.mkdir(parents=True, exist_ok=True)
+        context.cache_dir.mkdir(parents=True, exist_ok=True)
+        with torch.no_grad():
+            backend.build(module, context)
+        built.append(backend.build_info["export_shared"])
+        alive.append(backend)
+    assert built == [False, True, False] and len(exports) == 2, "eager is this model's own attention; sdpa is not"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import aitune.torch as ait
+from aitune import tree
 from aitune.errors import InputError, UnsupportedCallError
 from aitune.report import TuneReport
 from aitune.testing import assert_matches_eager
@@ -190,6 +191,8 @@ def test_report_json_round_trip_and_log_line(toy_backends, tmp_path, caplog):
     assert data["schema_version"] == 2 and data["modules"][0]["graphs"][0]["decision"] == "toy"
     again = TuneReport.read(tmp_path / "report.json")
     assert again.modules[0].graphs[0].candidates[0].validation.passed
+    timed = again.modules[0].graphs[0].candidates[0]  # the tune time per stage, per candidate
+    assert timed.build_time_s is not None and timed.validate_time_s is not None and timed.validate_time_s >= 0
     assert report.environment["torch"] == torch.__version__
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: toy, "))
     measured = "] eager at batch" in line or "not measured: noise ±" in line  # timing decides which
@@ -219,3 +222,46 @@ def test_config_sets_defaults_that_arguments_override(toy_backends, monkeypatch)
     monkeypatch.setattr(config, "max_samples", 0)
     with pytest.raises(InputError, match="max_samples must be an int >= 1"):
         ait.tune(model, [torch.randn(2, 8)])
+
+
+def test_shape_check_ties_named_dimensions_across_inputs():
+    """The per-call shape check: ranges, static sizes, and a named size shared by several inputs
+    (a mask beside the ids, a position vector of the sequence length) equal in every one of them."""
+    from aitune.engine.dispatch import ShapeCheck
+    from aitune.graph import Sample, infer_graph
+
+    def call(b: int, s: int, pos: int | None = None, width: int = 4) -> dict[str, torch.Tensor]:
+        return {
+            "ids": torch.zeros(b, s),
+            "mask": torch.ones(b, s),
+            "pos": torch.zeros(s if pos is None else pos),
+            "extra": torch.zeros(b, width),
+        }
+
+    graph = infer_graph([Sample((), call(1, 8)), Sample((), call(4, 16))], (), batch_sizes=[1, 4])
+    check = ShapeCheck(graph)
+
+    def fits(kwargs: dict[str, torch.Tensor]) -> bool:
+        return check.fits(tree.flatten(((), kwargs))[0])
+
+    assert fits(call(2, 12)) and fits(call(4, 8)) and fits(call(1, 16))
+    assert not fits(call(5, 12)), "batch above the range"
+    assert not fits(call(2, 17)), "sequence above the range"
+    assert not fits(call(2, 12, pos=10)), "the position vector must have the ids' sequence length"
+    assert not fits(call(2, 12, width=5)), "a static axis keeps its size"
+    odd = call(2, 12)
+    odd["mask"] = torch.ones(2, 10)  # within the range, yet not the ids' sequence length
+    assert not fits(odd)
+    odd["mask"] = torch.ones(3, 12)  # nor their batch
+    assert not fits(odd)
+
+
+def test_call_keys_tell_device_types_dtypes_and_ranks_apart():
+    x = torch.zeros(2, 3)
+    key = tree.call_key((x,), [])
+    assert key == (tuple, ((torch.float32, 2, "cpu"),))
+    assert tree.call_key((x.to("meta"),), []) == (tuple, ((torch.float32, 2, "meta"),))
+    assert tree.call_key((x.double(),), []) != key and tree.call_key((x[0],), []) != key
+    leaves: list[torch.Tensor] = []
+    tree.call_key(([x, {"m": x[0]}], {"k": x}), leaves)
+    assert [t.shape for t in leaves] == [(2, 3), (3,), (2, 3)]

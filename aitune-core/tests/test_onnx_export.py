@@ -275,3 +275,78 @@ def test_an_export_leaves_the_modules_modes_as_they_were(tmp_path):
     with pytest.raises(BuildError):
         export_onnx(branchy, graph, samples[0], tmp_path / "g", ONNXExportConfig(exporter="torchscript"))
     assert not branchy.training, "a refused export leaves the mode as it was too"
+
+
+class MaskShortcut(torch.nn.Module):
+    """A "mask all ones?" shortcut as transformers models have had: both sides give one answer on
+    an all-ones mask, so a trace of the general (padded) side is right for every mask.
+    ``wrong=True`` makes the shortcut answer otherwise, so no trace of one side is right."""
+
+    def __init__(self, wrong: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(4, 4)
+        self.wrong = wrong
+
+    def forward(self, x, attention_mask):
+        y = self.fc(x)
+        if attention_mask.all():  # nothing padded: skip the mask
+            return y.sum(1) * (2.0 if self.wrong else 1.0)
+        return (y * attention_mask.unsqueeze(-1)).sum(1)
+
+
+def _masked(b: int, s: int, padded: bool) -> Sample:
+    mask = torch.ones(b, s, dtype=torch.long)
+    if padded:
+        mask[-1, s // 2 :] = 0
+    return Sample((torch.randn(b, s, 4), mask))
+
+
+def test_a_traced_mask_shortcut_is_judged_on_the_other_side_and_kept(tmp_path):
+    """Traced from a padded mask, the shortcut's branch takes the general side; an all-ones mask
+    takes the other and the trace still answers as eager there: the trace is kept."""
+    for samples in ([_masked(1, 6, False), _masked(3, 8, True)], [_masked(1, 6, False), _masked(2, 8, False)]):
+        graph = _graph(MaskShortcut(), samples, ["x", "attention_mask"])
+        torchscript = ONNXExportConfig(exporter="torchscript")
+        export = export_onnx(MaskShortcut(), graph, samples[0], tmp_path, torchscript, samples=samples)
+        (branch,) = export.traced_branches
+        assert branch["kind"] == "value" and branch["other_side_checked"], branch
+        assert branch["traced"] == ["False"] and branch["other_side"] == "recorded call 0", "all ones: the other side"
+        assert branch["site"].startswith("test_onnx_export.py:")
+        for probe in (_masked(2, 7, False), _masked(2, 7, True)):  # either side, a length not recorded
+            x, mask = probe.args
+            (out,) = _run(export, {"x": x, "attention_mask": mask})
+            torch.testing.assert_close(out, MaskShortcut()(x, mask), rtol=1e-4, atol=1e-5)
+
+
+def test_a_traced_branch_whose_other_side_differs_is_refused(tmp_path):
+    samples = [_masked(1, 6, False), _masked(3, 8, True)]
+    graph = _graph(MaskShortcut(wrong=True), samples, ["x", "attention_mask"])
+    with pytest.raises(BuildError, match="data-dependent control flow") as refused:
+        export_onnx(MaskShortcut(wrong=True), graph, samples[0], tmp_path, ONNXExportConfig(exporter="torchscript"), samples=samples)  # fmt: skip
+    message = str(refused.value)
+    assert "the trace differs from eager" in message and "test_onnx_export.py:" in message, message
+    assert "trace_control_flow=True" in message
+
+
+def test_a_value_branch_no_input_flips_stays_refused(tmp_path):
+    samples = [Sample((torch.rand(3, 4) + 0.1,)), Sample((torch.rand(5, 4) + 0.1,))]
+    graph = _graph(DataDependent(), samples, ["x"])
+    with pytest.raises(BuildError, match="no input aitune could make takes the other side") as refused:
+        export_onnx(DataDependent(), graph, samples[0], tmp_path, ONNXExportConfig(exporter="torchscript"), samples=samples)  # fmt: skip
+    assert "[True]" in str(refused.value), "the value every input gave is named"
+
+
+class RefusesUnpadded(MaskShortcut):
+    def forward(self, x, attention_mask):
+        if attention_mask.all():
+            raise ValueError("pad the batch")
+        return (self.fc(x) * attention_mask.unsqueeze(-1)).sum(1)
+
+
+def test_an_input_the_model_refuses_judges_nothing(tmp_path):
+    """The all-ones probe raises in eager: it is passed over, so the branch's other side stays unseen."""
+    samples = [_masked(2, 6, True), _masked(3, 8, True)]
+    graph = _graph(RefusesUnpadded(), samples, ["x", "attention_mask"])
+    with pytest.raises(BuildError, match="no input aitune could make takes the other side"):
+        export_onnx(RefusesUnpadded(), graph, samples[0], tmp_path, ONNXExportConfig(exporter="torchscript"), samples=samples)  # fmt: skip

@@ -127,3 +127,21 @@ def test_clip_text_model(flow, tmp_path):
     flow.round_trip(
         clip_text, wrap_whole("clip_text", flow.strategy("onnxruntime")), by_keyword, data, unseen, tmp_path
     )
+
+
+def test_bert_torchscript_export_is_judged_and_kept(flow, tmp_path):
+    """The TorchScript export of BERT freezes Python values where the tracer met sizes; judged on the
+    other lengths and an all-ones mask instead of refused, it builds and answers as eager."""
+    from aitune.onnx_export import ONNXExportConfig
+    from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    flow.strategy("onnxruntime")  # skips where ONNX Runtime cannot run
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(export=ONNXExportConfig(exporter="torchscript")))
+    strategy = ait.FirstWinsStrategy([backend], performance_validation=False)
+    data = flow.token_batches([(1, 8), (3, 16)])
+    unseen = [*flow.token_batches([(2, 12)], seed=1), *flow.token_batches([(2, 10)], seed=2, padded=False)]
+    report = flow.round_trip(bert, wrap_whole("bert", strategy), by_keyword, data, unseen, tmp_path)
+    (candidate,) = report.modules[0].graphs[0].candidates
+    assert candidate.status != "failed", candidate.reason
+    judged = candidate.build_info.get("traced_branches")
+    assert judged and all(b["other_side_checked"] for b in judged), judged

@@ -34,6 +34,7 @@ from aitune.graph import GraphSpec
 from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
 
 from .config import INT8_TOLERANCE, TF32_TOLERANCE, ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from .exports import shared_export
 from .placement import RECORD_KEY, cpu_compute_from_assignment, fallback_error, read_profile, records_assignment
 from .plugin import preload_tensorrt, provider_unavailable
 
@@ -172,8 +173,21 @@ class ONNXRuntimeBackend(Backend):
             raise BuildError("the onnxruntime backend needs at least one recorded sample to export the module")
         provider = self.provider_for(context.device)
         folder = self._own_folder()
+        graph = context.graph
+        dims = tuple(sorted((n, r.min, r.max) for n, r in graph.dims.items()))
+        attention = effective_attention(module, self.config.attention)  # read before the block changes it
+        key = (graph.key, dims, str(context.device), self.config.export, attention)
         with attention_implementation(module, self.config.attention):
-            export = export_onnx(module, context.graph, context.samples[0], folder, self.config.export)
+            export, shared = shared_export(
+                module,
+                key,
+                context.samples,
+                self,
+                folder,
+                lambda: export_onnx(
+                    module, graph, context.samples[0], folder, self.config.export, samples=context.samples
+                ),
+            )
         save_optimized = self.config.save_optimized_model and provider is not ONNXExecutionProvider.TENSORRT
         self._adopt(export, context.graph, provider)
         if self.config.quantization is not None:
@@ -211,7 +225,10 @@ class ONNXRuntimeBackend(Backend):
             session_s=round(session_seconds, 3),
             fallback_reason=export.fallback_reason,
             optimized_model_saved=save_optimized,
+            export_shared=shared,  # copied from another variant's export of this graph (export_s is then 0)
         )
+        if export.traced_branches:  # where the TorchScript trace froze a value, and how each was judged
+            self.build_info["traced_branches"] = list(export.traced_branches)
 
     def _quantize(self, folder: Path, context: BuildContext) -> None:
         """The exported graph quantized to int8 (dynamic, or static QDQ calibrated on the recorded samples)."""
@@ -747,6 +764,15 @@ def _from_ort(value: Any, device: torch.device) -> torch.Tensor:
     if to_dlpack is not None:
         return torch.from_dlpack(to_dlpack())
     return torch.from_numpy(value.numpy()).to(device)
+
+
+def effective_attention(module: torch.nn.Module, chosen: str | None) -> str | None:
+    """``chosen``, or None when every attention config of ``module`` already uses it: the export is
+    then the plain variant's, and is shared with it."""
+    configs = [c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")]
+    if chosen is not None and configs and all(c._attn_implementation == chosen for c in configs):
+        return None
+    return chosen
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 import torch
 
-from . import tracing, tree
+from . import traced_branches, tracing, tree
 from .errors import BuildError, ConfigError, NotApplicableError
 from .graph import FlatModule, GraphSpec, Sample, TensorSpec, resize
 from .text import clip
@@ -88,8 +88,9 @@ class ONNXExportConfig:
     """Run ``onnx.checker`` on the result (path based, so large models work)."""
     trace_control_flow: bool = attrs.field(default=False, validator=_bool)
     """Accept a TorchScript trace whose tracer warned of data-dependent control flow (a tensor turned
-    into a Python bool or number). Such a trace keeps only the branches the export sample took, so
-    by default it is refused and the candidate fails with that reason."""
+    into a Python bool or number) without judging it. Such a trace keeps only the branches the export
+    sample took, so by default it is judged (:mod:`aitune.traced_branches`): kept only when it answers
+    as eager on inputs made to take the other side of each branch, else refused with the reason."""
 
 
 @attrs.frozen(kw_only=True)
@@ -112,6 +113,9 @@ class ONNXExport:
     fallback_reason: str | None = None
     """Why the dynamo exporter was not used, when the TorchScript fallback produced the model."""
     seconds: float = 0.0
+    traced_branches: tuple[dict[str, Any], ...] = ()
+    """Where the TorchScript trace froze a Python value and how each was judged (see
+    :func:`aitune.traced_branches.judge`); empty for a dynamo export or a trace without any."""
 
 
 def export_onnx(
@@ -120,11 +124,14 @@ def export_onnx(
     sample: Sample,
     directory: Path,
     config: ONNXExportConfig = ONNXExportConfig(),
+    samples: Sequence[Sample] = (),
 ) -> ONNXExport:
     """Export ``module`` for ``graph`` into ``directory`` (as ``model.onnx`` plus external data).
 
     ``sample`` is one real call of the graph; it is resized so every dynamic axis takes a
     distinct value >= 2, which keeps the exporter from specialising an axis to a constant.
+    ``samples`` (the other recorded calls) let the TorchScript exporter trace from one on the
+    general side of a branch (a padded mask) and judge the branches it froze on them.
     Raises :class:`BuildError` naming the unsupported operator or construct.
     """
     try:
@@ -136,7 +143,9 @@ def export_onnx(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    sample = resize(graph, sample, _export_sizes(graph))
+    recorded = [sample, *(s for s in samples if s is not sample)]
+    sizes = _export_sizes(graph)
+    sample = resize(graph, sample, sizes)
     flat_inputs = tuple(graph.flatten(sample.args, sample.kwargs))
     wrapper = FlatModule(module, graph).train(module.training)  # a new module starts in training mode
     with torch.no_grad():
@@ -169,13 +178,17 @@ def export_onnx(
     inapplicable = 0
     """Failures by design (a TorchScript trace of data-dependent control flow): when every exporter
     tried refused so, the candidate does not apply to this module rather than failing."""
+    judged: list[dict[str, Any]] = []
     for exporter in order:
         try:
             with _quiet(), _modes_kept(module):
                 if exporter == "dynamo":
                     _dynamo(wrapper, flat_inputs, graph, input_names, output_names, path, config.opset, external)
                 else:
-                    _torchscript(wrapper, flat_inputs, graph, input_names, output_names, path, config, external)
+                    general = traced_branches.general_sample(graph, recorded, sizes)
+                    judged = _torchscript(
+                        wrapper, general, recorded, graph, input_names, output_names, path, config, external
+                    )
             _check_dynamic_axes(path, graph, input_names)
         except BuildError as exc:
             failures.append((exporter, str(exc)))
@@ -201,6 +214,7 @@ def export_onnx(
         output_structure=out_structure,
         fallback_reason=failures[0][1] if failures else None,
         seconds=time.perf_counter() - start,
+        traced_branches=tuple(judged),
     )
 
 
@@ -334,28 +348,27 @@ def _dynamo(
     program.save(str(path), external_data=external)
 
 
-TRACE_BRANCHES = "might cause the trace to be incorrect"
-"""What the TorchScript tracer says when a tensor became a Python bool, number or index: the
-trace froze the branch or the size this one sample gave."""
-
-
 def _torchscript(
     wrapper: torch.nn.Module,
-    inputs: tuple[torch.Tensor, ...],
+    sample: Sample,
+    recorded: Sequence[Sample],
     graph: GraphSpec,
     input_names: list[str],
     output_names: list[str],
     path: Path,
     config: ONNXExportConfig,
     external: bool,
-) -> None:
+) -> list[dict[str, Any]]:
+    """The TorchScript export, traced from ``sample``; the branches it froze, as judged."""
     import onnx
     import torch.onnx
 
+    inputs = tuple(graph.flatten(sample.args, sample.kwargs))
     dynamic_axes = {name: axes for name, spec in zip(input_names, graph.inputs) if (axes := _dynamic(graph, spec))}
     scratch = path.parent / ".torchscript-export"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir()
+    judged: list[dict[str, Any]] = []
     try:
         with torch.no_grad(), tracing.exclusive(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -369,14 +382,20 @@ def _torchscript(
                 opset_version=config.opset,
                 dynamic_axes=dynamic_axes or None,
             )
-        frozen = next((str(w.message) for w in caught if TRACE_BRANCHES in str(w.message)), None)
-        if frozen is not None and not config.trace_control_flow:
-            raise NotApplicableError(
-                "the TorchScript tracer reports data-dependent control flow (a tensor turned into a Python "
-                f"value: {clip(frozen.splitlines()[0], 200)}), so its graph keeps only the branch this sample took and "
-                "would answer other inputs wrongly; it is refused (ONNXExportConfig(trace_control_flow=True) "
-                "accepts it when that branch is the only one your inputs take)"
-            )
+        found = traced_branches.branches(caught)
+        if found and not config.trace_control_flow:
+            with torch.no_grad(), tracing.exclusive(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(wrapper, inputs, check_trace=False)
+                why, judged = traced_branches.judge(traced, wrapper, graph, found, sample, recorded)
+            if why is not None:
+                raise NotApplicableError(
+                    "the TorchScript tracer reports data-dependent control flow (a tensor turned into a Python "
+                    f"value at {_judged_site(found)}: {clip(found[0].message, 200)}), so its graph keeps only the branch "
+                    f"its sample took, and it was not kept: {why}; it is refused "
+                    "(ONNXExportConfig(trace_control_flow=True) accepts it when that branch is the only one your "
+                    "inputs take)"
+                )
         model = onnx.load(str(scratch / path.name))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -388,6 +407,13 @@ def _torchscript(
         all_tensors_to_one_file=True,
         location=f"{path.name}.data",
     )
+    return judged
+
+
+def _judged_site(found: Sequence[traced_branches.Branch]) -> str:
+    """The first branch's place, and how many more there are."""
+    first = f"{found[0].site[0].rsplit('/', 1)[-1]}:{found[0].site[1]}"
+    return first + (f" and {len(found) - 1} more place(s)" if len(found) > 1 else "")
 
 
 def _restore_unused_inputs(model: Any, graph: GraphSpec, input_names: list[str]) -> None:

@@ -143,7 +143,10 @@ class CandidateReport:
     ``profile``."""
     reason: str | None = None
     build_time_s: float | None = None
+    """Wall time of the build (the export, compile and session start; ``build_info`` breaks some
+    of it down, e.g. ONNX Runtime's ``export_s`` and ``session_s``)."""
     validate_time_s: float | None = None
+    """Wall time of the comparison with eager (the validate hook)."""
     profile_time_s: float | None = None
     """Its share of the interleaved profiling sessions it ran in (each session's time over its runners)."""
     from_cache: bool = False

@@ -34,6 +34,9 @@ from .recording import Canonicalizer, Layout, layout_of
 logger = logging.getLogger("aitune")
 
 Runner = Callable[..., Any]
+_call_key = tree.call_key  # bound once: read on every call
+_NO_KWARGS = tree.call_key({}, [])
+"""The key of an empty kwargs dict, built once: most calls pass none."""
 _Entry = tuple["Layout | None", list[tuple["ShapeCheck", Runner]], bool]
 """Per call key: the layout to rearrange calls to (None: as made), the candidate graphs, and
 whether the call can be described to a backend at all."""
@@ -78,40 +81,52 @@ def _note(module: str, runner: Runner | None, reason: str | None = None) -> None
 
 
 class ShapeCheck:
-    """A graph's shape ranges as flat tuples, checked without building messages."""
+    """A graph's shape ranges as flat tuples, checked without building messages.
+
+    ``bounds`` holds the axes to check as ``(leaf, axis, lo, hi)`` (a static axis has ``lo == hi``);
+    ``ties`` pairs a place where a named dimension appears again with its first place, which must
+    hold the same size. A leaf whose axes are all those of an earlier leaf (a mask and token types
+    beside the token ids) is checked as one comparison of whole shapes (``same``).
+    """
 
     def __init__(self, graph: GraphSpec) -> None:
         self.graph = graph
         self.n = len(graph.inputs)
-        self.ranks = tuple(spec.rank for spec in graph.inputs)
-        self.static = tuple(
-            (i, axis, size)
-            for i, spec in enumerate(graph.inputs)
-            for axis, (size, name) in enumerate(zip(spec.shape, spec.dims))
-            if name is None
-        )
-        names = sorted(graph.dims)
-        self.dynamic = tuple(
-            (i, axis, names.index(name), graph.dims[name].min, graph.dims[name].max)
-            for i, spec in enumerate(graph.inputs)
-            for axis, name in enumerate(spec.dims)
-            if name is not None
-        )
-        self.n_dims = len(names)
+        bounds, ties, same = [], [], []
+        first: dict[str, tuple[int, int]] = {}
+        forms: dict[tuple[Any, ...], int] = {}
+        for i, spec in enumerate(graph.inputs):
+            form = tuple(name if name is not None else size for size, name in zip(spec.shape, spec.dims))
+            if form in forms:
+                same.append((forms[form], i))
+                continue
+            forms[form] = i
+            for axis, (size, name) in enumerate(zip(spec.shape, spec.dims)):
+                if name is None:
+                    bounds.append((i, axis, size, size))
+                    continue
+                bounds.append((i, axis, graph.dims[name].min, graph.dims[name].max))
+                if name in first:
+                    ties.append((*first[name], i, axis))
+                else:
+                    first[name] = (i, axis)
+        self.bounds = tuple(bounds)
+        self.ties = tuple(ties)
+        self.same = tuple(same)
 
     def fits(self, leaves: Sequence[torch.Tensor]) -> bool:
         if len(leaves) != self.n:
             return False
-        for i, axis, size in self.static:
-            if leaves[i].shape[axis] != size:
+        shapes = [t.shape for t in leaves]  # reading .shape builds a torch.Size: once per leaf
+        for i, axis, lo, hi in self.bounds:
+            if not lo <= shapes[i][axis] <= hi:
                 return False
-        if self.dynamic:
-            seen = [-1] * self.n_dims
-            for i, axis, d, lo, hi in self.dynamic:
-                v = leaves[i].shape[axis]
-                if v < lo or v > hi or (seen[d] != -1 and seen[d] != v):
-                    return False
-                seen[d] = v
+        for i, a, j, b in self.ties:
+            if shapes[i][a] != shapes[j][b]:
+                return False
+        for i, j in self.same:  # noqa: SIM110 (a loop: all() over a generator costs more on this per-call path)
+            if shapes[i] != shapes[j]:
+                return False
         return True
 
 
@@ -147,7 +162,7 @@ class Dispatcher:
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         leaves: list[torch.Tensor] = []
-        key = (tree.call_key(args, leaves), tree.call_key(kwargs, leaves))
+        key = (_call_key(args, leaves), _call_key(kwargs, leaves) if kwargs else _NO_KWARGS)
         blocked = self.guard.blocked(leaves)
         if blocked is not None:
             return self._blocked(blocked, args, kwargs)

@@ -20,21 +20,30 @@ from .. import tree
 from ..errors import InputError, UnsupportedValueError
 from ..graph import Sample
 
-_state = threading.local()
+
+class _ThreadState(threading.local):
+    """Per thread: the recording session and how deep aitune's own calls are nested. Class-level
+    defaults make each read a plain attribute read (every tuned call asks :func:`bypassing`)."""
+
+    session: RecordingSession[Any] | None = None
+    bypass = 0
+
+
+_state = _ThreadState()
 
 
 def active_session() -> RecordingSession[Any] | None:
-    return getattr(_state, "session", None)
+    return _state.session
 
 
 def bypassing() -> bool:
     """True while aitune itself runs modules (building, validating): wrappers call through."""
-    return getattr(_state, "bypass", 0) > 0
+    return _state.bypass > 0
 
 
 @contextlib.contextmanager
 def bypass() -> Iterator[None]:
-    _state.bypass = getattr(_state, "bypass", 0) + 1
+    _state.bypass += 1
     try:
         yield
     finally:
