@@ -158,8 +158,9 @@ def _plain(obj: Any, path: str, exclude: frozenset[str] | set[str]) -> dict[str,
 STATE_DEVICES = ("cpu", "cuda")
 """The device types a state attribute read from a file may name: ``meta`` would drop the tensors'
 data, and any other type is not one a tuned graph runs on."""
-CHILDREN = frozenset({"layers", *PAIRED, *LAYER_TENSORS})
-"""The attribute names that hold a state object's children (its layers, its two caches, a layer's tensors)."""
+CHILDREN = frozenset({"layers", *PAIRED, *LAYER_TENSORS, *COUNTERS})
+"""The attribute names that hold a state object's children (its layers, its two caches, a layer's
+tensors and step counters)."""
 
 
 def attribute_name(cls: type, key: Any) -> str:
