@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -210,7 +211,7 @@ def test_the_torchscript_variant_on_data_dependent_control_flow_does_not_apply_a
     graph = _graph(DataDependent(), samples, ["x"])
     with pytest.raises(NotApplicableError, match="TorchScript tracer reports data-dependent control flow") as refused:
         export_onnx(DataDependent(), graph, samples[0], tmp_path, ONNXExportConfig(exporter="torchscript"))
-    quoted = str(refused.value).split("Python value: ", 1)[1].split("), so its graph", 1)[0]
+    quoted = re.search(r"Python value at \S+: (.*?)\), so its graph", str(refused.value), re.S).group(1)
     assert quoted.endswith(("…", ".", "!")), quoted
     assert quoted.removesuffix("…").split()[-1] in {"means", "that", "the", "trace", "incorrect.", "future."}, quoted
 

@@ -32,6 +32,7 @@ import attrs
 import torch
 
 from .graph import GraphSpec, Sample, resize
+from .text import clip
 
 TRACE_BRANCHES = "might cause the trace to be incorrect"
 """What the TorchScript tracer says when a tensor became a Python bool, number or index: the
@@ -58,7 +59,7 @@ def branches(caught: Sequence[warnings.WarningMessage]) -> list[Branch]:
     for w in caught:
         text = str(w.message)
         if TRACE_BRANCHES in text and (w.filename, w.lineno) not in found:
-            found[(w.filename, w.lineno)] = Branch((w.filename, w.lineno), text.splitlines()[0][:200])
+            found[(w.filename, w.lineno)] = Branch((w.filename, w.lineno), clip(text.splitlines()[0], 200))
     return list(found.values())
 
 
@@ -180,7 +181,7 @@ def judge(
             try:
                 actual = traced(*flat)
             except Exception as exc:
-                return f"the trace fails on {what} ({type(exc).__name__}: {str(exc)[:200]})", []
+                return f"the trace fails on {what} ({type(exc).__name__}: {clip(str(exc), 200)})", []
         other = [site for site in frozen if site in seen and seen[site] != frozen[site]]
         differs = _difference(actual, expected)
         if differs is not None:
