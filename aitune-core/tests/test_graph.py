@@ -190,3 +190,13 @@ def test_axes_of_one_input_that_happen_to_be_equal_stay_apart():
     assert image.dims[2:] == mask.dims[1:], "height with height, width with width across inputs"
     assert image.dims[2] != image.dims[3], "a square image keeps height and width apart"
     assert g.mismatch([torch.zeros(1, 3, 8, 12), torch.zeros(1, 8, 12)]) is None
+
+
+def test_a_square_mask_beside_states_of_that_length_is_one_length():
+    """BERT's encoder: a [batch, 1, seq, seq] mask beside [batch, seq, hidden] states. The states say
+    both mask axes are the sequence length: one dim, so no size is ever made where they differ."""
+    samples = [s(torch.zeros(1, n, 4), torch.zeros(1, 1, n, n)) for n in (8, 16)]
+    g = infer_graph(samples, ["hidden_states", "attention_mask"])
+    states, mask = g.inputs
+    assert mask.dims[2] == mask.dims[3] == states.dims[1], (states.dims, mask.dims)
+    assert len(g.dims) == 1

@@ -417,6 +417,7 @@ def infer_graph(
         ranges[BATCH] = [sizes[s][batch_leaves[0]][0] for s in range(len(samples))]
 
     groups: dict[tuple[tuple[int, ...], int], str] = {}
+    owner: dict[tuple[tuple[int, ...], int], int] = {}  # the input whose axis made each group
     for i in range(n_leaves):
         repeats: collections.Counter[tuple[int, ...]] = collections.Counter()  # of one tensor's own axes
         for axis in range(len(sizes[0][i])):
@@ -444,10 +445,18 @@ def infer_graph(
             else:
                 # equal values tie axes of different inputs (a sequence length); within one input, the
                 # k-th axis with these values joins the k-th of the others, so a square image's height
-                # and width stay two dims (a DynamicDim name ties them on purpose)
+                # and width stay two dims (a DynamicDim name ties them on purpose). An input with more
+                # such axes than any before it (a [batch, 1, seq, seq] mask beside [batch, seq, hidden]
+                # states) ties the extra ones to the first: another input's axis says they are one length.
                 nth = repeats[tuple(values)]
                 repeats[tuple(values)] += 1
-                name = groups.setdefault((tuple(values), nth), f"d{len(groups)}")
+                key = (tuple(values), nth)
+                first = (tuple(values), 0)
+                if key not in groups and first in groups and owner[first] != i:
+                    key = first
+                if key not in groups:
+                    groups[key], owner[key] = f"d{len(groups)}", i
+                name = groups[key]
             names[i][axis] = name
             ranges.setdefault(name, values)
             if decl is not None:
