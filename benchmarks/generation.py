@@ -35,20 +35,7 @@ def _gpt2() -> tuple[Any, str]:
 
 
 def _llama() -> tuple[Any, str]:
-    import transformers
-
-    config = transformers.LlamaConfig(
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1000,
-        max_position_embeddings=256,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.LlamaForCausalLM(config).eval(), "model"
+    return _decoder("LlamaForCausalLM", "LlamaConfig"), "model"
 
 
 def _decoder(cls_name: str, config_name: str, **extra: Any) -> Any:

@@ -27,18 +27,7 @@ def gpt2() -> tuple[torch.nn.Module, str]:
 
 
 def llama() -> tuple[torch.nn.Module, str]:
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=100,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.LlamaForCausalLM(config).eval(), "model"
+    return transformers.LlamaForCausalLM(decoder_config(transformers.LlamaConfig)).eval(), "model"
 
 
 def generate(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
