@@ -26,8 +26,9 @@ from .. import tree
 from ..backend import Backend, LoadContext
 from ..converter import structure
 from ..engine import settings
-from ..engine.module import Module, wrapped_modules
-from ..engine.tuner import freeze_tuned
+from ..engine.install import install
+from ..engine.module import Module, freeze_tuned, wrapped_modules
+from ..engine.routes import Winner
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..graph import GraphSpec
 from ..plugins import get_manager
@@ -596,11 +597,44 @@ def _apply_plan(
     entry, whose, device = plan.entry, plan.whose, plan.device
     if whose != "model":
         target.module.load_state_dict(plan.weights, strict=True)
+    winners: list[Winner] = []
+    built_with = None
+    if device is not None:
+        target.module.to(device)
+        winners = _loaded_winners(reader, plan, target, device, fallback, tmp, session, check)
+        built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in plan.weights.items()}
+    install(target, winners, None, built_with=built_with)
     if device is None:
-        target._install([], None)
         return
-    target.module.to(device)
-    winners: list[tuple[Any, Backend]] = []
+    if whose == "model" or any(g.refit for g in entry.graphs):  # payloads hold other weights than the module
+        why = target.adopt_weights()
+        if why is not None and target.strict:
+            raise ArtifactError(
+                f"{reader.path}: {entry.name} is strict and its payloads could not take the "
+                f"{'model' if whose == 'model' else 'artifact'}'s weights ({why})"
+            )
+        if why is not None:
+            warnings.warn(
+                f"{reader.path}: {entry.name} runs eager: its payloads could not take the "
+                f"{'model' if whose == 'model' else 'artifact'}'s weights ({why})",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+
+def _loaded_winners(
+    reader: Reader,
+    plan: _ModulePlan,
+    target: Module,
+    device: torch.device,
+    fallback: str | None,
+    tmp: Path,
+    session: Session,
+    check: bool,
+) -> list[Winner]:
+    """Each planned graph's payload loaded into a backend on ``device`` (with ``fallback="eager"``, those that load)."""
+    entry, whose = plan.entry, plan.whose
+    winners: list[Winner] = []
     for graph in plan.graphs:
         index, graph_entry = graph.index, graph.entry
         try:
@@ -620,34 +654,19 @@ def _apply_plan(
                         f"answer as eager does with the artifact's own weights ({disagreement}); the artifact was "
                         "altered or its payload belongs to other weights: tune and save again"
                     )
-            winners.append((graph_entry.graph, loaded))
+            winners.append(Winner(graph_entry.graph, loaded))
         except ArtifactError as exc:
             if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
                 raise
-            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=5)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # a runtime's SystemExit too: fallback="eager" keeps serving
             message = f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}) cannot be loaded here: {type(exc).__name__}: {exc}"
             if fallback != "eager":
                 raise ArtifactError(message) from exc
-            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
-    built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in plan.weights.items()}
-    target._install(winners, None, built_with)
-    if whose == "model" or any(g.refit for g in entry.graphs):  # payloads hold other weights than the module
-        why = target.adopt_weights()
-        if why is not None and target.strict:
-            raise ArtifactError(
-                f"{reader.path}: {entry.name} is strict and its payloads could not take the "
-                f"{'model' if whose == 'model' else 'artifact'}'s weights ({why})"
-            )
-        if why is not None:
-            warnings.warn(
-                f"{reader.path}: {entry.name} runs eager: its payloads could not take the "
-                f"{'model' if whose == 'model' else 'artifact'}'s weights ({why})",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=5)
+    return winners
 
 
 def _disagreement(backend: Backend, module: torch.nn.Module, graph: GraphSpec) -> str | None:
@@ -666,7 +685,7 @@ def _disagreement(backend: Backend, module: torch.nn.Module, graph: GraphSpec) -
             f"ait.load(check=True): eager refuses random inputs of the recorded shapes ({type(exc).__name__}: {exc}), "
             "so the payload could not be compared with it; pin or sign the artifact to load it without this check",
             RuntimeWarning,
-            stacklevel=6,
+            stacklevel=7,
         )
         return None
     with torch.no_grad(), recording.bypass():
