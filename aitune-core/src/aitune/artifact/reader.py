@@ -22,7 +22,7 @@ from typing import IO, Any
 import attrs
 import torch
 
-from .. import tree
+from .. import payload, tree
 from ..backend import Backend, LoadContext
 from ..converter import structure
 from ..engine import settings
@@ -31,6 +31,7 @@ from ..engine.module import Module, freeze_tuned, wrapped_modules
 from ..engine.routes import Winner
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..graph import GraphSpec
+from ..payload import PayloadRecord
 from ..plugins import get_manager
 from ..registry import BackendRegistry, missing_requirements
 from ..session import Session
@@ -510,6 +511,8 @@ class _ModulePlan:
     """None: the module runs eager on the CPU (its CUDA device is missing and fallback="eager")."""
     graphs: list[_GraphPlan]
     whose: str | None
+    native_trusted: bool = False
+    """The bytes are trusted enough to run native payloads (their graphs were refused otherwise)."""
 
 
 def _plan_module(
@@ -581,7 +584,7 @@ def _plan_module(
             if fallback != "eager":
                 raise ArtifactError(message) from exc
             warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
-    return _ModulePlan(entry, weights, device, graphs, whose)
+    return _ModulePlan(entry, weights, device, graphs, whose, trust.native)
 
 
 def _apply_plan(
@@ -640,12 +643,19 @@ def _loaded_winners(
         try:
             folder = tmp / f"{entry.name}-{index}".replace("/", "_")
             folder.mkdir()
-            reader.extract(graph_entry.payload, folder)
-            context = LoadContext(graph_entry.graph, device, dict(graph_entry.metadata), _cache(), entry.name)
-            with torch.no_grad():
-                loaded = session.hook.aitune_deserialize(
-                    backend=graph.backend, module=target.module, directory=folder, context=context, session=session
-                )
+            reader.extract(graph_entry.payload, folder)  # each member's digest checked against the sums file
+            record = PayloadRecord(
+                backend=graph_entry.backend,
+                config=graph_entry.config,
+                metadata=dict(graph_entry.metadata),
+                files=None,
+                distribution=graph_entry.distribution,
+                version=graph_entry.distribution_version,
+            )
+            context = LoadContext(graph_entry.graph, device, dict(record.metadata), _cache(), entry.name)
+            loaded = payload.read(
+                record, folder, target.module, context, session, plan.native_trusted, backend=graph.backend
+            )
             if check and whose != "model" and not graph_entry.refit:  # refitted ones are checked by adopt_weights
                 disagreement = _disagreement(loaded, target.module, graph_entry.graph)
                 if disagreement is not None:
