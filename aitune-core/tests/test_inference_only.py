@@ -15,6 +15,7 @@ import torch
 
 import aitune.torch as ait
 from aitune.backend import Backend
+from aitune.engine.install import install
 from aitune.errors import ArtifactError, InferenceOnlyError, InputError, StaleWeightsError
 from aitune.module_code import code_digest, reads_training
 from aitune.testing import assert_matches_eager
@@ -216,7 +217,7 @@ def test_a_winner_on_the_live_weights_follows_them_and_blocks_offloading(toy_bac
     model = tuned()
     live = LiveBackend()
     live.build(model.module, None)
-    model._install([(graph, live) for graph, _ in model.tuned_graphs], None)
+    install(model, [(graph, live) for graph, _ in model.tuned_graphs], None)
     x = torch.randn(5, 8)
     with torch.no_grad():
         model.module[0].weight.add_(1.0)

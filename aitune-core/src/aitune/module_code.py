@@ -1,4 +1,4 @@
-"""What aitune reads from a module's code: a digest of it, and whether it reads ``self.training``.
+"""What aitune reads from a module: digests of its code and of the whole module, and whether it reads ``self.training``.
 
 Cache keys must change when ``forward`` changes, not only when the weights do, so the digest
 covers every class in the module tree: its qualified name and the bytecode of each method it
@@ -9,9 +9,11 @@ are named but not hashed: the torch version is in every key already.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import sys
 import types
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,3 +94,28 @@ def reads_training(module: torch.nn.Module) -> bool:
             if name not in ("train", "eval") and _reads(code, "training"):
                 return True
     return False
+
+
+_module_digests: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, str]] = weakref.WeakKeyDictionary()
+"""Per live module (never by ``id()``, which a new module can reuse): its weights' stamp and digest."""
+
+
+def module_digest(module: torch.nn.Module) -> str:
+    """SHA-256 of the module's code, structure and every weight; memoized while the weights are unchanged.
+
+    The key of a cached build and of a remembered JIT decision.
+    """
+    state = module.state_dict(keep_vars=True)
+    code = code_digest(module)
+    stamp = (code, tuple((k, v.data_ptr(), v._version, tuple(v.shape)) for k, v in state.items()))
+    cached = _module_digests.get(module)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    digest = hashlib.sha256(f"{type(module).__module__}.{type(module).__qualname__}\n{code}\n{module}".encode())
+    for name, tensor in state.items():
+        t = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        if t.numel():  # raw bytes through ctypes: torch's CPU wheel does not bring numpy
+            digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
+    _module_digests[module] = (stamp, digest.hexdigest())
+    return digest.hexdigest()

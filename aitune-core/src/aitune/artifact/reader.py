@@ -22,15 +22,17 @@ from typing import IO, Any
 import attrs
 import torch
 
-from .. import tree
+from .. import payload, tree
 from ..backend import Backend, LoadContext
 from ..converter import structure
 from ..engine import settings
 from ..engine.generation import StaticCacheSwitch
-from ..engine.module import Module, wrapped_modules
-from ..engine.tuner import freeze_tuned
+from ..engine.install import install
+from ..engine.module import Module, freeze_tuned, wrapped_modules
+from ..engine.routes import Winner
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..graph import GraphSpec
+from ..payload import PayloadRecord
 from ..plugins import get_manager
 from ..registry import BackendRegistry, missing_requirements
 from ..session import Session
@@ -517,6 +519,8 @@ class _ModulePlan:
     """None: the module runs eager on the CPU (its CUDA device is missing and fallback="eager")."""
     graphs: list[_GraphPlan]
     whose: str | None
+    native_trusted: bool = False
+    """The bytes are trusted enough to run native payloads (their graphs were refused otherwise)."""
 
 
 def _plan_module(
@@ -588,7 +592,7 @@ def _plan_module(
             if fallback != "eager":
                 raise ArtifactError(message) from exc
             warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
-    return _ModulePlan(entry, weights, device, graphs, whose)
+    return _ModulePlan(entry, weights, device, graphs, whose, trust.native)
 
 
 def _apply_plan(
@@ -604,44 +608,15 @@ def _apply_plan(
     entry, whose, device = plan.entry, plan.whose, plan.device
     if whose != "model":
         target.module.load_state_dict(plan.weights, strict=True)
+    winners: list[Winner] = []
+    built_with = None
+    if device is not None:
+        target.module.to(device)
+        winners = _loaded_winners(reader, plan, target, device, fallback, tmp, session, check)
+        built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in plan.weights.items()}
+    install(target, winners, None, built_with=built_with)
     if device is None:
-        target._install([], None)
         return
-    target.module.to(device)
-    winners: list[tuple[Any, Backend]] = []
-    for graph in plan.graphs:
-        index, graph_entry = graph.index, graph.entry
-        try:
-            folder = tmp / f"{entry.name}-{index}".replace("/", "_")
-            folder.mkdir()
-            reader.extract(graph_entry.payload, folder)
-            context = LoadContext(graph_entry.graph, device, dict(graph_entry.metadata), _cache(), entry.name)
-            with torch.no_grad():
-                loaded = session.hook.aitune_deserialize(
-                    backend=graph.backend, module=target.module, directory=folder, context=context, session=session
-                )
-            if check and whose != "model" and not graph_entry.refit:  # refitted ones are checked by adopt_weights
-                disagreement = _disagreement(loaded, target.module, graph_entry.graph)
-                if disagreement is not None:
-                    raise ArtifactError(
-                        f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}): the payload does not "
-                        f"answer as eager does with the artifact's own weights ({disagreement}); the artifact was "
-                        "altered or its payload belongs to other weights: tune and save again"
-                    )
-            winners.append((graph_entry.graph, loaded))
-        except ArtifactError as exc:
-            if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
-                raise
-            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=4)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # a runtime's SystemExit too: fallback="eager" keeps serving
-            message = f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}) cannot be loaded here: {type(exc).__name__}: {exc}"
-            if fallback != "eager":
-                raise ArtifactError(message) from exc
-            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
-    built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in plan.weights.items()}
-    target._install(winners, None, built_with)
     if whose == "model" or any(g.refit for g in entry.graphs):  # payloads hold other weights than the module
         why = target.adopt_weights()
         if why is not None and target.strict:
@@ -656,6 +631,60 @@ def _apply_plan(
                 RuntimeWarning,
                 stacklevel=4,
             )
+
+
+def _loaded_winners(
+    reader: Reader,
+    plan: _ModulePlan,
+    target: Module,
+    device: torch.device,
+    fallback: str | None,
+    tmp: Path,
+    session: Session,
+    check: bool,
+) -> list[Winner]:
+    """Each planned graph's payload loaded into a backend on ``device`` (with ``fallback="eager"``, those that load)."""
+    entry, whose = plan.entry, plan.whose
+    winners: list[Winner] = []
+    for graph in plan.graphs:
+        index, graph_entry = graph.index, graph.entry
+        try:
+            folder = tmp / f"{entry.name}-{index}".replace("/", "_")
+            folder.mkdir()
+            reader.extract(graph_entry.payload, folder)  # each member's digest checked against the sums file
+            record = PayloadRecord(
+                backend=graph_entry.backend,
+                config=graph_entry.config,
+                metadata=dict(graph_entry.metadata),
+                files=None,
+                distribution=graph_entry.distribution,
+                version=graph_entry.distribution_version,
+            )
+            context = LoadContext(graph_entry.graph, device, dict(record.metadata), _cache(), entry.name)
+            loaded = payload.read(
+                record, folder, target.module, context, session, plan.native_trusted, backend=graph.backend
+            )
+            if check and whose != "model" and not graph_entry.refit:  # refitted ones are checked by adopt_weights
+                disagreement = _disagreement(loaded, target.module, graph_entry.graph)
+                if disagreement is not None:
+                    raise ArtifactError(
+                        f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}): the payload does not "
+                        f"answer as eager does with the artifact's own weights ({disagreement}); the artifact was "
+                        "altered or its payload belongs to other weights: tune and save again"
+                    )
+            winners.append(Winner(graph_entry.graph, loaded))
+        except ArtifactError as exc:
+            if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
+                raise
+            warnings.warn(f"{exc}; {entry.name} runs eager for that graph", RuntimeWarning, stacklevel=5)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a runtime's SystemExit too: fallback="eager" keeps serving
+            message = f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}) cannot be loaded here: {type(exc).__name__}: {exc}"
+            if fallback != "eager":
+                raise ArtifactError(message) from exc
+            warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=5)
+    return winners
 
 
 def _disagreement(backend: Backend, module: torch.nn.Module, graph: GraphSpec) -> str | None:
@@ -674,7 +703,7 @@ def _disagreement(backend: Backend, module: torch.nn.Module, graph: GraphSpec) -
             f"ait.load(check=True): eager refuses random inputs of the recorded shapes ({type(exc).__name__}: {exc}), "
             "so the payload could not be compared with it; pin or sign the artifact to load it without this check",
             RuntimeWarning,
-            stacklevel=6,
+            stacklevel=7,
         )
         return None
     with torch.no_grad(), recording.bypass():

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from .. import __version__, payload
 from ..converter import unstructure
 from ..engine.module import named_wrapped_modules
 from ..errors import ArtifactError, InputError, SerializationError
@@ -113,27 +113,22 @@ def save(obj: Any, path: str | Path, *, signing_key: str | Path | None = None, s
                     folder.mkdir()
                     prefix = f"modules/{i}/graphs/{j}"
                     try:
-                        metadata = session.hook.aitune_serialize(backend=backend, directory=folder, session=session)
-                        json.dumps(metadata)
-                    except (TypeError, ValueError) as exc:
-                        raise SerializationError(
-                            f"{module.name}: {backend.name} returned metadata that is not JSON: {exc}"
-                        ) from exc
-                    files = sorted(
-                        str(p.relative_to(folder)).replace("\\", "/") for p in folder.rglob("*") if p.is_file()
-                    )
+                        record = payload.write(backend, folder, session)
+                    except payload.MetadataNotJSON as exc:
+                        raise SerializationError(f"{module.name}: {exc}") from exc
+                    files = sorted(record.files or {})
                     for rel in files:
                         writer.add_file(f"{prefix}/{rel}", folder / rel)
                     entry.graphs.append(
                         GraphEntry(
                             graph=graph,
-                            backend=backend.name,
-                            config=session.registry.config_to_json(backend.config, backend.name),
-                            distribution=session.registry.distribution(backend.name),
-                            distribution_version=session.registry.status(backend.name).version,
+                            backend=record.backend,
+                            config=record.config,
+                            distribution=record.distribution,
+                            distribution_version=record.version,
                             payload=prefix,
                             files=files,
-                            metadata=metadata or {},
+                            metadata=record.metadata,
                             refit=bool(backend.build_info.get("refitted")),
                         )
                     )

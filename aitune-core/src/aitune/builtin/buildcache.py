@@ -5,13 +5,14 @@ its config, the versions of aitune, the plugin and torch, and the device. A hit 
 payload through ``aitune_deserialize`` instead of building; a miss builds, then saves the
 payload into the cache. ``AITUNE_BUILD_CACHE=0`` turns it off.
 
-Its two hook implementations take the run's ``session`` and call other hooks through it, never
-through a global manager.
+Payloads go through :mod:`aitune.payload`, like the artifact's. Its build hook implementations take
+the run's ``session`` and call other hooks through it, never through a global manager; an
+``aitune_candidate_result`` observer drops an entry whose build failed validation, so unregistering
+the plugin turns all of it off.
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import logging
@@ -19,25 +20,23 @@ import os
 import shutil
 import tempfile
 import time
-import weakref
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import __version__, hookimpl
+from .. import __version__, hookimpl, payload
 from ..backend import Backend, BuildContext, LoadContext
-from ..cachedir import changed, checked_entry, digests, make_private, private_folder
+from ..cachedir import checked_entry, make_private, private_folder
 from ..converter import unstructure
 from ..errors import SerializationError
-from ..module_code import code_digest
+from ..module_code import module_digest
 from ..registry import BackendRegistry
+from ..report import CandidateReport, CandidateStatus
 from ..session import Session
 
 logger = logging.getLogger("aitune")
-_digests: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, str]] = weakref.WeakKeyDictionary()
-"""Per live module (never by ``id()``, which a new module can reuse): its weights' stamp and digest."""
 
 
 def enabled() -> bool:
@@ -46,24 +45,6 @@ def enabled() -> bool:
 
 def builds_dir() -> Path:
     return private_folder("builds")
-
-
-def module_digest(module: torch.nn.Module) -> str:
-    """SHA-256 of the module's code, structure and every weight; memoized while the weights are unchanged."""
-    state = module.state_dict(keep_vars=True)
-    code = code_digest(module)
-    stamp = (code, tuple((k, v.data_ptr(), v._version, tuple(v.shape)) for k, v in state.items()))
-    cached = _digests.get(module)
-    if cached is not None and cached[0] == stamp:
-        return cached[1]
-    digest = hashlib.sha256(f"{type(module).__module__}.{type(module).__qualname__}\n{code}\n{module}".encode())
-    for name, tensor in state.items():
-        t = tensor.detach().to("cpu").contiguous()
-        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        if t.numel():  # raw bytes through ctypes: torch's CPU wheel does not bring numpy
-            digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
-    _digests[module] = (stamp, digest.hexdigest())
-    return digest.hexdigest()
 
 
 def build_key(backend: Backend, module: torch.nn.Module, context: BuildContext, registry: BackendRegistry) -> str:
@@ -84,14 +65,11 @@ def _load_hit(
 ) -> Backend | None:
     try:
         meta = json.loads((entry / "meta.json").read_text())
-        why = changed(entry / "payload", meta.get("files"))
-        if why:
-            raise SerializationError(f"the entry is not as it was stored: {why}")
-        load_ctx = LoadContext(context.graph, context.device, meta["metadata"], context.cache_dir, context.module_name)
+        record = payload.from_json({k: v for k, v in meta.items() if k != "build_info"}, "meta.json")
+        load_ctx = LoadContext(context.graph, context.device, record.metadata, context.cache_dir, context.module_name)
         start = time.perf_counter()
-        loaded = session.hook.aitune_deserialize(
-            backend=backend, module=module, directory=entry / "payload", context=load_ctx, session=session
-        )
+        # the entry is this user's private folder, keyed by this very backend and config
+        loaded = payload.read(record, entry / "payload", module, load_ctx, session, True, backend=backend)
     except Exception as exc:  # a broken entry is dropped and rebuilt, never fatal
         logger.warning("build cache entry %s is unusable (%s: %s); rebuilding", entry.name, type(exc).__name__, exc)
         shutil.rmtree(entry, ignore_errors=True)
@@ -100,7 +78,7 @@ def _load_hit(
     loaded.build_info["from_cache"] = True
     loaded.build_info["cache_key"] = entry.name
     loaded.build_info["cache_load_s"] = time.perf_counter() - start
-    return loaded  # type: ignore[no-any-return]
+    return loaded
 
 
 def evict(key: str | None) -> None:
@@ -109,16 +87,30 @@ def evict(key: str | None) -> None:
         shutil.rmtree(builds_dir() / key[:2] / key, ignore_errors=True)
 
 
+@hookimpl(specname="aitune_candidate_result")
+def drop_rejected(candidate: CandidateReport) -> None:
+    """A cached build that no longer matches eager is dropped, so the next tune builds it afresh
+    (one the user's metric judged is kept: the metric, not the cache, rejected it)."""
+    validation = candidate.validation
+    if (
+        candidate.status == CandidateStatus.FAILED
+        and candidate.stage == "validate"
+        and candidate.metric is None
+        and validation is not None
+        and not validation.passed
+    ):
+        evict(candidate.build_info.get("cache_key"))
+
+
 def _store(entry: Path, backend: Backend, session: Session) -> None:
     private_folder("builds", entry.parent.name)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
     try:
         (staging / "payload").mkdir()
-        metadata = session.hook.aitune_serialize(backend=backend, directory=staging / "payload", session=session)
+        record = payload.write(backend, staging / "payload", session)
         info = {k: v for k, v in backend.build_info.items() if k not in ("from_cache", "cache_key")}
-        files = digests(staging / "payload")
-        record = {"backend": backend.name, "metadata": metadata or {}, "build_info": info, "files": files}
-        (staging / "meta.json").write_text(json.dumps(record, default=str))
+        meta = {**payload.to_json(record), "build_info": info}
+        (staging / "meta.json").write_text(json.dumps(meta, default=str))
         make_private(staging)
         os.replace(staging, entry)
     except (SerializationError, OSError) as exc:

@@ -10,6 +10,7 @@ weights again: winners that baked the old weights in stop being used (see ``guar
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,15 +19,16 @@ import torch
 from ..graph import DynamicShapes
 from . import recording
 from .guard import RecheckWeights
-from .install import Winner, dispatcher_for, eager_only
 from .recording import Canonicalizer
 
 if TYPE_CHECKING:
-    from ..backend import Backend, Tolerance
-    from ..graph import GraphSpec
-    from ..report import ModuleReport
-    from .guard import Layout
+    from ..backend import Tolerance
+    from ..report import ModuleReport, TuneReport
+    from .dispatch import Dispatcher
+    from .routes import Winner
     from .strategies import TuneStrategy
+
+logger = logging.getLogger("aitune")
 
 _INNER = "module"
 Metric = Callable[[Any, Any, Any], float]
@@ -153,41 +155,16 @@ class Module(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"name={self.name!r}, state={self._state!r}"
 
-    # -- used by the tuner and the artifact loader -------------------------------------------
+    # -- set by aitune.engine.install, the one way winners are put in place ----------------------
 
-    def _install(
-        self, routes: Sequence[tuple[GraphSpec, Backend]], report: ModuleReport | None, built_with: Layout | None = None
+    def _hold(
+        self, routes: Sequence[Winner], report: ModuleReport | None, dispatcher: Dispatcher | None, state: str
     ) -> None:
-        """Route calls by ``routes`` (see :mod:`aitune.engine.install`); all eager needs no dispatcher.
-
-        Graphs (or batch ranges) whose winner is eager keep a route to eager, so their calls run
-        eager silently instead of counting as calls outside what was tuned. ``built_with``: the
-        weights' layout the payloads were built with, when not the module's own now (``ait.load``).
-        """
-        installed = [Winner(g, b) for g, b in routes]
-        object.__setattr__(self, "tuned_graphs", installed)
+        """Keep what :func:`aitune.engine.install.install` (or ``reset``) decided for this wrapper."""
+        object.__setattr__(self, "tuned_graphs", list(routes))
         object.__setattr__(self, "report", report)
-        if eager_only(installed):
-            object.__setattr__(self, "_dispatcher", None)
-            object.__setattr__(self, "_state", "passthrough")
-            return
-        dispatcher = dispatcher_for(
-            self.name,
-            self.module,
-            self.module,
-            self._canonicalize,
-            installed,
-            self.strict,
-            self.module.modules(),
-            built_with,
-        )
         object.__setattr__(self, "_dispatcher", dispatcher)
-        object.__setattr__(self, "_state", "tuned")
-
-    def _reset(self) -> None:
-        object.__setattr__(self, "_dispatcher", None)
-        object.__setattr__(self, "_state", "recording")
-        object.__setattr__(self, "tuned_graphs", [])
+        object.__setattr__(self, "_state", state)
 
     def adopt_weights(self) -> str | None:
         """Refit the winners with the module's weights as they are now and check them against eager
@@ -295,3 +272,28 @@ def named_wrapped_modules(obj: Any) -> list[tuple[str, Module]]:
     for path, module in named_top_modules(obj):
         walk(module, path)
     return list(found.values())
+
+
+def freeze_tuned(obj: Any, report: TuneReport | None = None) -> None:
+    """Make ``obj``'s parameters inference-only (``requires_grad_(False)``) once something in it is tuned.
+
+    All of them, not only the tuned modules': a module upstream whose parameters require grad
+    hands the tuned one an activation that requires grad, and that call would run eager. A
+    pipeline's modules are found as ``ait.wrap`` finds them (attributes, mappings, lists).
+    """
+    tuned = [m for m in wrapped_modules(obj) if m.state == "tuned"]
+    if not tuned:
+        return
+    entries = {m.name: m for m in report.modules} if report is not None else {}
+    for module in tuned:
+        if module.name in entries:
+            entries[module.name].frozen = [n for n, p in module.module.named_parameters() if p.requires_grad]
+    count = 0
+    for root in top_modules(obj):
+        for parameter in root.parameters():
+            count += parameter.requires_grad
+            parameter.requires_grad_(False)
+    if count:
+        logger.info(
+            "%d parameters made inference-only so plain calls run the tuned backends (freeze=False keeps them)", count
+        )

@@ -17,7 +17,7 @@ every rank's modules then run eager, so no two ranks run different code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -30,7 +30,9 @@ from ..registry import BackendRegistry
 from ..report import CandidateReport, GraphReport, ModuleReport, ProfileResult, TuneReport
 from ..text import clip
 from . import recording
+from .install import install
 from .plan import TuneRun, graph_of, graph_tuning, strategy_for
+from .routes import Winner
 
 if TYPE_CHECKING:
     from .module import Module
@@ -124,6 +126,7 @@ def tune_together(
     rank tunes on the slowest rank's figures. Fills ``report``."""
     if run.shared is not None:
         return _tune_on_slowest(group, tune_all, recs, report)
+    decisions: list[tuple[Module, list[Winner], ModuleReport | None]] = []
     try:
         with group.step("tuning on rank 0") as outbox:
             if group.rank == 0:
@@ -132,11 +135,14 @@ def tune_together(
         decided = TuneReport.from_json(group.inbox[0]["report"])
         with group.step("installing rank 0's winners"):
             if group.rank != 0:
-                install(group.rank, recs, decided, report, run)
+                for rec, winners, mine in rebuild(group.rank, recs, decided, run):
+                    decisions.append((rec.module, winners, mine))
+                    report.modules.append(mine)
     except DistributedTuneError:
-        for rec in recs:
-            rec.module._install([], None)
+        decisions = _all_eager(recs)
         raise
+    finally:
+        _install_all(decisions)
     report.environment["distributed"] = {"rank": group.rank, "world_size": group.world_size, "decided_by": 0}
 
 
@@ -160,8 +166,7 @@ def _tune_on_slowest(
                 final=True,
             )
     except DistributedTuneError:
-        for rec in recs:
-            rec.module._install([], None)
+        _install_all(_all_eager(recs))
         raise
     report.environment["distributed"] = {
         "rank": group.rank,
@@ -246,18 +251,29 @@ class SlowestRank:
         return max(float(m["cost_ms"]) for m in self.group.inbox)
 
 
-def install(
+def _install_all(decisions: Sequence[tuple[Module, list[Winner], ModuleReport | None]]) -> None:
+    for module, winners, mine in decisions:
+        install(module, winners, mine)
+
+
+def _all_eager(
+    recs: Sequence[recording.ModuleRecording[Module]],
+) -> list[tuple[Module, list[Winner], ModuleReport | None]]:
+    """Every module running eager, with no report: what a tune the ranks could not finish leaves."""
+    return [(rec.module, [], None) for rec in recs]
+
+
+def rebuild(
     rank: int,
     recs: Sequence[recording.ModuleRecording[Module]],
     decided: TuneReport,
-    report: TuneReport,
     run: TuneRun,
-) -> None:
-    """Build, check and install rank 0's winners for every module of this rank."""
+) -> Iterator[tuple[recording.ModuleRecording[Module], list[Winner], ModuleReport]]:
+    """Build and check rank 0's winners for each module of this rank, with this rank's report of them."""
     for rec, chosen in zip(recs, decided.modules):
         module = rec.module
         mine = structure(unstructure(chosen), ModuleReport, "report")
-        winners: list[tuple[Any, Backend]] = []
+        winners: list[Winner] = []
         if mine.status != "failed":
             for index, (graph_rec, graph_report) in enumerate(zip(rec.graphs.values(), mine.graphs)):
                 if graph_rec.error or graph_rec.eager_reason:
@@ -276,15 +292,14 @@ def install(
                                 routed = _selected(graph_report, route.backend, where)
                                 built[route.backend] = _build_winner(tuning, templates, routed, rank, where)
                             backend = built[route.backend]
-                        winners.append((narrow(graph, route.batch_min, route.batch_max), backend))
+                        winners.append(Winner(narrow(graph, route.batch_min, route.batch_max), backend))
                     continue
                 selected = next((c for c in graph_report.candidates if c.status == "selected"), None)
                 backend = tuning.eager.backend
                 if selected is not None:
                     backend = _build_winner(tuning, templates, selected, rank, where)
-                winners.append((graph, backend))
-        module._install(winners, mine)
-        report.modules.append(mine)
+                winners.append(Winner(graph, backend))
+        yield rec, winners, mine
 
 
 def _selected(graph_report: GraphReport, backend: str, where: str) -> CandidateReport:

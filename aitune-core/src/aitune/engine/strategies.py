@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import enum
 import math
-import shutil
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
+from .. import payload
 from ..backend import Backend
 from ..errors import BuildError, TuningError, ValidationError
 from ..profiling import ProfilingConfig
 from ..report import CandidateStatus
+from ..session import Session
 from .figures import Comparison, compare
 from .graph_tuning import Candidate, GraphTuning, Route
 
@@ -392,7 +391,7 @@ class MaxThroughputStrategy(_ProfilingStrategy):
                 + ", ".join(map(str, pays))
                 + f": the single winner would be {single.name if single else 'eager'}"
             )
-        tuning.note(_extra_size(routes, single))
+        tuning.note(_extra_size(routes, single, tuning.session))
         return routes
 
 
@@ -410,22 +409,13 @@ def _clearly_faster(best: Candidate | None, other: Candidate | None, size: int, 
     return mine is not None and compare(mine, theirs).low_speedup > 1.0
 
 
-def _artifact_bytes(candidate: Candidate) -> int | None:
-    """What ``candidate``'s backend writes into an artifact, in bytes (None when it cannot say)."""
-    directory = Path(tempfile.mkdtemp(prefix="aitune-size-"))
-    try:
-        candidate.backend.save(directory)
-        return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-    except Exception:
-        return None
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _extra_size(routes: list[Route], single: Candidate | None) -> str:
-    """The memory and artifact size per-batch routing costs beyond one winner."""
+def _extra_size(routes: list[Route], single: Candidate | None, session: Session) -> str:
+    """The memory and artifact size per-batch routing costs beyond one winner (each payload measured
+    as the payload store writes it)."""
     kept = list(dict.fromkeys(r.candidate for r in routes if r.candidate is not None))
-    sizes = {c: _artifact_bytes(c) for c in dict.fromkeys([*kept, *([single] if single is not None else [])])}
+    sizes = {
+        c: payload.size(c.backend, session) for c in dict.fromkeys([*kept, *([single] if single is not None else [])])
+    }
     names = ", ".join(c.name for c in kept)
     if any(sizes[c] is None for c in kept):
         return f"routing keeps {len(kept)} backends loaded ({names}); their artifact size is unknown"

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .. import __version__, distributed
-from ..backend import Backend, Tolerance
+from ..backend import Tolerance
 from ..builds.queue import build_session
 from ..errors import AituneError, ConfigError, DistributedTuneError, InputError, PluginError
 from ..plugins import get_manager
@@ -34,10 +34,11 @@ from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
 from . import end_to_end, fanout, ranks, recording, settings
 from .generation import StaticCacheSwitch
-from .install import winners_of
-from .module import Module, check_budget, top_modules, wrapped_modules
+from .install import install, reset
+from .module import Module, check_budget, freeze_tuned, wrapped_modules
 from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
 from .progress import TuneProgress
+from .routes import Winner, eager_only, winners_of
 
 logger = logging.getLogger("aitune")
 
@@ -217,31 +218,6 @@ def _end_to_end_budget(value: bool | float) -> float:
     raise InputError(f"end_to_end must be True, False or a time budget in seconds >= 0, got {value!r}")
 
 
-def freeze_tuned(obj: Any, report: TuneReport | None = None) -> None:
-    """Make ``obj``'s parameters inference-only (``requires_grad_(False)``) once something in it is tuned.
-
-    All of them, not only the tuned modules': a module upstream whose parameters require grad
-    hands the tuned one an activation that requires grad, and that call would run eager. A
-    pipeline's modules are found as ``ait.wrap`` finds them (attributes, mappings, lists).
-    """
-    tuned = [m for m in wrapped_modules(obj) if m.state == "tuned"]
-    if not tuned:
-        return
-    entries = {m.name: m for m in report.modules} if report is not None else {}
-    for module in tuned:
-        if module.name in entries:
-            entries[module.name].frozen = [n for n, p in module.module.named_parameters() if p.requires_grad]
-    count = 0
-    for root in top_modules(obj):
-        for parameter in root.parameters():
-            count += parameter.requires_grad
-            parameter.requires_grad_(False)
-    if count:
-        logger.info(
-            "%d parameters made inference-only so plain calls run the tuned backends (freeze=False keeps them)", count
-        )
-
-
 @contextlib.contextmanager
 def _kept_as_they_are(obj: Any) -> Iterator[None]:
     """A dry run records through every wrapper; afterwards each one routes calls as before."""
@@ -251,7 +227,7 @@ def _kept_as_they_are(obj: Any) -> Iterator[None]:
     finally:
         for module, state, graphs, report in before:
             if state != "recording":
-                module._install(graphs, report)
+                install(module, graphs, report)
 
 
 def _used_a_static_cache(recorded: recording.RecordingSession[Any]) -> bool:
@@ -346,7 +322,7 @@ def _tune(
         if not dry_run:
             fanout.submit_ahead(list(recorded.modules.values()), run)
         for rec in recorded.modules.values():
-            module_report = tune_recorded(run, rec)
+            module_report = tune_and_install(run, rec)
             report.modules.append(module_report)
             logger.info("%s", module_report.summary)
 
@@ -404,7 +380,7 @@ def _record(
         )
     for module in known:
         check_devices(module)
-        module._reset()
+        reset(module)
     samples_seen = 0
     first: Any = None
     with progress.step("recording calls", "recording"), torch.no_grad(), recording.recording(max_samples) as session:
@@ -492,18 +468,34 @@ ENVIRONMENT_ERRORS: tuple[type[Exception], ...] = (ConfigError, PluginError)
 ``ait.tune`` raises them rather than leaving the module eager, as every module would fail alike."""
 
 
-def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module]) -> ModuleReport:
-    """Tune one recorded module graph by graph and install the winners (also the JIT's entry point).
+def tune_and_install(run: TuneRun, rec: recording.ModuleRecording[Module]) -> ModuleReport:
+    """Tune one recorded module (:func:`tune_recorded`) and install its winners; a failed one runs eager."""
+    report = module_report(rec.module)
+    winners: list[Winner] | None = None
+    try:
+        winners = tune_recorded(run, rec, report)
+    finally:  # a failure that propagates leaves the module eager too
+        if winners is not None or report.status == ModuleStatus.FAILED:
+            install(rec.module, winners or [], report)
+    return report
 
-    A module whose tuning fails runs eager with a ``RuntimeWarning`` naming the error; with
-    ``fail_fast``, for a ``strict`` module and for an error about the environment
-    (:data:`ENVIRONMENT_ERRORS`), the error is raised. With ``run.dry_run`` it stops after the graphs
-    are known, installing nothing.
+
+def module_report(module: Module) -> ModuleReport:
+    """The report :func:`tune_recorded` fills for ``module``."""
+    return ModuleReport(name=module.name, strategy=repr(strategy_for(module, 0, "")))
+
+
+def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module], report: ModuleReport) -> list[Winner] | None:
+    """Tune one recorded module graph by graph into ``report``; the winners to install (also the JIT's entry point).
+
+    Installs nothing: the caller installs what it returns, ``[]`` (eager) when tuning failed and
+    None for ``run.dry_run``, which stops once the graphs are known. A failure warns with a
+    ``RuntimeWarning`` naming the error; with ``fail_fast``, for a ``strict`` module and for an
+    error about the environment (:data:`ENVIRONMENT_ERRORS`) it is raised, ``report`` saying FAILED.
     """
     fail_fast = run.fail_fast
     module = rec.module
-    report = ModuleReport(name=module.name, strategy=repr(strategy_for(module, 0, "")))
-    winners: list[tuple[Any, Backend]] = []
+    winners: list[Winner] = []
     try:
         for index, graph_rec in enumerate(rec.graphs.values()):
             if graph_rec.error:
@@ -531,7 +523,6 @@ def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module]) -> Modul
                 raise
             winners.extend(winners_of(graph, decision, tuning.eager.backend))
     except Exception as exc:
-        module._install([], report)
         report.status, report.error = ModuleStatus.FAILED, f"{type(exc).__name__}: {exc}"
         report.summary = f"{module.name}: tuning failed, running eager: {report.error}"
         # ranks out of step end the tune on every rank; the environment is no module's failure
@@ -543,17 +534,16 @@ def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module]) -> Modul
             f"{module.name}: tuning failed, so it runs eager (no speed-up): {report.error}. Fix what the error names "
             "and tune again; ait.tune(..., fail_fast=True) raises it with its traceback",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-        return report
+        return []
     if run.dry_run:
         report.status = ModuleStatus.DRY_RUN
         report.summary = f"{module.name}: dry run, {len(report.graphs)} graph(s), nothing built"
-        return report
-    module._install(winners, report)
-    report.status = ModuleStatus.TUNED if module.state == "tuned" else ModuleStatus.EAGER
+        return None
+    report.status = ModuleStatus.EAGER if eager_only(winners) else ModuleStatus.TUNED
     report.summary = summarize(report)
-    return report
+    return winners
 
 
 def summarize(report: ModuleReport) -> str:

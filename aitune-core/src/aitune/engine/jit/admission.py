@@ -14,10 +14,10 @@ import logging
 
 import torch
 
+from ..install import TunedForward
 from ..module import Module
 from ..recording import RecordingSession
 from . import settings
-from .install import TunedForward
 from .state import STATE, JitCandidate, ModuleState
 
 logger = logging.getLogger("aitune")

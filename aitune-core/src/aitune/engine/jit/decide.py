@@ -25,12 +25,13 @@ from ...registry import BackendRegistry
 from ...report import ModuleReport
 from ...session import Session
 from .. import recording
+from ..install import install
 from ..plan import TuneRun, default_backends, weights_device
 from ..progress import Step, TuneProgress
+from ..routes import Winner, eager_only
 from ..strategies import FirstWinsStrategy, TuneStrategy
 from . import decision_store, settings
 from .admission import admit
-from .install import install
 from .sharing import measuring_strategy
 from .state import STATE, Decision, JitCandidate, check_stopping
 
@@ -103,14 +104,14 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
                 _remember(run, key, cand, "descended", why)
                 logger.info("aitune jit: %s stays eager (%s); trying its children", cand.name, why)
                 return _descend(module, cand, why)
-    from ..tuner import tune_recorded
+    from ..tuner import module_report, tune_recorded
 
     object.__setattr__(cand.wrapper, "strategy", strategy)
     check_stopping()
-    report = tune_recorded(run, rec)
-    winners = list(cand.wrapper.tuned_graphs)
-    if cand.wrapper.state == "tuned":
-        names = install(module, cand, winners)
+    report = module_report(cand.wrapper)
+    winners = tune_recorded(run, rec, report) or []
+    if not eager_only(winners):
+        names = _install(module, cand, winners, report)
         _remember(run, key, cand, "tuned", report.summary, winners)
         logger.info("aitune jit: tuned %s", report.summary)
         return _decision(module, cand, "tuned", backends=names, reason=report.summary)
@@ -150,7 +151,8 @@ def _stale_winner(
 
 def _reuse(module: torch.nn.Module, cand: JitCandidate, remembered: decision_store.Remembered) -> Decision:
     if remembered.outcome == "tuned":
-        names = install(module, cand, [(g, b) for g, b in remembered.winners if b is not None])
+        winners = [Winner(g, b) for g, b in remembered.winners if b is not None]
+        names = _install(module, cand, winners, None)
         logger.info("aitune jit: reusing tuned %s (%s) from cache", cand.name, ", ".join(dict.fromkeys(names)))
         return _decision(module, cand, "tuned", backends=names, from_cache=True, reason=remembered.reason)
     if remembered.outcome == "descended":
@@ -159,6 +161,16 @@ def _reuse(module: torch.nn.Module, cand: JitCandidate, remembered: decision_sto
     logger.info("aitune jit: reusing decision for %s from cache: stays eager", cand.name)
     STATE.modules[module] = "eager"
     return _decision(module, cand, "eager", from_cache=True, reason=remembered.reason)
+
+
+def _install(
+    module: torch.nn.Module, cand: JitCandidate, winners: Sequence[Winner], report: ModuleReport | None
+) -> tuple[str, ...]:
+    """Route ``module``'s inference calls to ``winners`` (eager ones run its own forward); the backends used."""
+    install(module, winners, report, name=cand.name, canonicalize=cand.wrapper._canonicalize)
+    STATE.tuned.add(module)
+    STATE.modules[module] = "tuned"
+    return tuple(w.backend.name for w in winners if w.backend.name != decision_store.EAGER)
 
 
 def _remember(

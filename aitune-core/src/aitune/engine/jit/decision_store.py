@@ -1,10 +1,11 @@
 """What the JIT remembers across runs: one decision per module, in ``<cache dir>/jit``.
 
 A decision is keyed by everything that could change it: the module's code, structure and weights
-(``buildcache.module_digest``: the bytecode of every class in the tree, never memoized by ``id()``), the graph specs recorded for it, the candidate backends with
+(``module_code.module_digest``: the bytecode of every class in the tree, never memoized by ``id()``), the graph specs recorded for it, the candidate backends with
 their configs and plugin versions, and the environment (aitune, torch, device, GPU or CPU model).
 It holds the outcome (``tuned``, ``eager`` or ``descended``), and for a tuned module each graph's
-winner: backend name, config JSON, graph JSON and the payload written by ``aitune_serialize``.
+winner: its graph JSON and its payload, written and read by :mod:`aitune.payload` (the record:
+backend name, config JSON, metadata, file digests, distribution and version).
 A changed forward, weight, input range, backend list or upgrade gives another key. Code the key
 cannot see (a module-level helper that forward calls) is why a remembered winner is validated on
 the current calls before it is installed: a mismatch deletes the entry and the module is tuned
@@ -26,19 +27,20 @@ from typing import Any
 import attrs
 import torch
 
-from ... import __version__
+from ... import __version__, payload
 from ...backend import Backend, LoadContext, payload_file
-from ...builtin.buildcache import module_digest
-from ...cachedir import changed, checked_entry, digests, make_private, private_folder
+from ...cachedir import checked_entry, make_private, private_folder
 from ...converter import unstructure
 from ...errors import ConfigError, SerializationError
 from ...graph import GraphSpec
+from ...module_code import module_digest
 from ...registry import BackendRegistry
 from ..plan import TuneRun
 
 logger = logging.getLogger("aitune")
-FORMAT = 2
-"""2: entries record the digests of their payload files (format 1 entries are tuned again)."""
+FORMAT = 3
+"""3: each winner is a payload record (:mod:`aitune.payload`) with its files' digests; entries of
+older formats are tuned again."""
 EAGER = "torch_eager"
 DECISION = "decision.json"
 
@@ -115,21 +117,9 @@ def save(
             if backend.name != EAGER:
                 folder = staging / str(index)
                 folder.mkdir()
-                metadata = run.hook.aitune_serialize(backend=backend, directory=folder, session=run.session) or {}
-                record.update(
-                    config=run.registry.config_to_json(backend.config, backend.name),
-                    metadata=metadata,
-                    payload=str(index),
-                )
+                record.update(payload.to_json(payload.write(backend, folder, run.session)), payload=str(index))
             graphs.append(record)
-        decision = {
-            "format": FORMAT,
-            "name": name,
-            "outcome": outcome,
-            "reason": reason,
-            "graphs": graphs,
-            "files": digests(staging),
-        }
+        decision = {"format": FORMAT, "name": name, "outcome": outcome, "reason": reason, "graphs": graphs}
         (staging / DECISION).write_text(json.dumps(decision, indent=1, default=str))
         make_private(staging)
         if entry.exists():
@@ -151,14 +141,10 @@ def load(run: TuneRun, key: str, name: str, module: torch.nn.Module, graphs: Seq
         return None
     from ...cachedir import cache_dir
 
-    registry, hook, device = run.registry, run.hook, run.device
     try:
         decision = json.loads(path.read_text())
         if decision.get("format") != FORMAT:
             raise ValueError(f"format {decision.get('format')!r}, expected {FORMAT}")
-        why = changed(entry, decision.get("files"), exclude=(DECISION,))
-        if why:
-            raise ValueError(f"the entry is not as it was stored: {why}")
         winners: list[tuple[GraphSpec, Backend | None]] = []
         saved = decision["graphs"]
         if saved and len(saved) != len(graphs):
@@ -167,18 +153,11 @@ def load(run: TuneRun, key: str, name: str, module: torch.nn.Module, graphs: Seq
             if record["backend"] == EAGER:
                 winners.append((graph, None))
                 continue
-            config = registry.config_from_json(record["config"], f"{name}.config", from_file=True)
-            backend = registry.backend_class(record["backend"])(config)
-            context = LoadContext(graph, device, dict(record.get("metadata") or {}), cache_dir(), name)
-            with torch.no_grad():
-                loaded = hook.aitune_deserialize(
-                    backend=backend,
-                    module=module,
-                    directory=payload_file(entry, record["payload"]),
-                    context=context,
-                    session=run.session,
-                )
-            winners.append((graph, loaded))
+            folder = payload_file(entry, record["payload"])
+            kept = payload.from_json({k: v for k, v in record.items() if k not in ("graph", "payload")}, name)
+            context = LoadContext(graph, run.device, dict(kept.metadata), cache_dir(), name)
+            # the entry is this user's private folder (checked above), written by an earlier run
+            winners.append((graph, payload.read(kept, folder, module, context, run.session, True)))
         return Remembered(decision["outcome"], decision.get("reason", ""), winners)
     except Exception as exc:
         logger.warning(

@@ -19,9 +19,9 @@ import torch
 
 from ... import tracing
 from .. import recording
+from ..install import reset
 from . import background, settings
 from .admission import admit
-from .install import uninstall
 from .observe import observe
 from .state import STATE, Decision, JitCandidate
 
@@ -65,7 +65,7 @@ def disable() -> None:
         for entry in [f for f in warnings.filters if f[1] is not None and f[1].pattern == _COMPILE_WARNING]:
             warnings.filters.remove(entry)  # type: ignore[attr-defined]
         for module in list(STATE.tuned):
-            uninstall(module)
+            reset(module)
         STATE.forget()
 
 

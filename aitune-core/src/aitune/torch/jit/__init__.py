@@ -9,9 +9,9 @@ top-down; decisions are remembered in the cache dir so the next run reuses them.
 
 from __future__ import annotations
 
+from ...engine.install import TunedForward
 from ...engine.jit.background import wait
 from ...engine.jit.hooks import decisions, disable, enable, enabled, status
-from ...engine.jit.install import TunedForward
 from ...engine.jit.state import Decision
 from . import config
 
