@@ -78,7 +78,9 @@ def _install_example(session: nox.Session) -> None:
     """The example plugin as a third party ships it: its own wheel, installed next to aitune-core."""
     wheels = Path(session.create_tmp()) / "example-wheel"
     shutil.rmtree(wheels, ignore_errors=True)
-    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), f"./{EXAMPLE}", silent=True)
+    session.run_install(
+        "python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), f"./{EXAMPLE}", silent=True
+    )
     [wheel] = wheels.glob("aitune_backend_example-*.whl")
     session.install("--no-deps", "--force-reinstall", str(wheel))
 
