@@ -25,6 +25,7 @@ import torch
 
 import aitune.torch as ait
 from aitune.backend import Backend, BuildContext, LoadContext
+from aitune.engine.install import install
 from aitune.graph import Sample, infer_graph
 
 
@@ -84,7 +85,7 @@ def constant_module(case: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
     graph = infer_graph(samples, names, batch_sizes=[1, 4])
     with torch.no_grad():
         backend = ConstantBackend(module(*call[0], **call[1]))
-    wrapped._install([(graph, backend)], None)
+    install(wrapped, [(graph, backend)], None)
     args, kwargs = call
     return lambda: wrapped(*args, **kwargs), lambda: backend.infer(*args, **kwargs)
 
