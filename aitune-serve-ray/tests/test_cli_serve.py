@@ -52,7 +52,7 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
     finally:
         process.send_signal(signal.SIGINT)
         try:
-            process.wait(timeout=60)
+            process.wait(timeout=180)  # Serve takes its replicas down gracefully: slow on a busy machine
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
