@@ -109,24 +109,19 @@ def _frontier(graph: GraphReport, plt: Any) -> str | None:
     return _svg(fig)
 
 
+NUMERIC = frozenset(
+    {"build s", "validate s", "profile s", "max rel err", "cosine", "p50 ms", "p99 ms", "samples/s", "speedup"}
+)
+"""Columns right-aligned as numbers (a constant, not rebuilt for every table)."""
+
+
 def _table(columns: tuple[str, ...] | list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    numeric = {
-        "build s",
-        "validate s",
-        "profile s",
-        "max rel err",
-        "cosine",
-        "p50 ms",
-        "p99 ms",
-        "samples/s",
-        "speedup",
-    }
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = []
     for i, row in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes else ""
         cells = "".join(
-            f'<td class="num">{html.escape(v)}</td>' if c in numeric else f"<td>{html.escape(v)}</td>"
+            f'<td class="num">{html.escape(v)}</td>' if c in NUMERIC else f"<td>{html.escape(v)}</td>"
             for c, v in zip(columns, row)
         )
         body.append(f"<tr{cls}>{cells}</tr>")
