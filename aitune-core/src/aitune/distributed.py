@@ -21,6 +21,7 @@ lockstep, each timing its own builds, and every figure decided on is the slowest
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import datetime
@@ -38,6 +39,9 @@ logger = logging.getLogger("aitune")
 
 DEFAULT_TIMEOUT_S = 7200.0
 _groups: dict[int, Any] = {}
+"""aitune's own gloo group per WORLD group. Dropped at exit while the interpreter is whole: a
+process group torch destroys during interpreter teardown can abort the process (gloo threads)."""
+atexit.register(_groups.clear)
 _warned = False
 
 
