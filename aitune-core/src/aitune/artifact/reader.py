@@ -5,8 +5,9 @@ and configs and the manifest from JSON: nothing is unpickled. A payload that can
 (missing plugin, CUDA payload without CUDA, a runtime that refuses it) raises a clear error, or
 with ``fallback="eager"`` leaves that module eager with a warning.
 
-Why one long module: loading is one ordered procedure (digests first, then the object, then
-every payload), and splitting it would scatter the order that makes it safe.
+Loading checks everything it can before it changes anything (the digests, the manifest, the
+model object's structure, every device, config and bound, the trust policy); only then are the
+payloads loaded and installed.
 """
 
 from __future__ import annotations

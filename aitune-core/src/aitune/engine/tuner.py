@@ -5,8 +5,8 @@ or a ``strict`` module raises instead; an error about the environment, such as a
 folder or a broken plugin, always raises). Strategies whose documented behaviour is to raise (``raises_on_failure``: OneBackend's
 original error, LatencyBudget's unmet budget) always propagate.
 
-Why one long module: ``ait.tune``'s flow (record, agree across ranks, tune each module, report)
-reads top to bottom here; each step it calls lives in its own module.
+The flow reads top to bottom here: record, agree across ranks, tune and install each module,
+report; each step it calls lives in its own module (docs/architecture.md names them).
 """
 
 from __future__ import annotations
