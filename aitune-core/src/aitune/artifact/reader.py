@@ -26,11 +26,11 @@ import torch
 from .. import payload, tree
 from ..backend import Backend, LoadContext
 from ..converter import structure
-from ..engine import settings
 from ..engine.generation import StaticCacheSwitch
 from ..engine.install import install
 from ..engine.module import Module, freeze_tuned, wrapped_modules
 from ..engine.routes import Winner
+from ..engine.settings import settings
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..graph import GraphSpec
 from ..payload import PayloadRecord

@@ -32,13 +32,14 @@ from ..errors import AituneError, ConfigError, DistributedTuneError, InputError,
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
-from . import end_to_end, fanout, ranks, recording, settings
+from . import end_to_end, fanout, ranks, recording
 from .generation import StaticCacheSwitch
 from .install import install, reset
 from .module import Module, check_budget, freeze_tuned, wrapped_modules
 from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
 from .progress import TuneProgress
 from .routes import Winner, eager_only, winners_of
+from .settings import settings
 
 logger = logging.getLogger("aitune")
 
