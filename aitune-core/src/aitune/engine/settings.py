@@ -3,8 +3,8 @@
 A settings object is an attrs instance of a :class:`Settings` subclass whose fields are the
 settings. Every assignment runs the field's converter and validators, so a bad value fails
 where it is made, and a misspelt name is refused with the list of names. A field may name the
-environment variable it is read from; :meth:`Settings.reset` (run when the object is made) is the
-one place settings read the environment. Two objects exist: :data:`settings` here, public as
+environment variable it is read from; ``Settings._read_environment``, run when the object is made
+and by :meth:`Settings.reset`, is the one place settings read the environment. Two objects exist: :data:`settings` here, public as
 ``ait.config`` and ``aitune.torch.config``, and JIT tuning's
 :data:`aitune.engine.jit.settings.settings`, public as ``aitune.torch.jit.config``. The engine
 reads them at each use, so a change affects what is tuned after it.
