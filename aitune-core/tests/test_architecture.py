@@ -144,9 +144,9 @@ def test_any_public_module_imported_first_leaves_the_api_whole(first):
         "assert inspect.isfunction(ait.load) and inspect.isfunction(ait.save), (ait.load, ait.save)\n"
         "assert inspect.isfunction(ait.tune) and inspect.isfunction(ait.inspect), (ait.tune, ait.inspect)\n"
         "import aitune.torch.config, aitune.engine.settings\n"
-        "assert ait.config is aitune.torch.config is aitune.engine.settings\n"
+        "assert ait.config is aitune.torch.config is aitune.engine.settings.settings\n"
         "import aitune.torch.jit.config, aitune.engine.jit.settings\n"
-        "assert aitune.torch.jit.config is aitune.engine.jit.settings\n"
+        "assert aitune.torch.jit.config is aitune.engine.jit.settings.settings\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

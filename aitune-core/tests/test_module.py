@@ -219,9 +219,10 @@ def test_config_sets_defaults_that_arguments_override(toy_backends, monkeypatch)
     assert graph.batch is None, "one sample kept: no batch axis can be inferred"
     report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], max_samples=8)
     assert model.tuned_graphs[0][0].batch is not None, "the argument wins over the config"
-    monkeypatch.setattr(config, "max_samples", 0)
+    with pytest.raises(ValueError, match="ait.config.max_samples must be an int >= 1, got 0"):
+        config.max_samples = 0
     with pytest.raises(InputError, match="max_samples must be an int >= 1"):
-        ait.tune(model, [torch.randn(2, 8)])
+        ait.tune(model, [torch.randn(2, 8)], max_samples=0)
 
 
 def test_shape_check_ties_named_dimensions_across_inputs():

@@ -1,7 +1,6 @@
-"""The ``aitune`` command line.
+"""The ``aitune`` command line: one typer app, one function per command.
 
-Why one long module: one typer app with a function per command; each command is short, and
-the shared table printing keeps piped and terminal output alike across all of them.
+The commands share one way of printing tables, so piped and terminal output read alike.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ length does across ``input_ids`` and ``attention_mask``; two axes of one input n
 accident, so square images keep height and width apart unless a ``DynamicDim`` name ties them). Exporters turn names into ``torch.export.Dim`` s and
 TensorRT optimisation profiles; the dispatcher checks calls against the ranges.
 
-Why one long module: graph specs, their inference from samples, shape checks and the resizing
-of samples are one model of "what a build covers", and every other module reads them together.
+Here: the specs (:class:`GraphSpec`, :class:`TensorSpec`, :class:`DimRange`), their inference
+from recorded samples (:func:`infer_graph`), and the samples made at other sizes
+(:func:`resize`, :func:`assemble`) that export, validation and profiling run.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ an explicit choice and, by default, as the fallback when the dynamo exporter fai
 ``onnx`` and ``onnxscript`` are imported only inside functions: aitune-core does not depend on
 them, the backends that export do.
 
-Why one long module: the dynamo exporter, the TorchScript fallback, nested IO and external
-data are one procedure with one set of errors; both ONNX backends call only its entry point.
+Both ONNX backends call :func:`export_onnx`, which picks the exporter, falls back, writes large
+weights as external data and raises one set of errors for all of it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ It runs every fault-injection backend of :mod:`aitune_testkit.faults`, every bad
 docs/errors.md and a batch of mutated artifacts, each in this process, and reports the outcome:
 survived means the process carried on and the user got an aitune error or a warning that says
 what happened (never a crash, a hang or a foreign exception). Runs on CPU in about a minute.
-A development tool of the test kit: it needs no pytest. One file on purpose (over
-350 lines): each scenario is a short function and the table they make together is the product.
+A development tool of the test kit: it needs no pytest. Each scenario is a short function that
+makes one row of the table.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ and configs and the manifest from JSON: nothing is unpickled. A payload that can
 (missing plugin, CUDA payload without CUDA, a runtime that refuses it) raises a clear error, or
 with ``fallback="eager"`` leaves that module eager with a warning.
 
-Why one long module: loading is one ordered procedure (digests first, then the object, then
-every payload), and splitting it would scatter the order that makes it safe.
+Loading checks everything it can before it changes anything (the digests, the manifest, the
+model object's structure, every device, config and bound, the trust policy); only then are the
+payloads loaded and installed.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import torch
 from .. import payload, tree
 from ..backend import Backend, LoadContext
 from ..converter import structure
-from ..engine import settings
 from ..engine.generation import StaticCacheSwitch
 from ..engine.install import install
 from ..engine.module import Module, freeze_tuned, wrapped_modules
 from ..engine.routes import Winner
+from ..engine.settings import settings
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..graph import GraphSpec
 from ..payload import PayloadRecord

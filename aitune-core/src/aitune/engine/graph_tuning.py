@@ -6,9 +6,9 @@ report entry as it happens, and observers hear about each candidate as soon as i
 when it fails (at any step), when it has been profiled, or, for a correct candidate the strategy
 never profiled, when the graph's decision is made.
 
-Why one long module: the state one strategy works on (build, validate, profile, decide) and the
-paired timing sessions it needs belong together; strategies stay short by calling it. The figures
-those sessions give (the speedup against eager, the dispatch cost) are :mod:`.figures`.
+Profiling times the candidates and eager in alternating windows (one interleaved session per
+batch size), so all are measured under the same load; the figures those sessions give (the
+speedup against eager, the dispatch cost) are computed in :mod:`.figures`.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
             return chosen
     if module.strategy is not None:
         return module.strategy
-    from . import settings
+    from .settings import settings
 
     return settings.default_strategy() if settings.default_strategy is not None else MaxThroughputStrategy()
 

@@ -17,9 +17,6 @@ Candidates are ranked by it, gated on it, and the report shows it. Beyond the gu
 the measured spread (the lower quartile of per-window speedups does not clear the bar) does not
 count as beating eager, and the report says so. A candidate that raises while profiled fails
 (stage ``profile``) and the others go on.
-
-Why one long module: the five strategies of the published guide side by side, so their rules
-can be compared line by line.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ or a ``strict`` module raises instead; an error about the environment, such as a
 folder or a broken plugin, always raises). Strategies whose documented behaviour is to raise (``raises_on_failure``: OneBackend's
 original error, LatencyBudget's unmet budget) always propagate.
 
-Why one long module: ``ait.tune``'s flow (record, agree across ranks, tune each module, report)
-reads top to bottom here; each step it calls lives in its own module.
+The flow reads top to bottom here: record, agree across ranks, tune and install each module,
+report; each step it calls lives in its own module (docs/architecture.md names them).
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from ..errors import AituneError, ConfigError, DistributedTuneError, InputError,
 from ..plugins import get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
-from . import end_to_end, fanout, ranks, recording, settings
+from . import end_to_end, fanout, ranks, recording
 from .generation import StaticCacheSwitch
 from .install import install, reset
 from .module import Module, check_budget, freeze_tuned, wrapped_modules
 from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
 from .progress import TuneProgress
 from .routes import Winner, eager_only, winners_of
+from .settings import settings
 
 logger = logging.getLogger("aitune")
 

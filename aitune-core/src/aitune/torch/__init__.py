@@ -11,10 +11,13 @@ as documented.
 
 from __future__ import annotations
 
+import sys
+
 from ..artifact import load, save
 from ..engine.dispatch import Route, observe_routes
 from ..engine.inspection import InspectResult, inspect
 from ..engine.module import Module
+from ..engine.settings import settings as config
 from ..engine.strategies import (
     FirstWinsStrategy,
     LatencyBudgetStrategy,
@@ -28,7 +31,9 @@ from ..engine.tuner import tune
 from ..engine.wrap import wrap
 from ..graph import BatchDim, DynamicDim
 from ..report import TuneReport
-from . import config
+
+# `import aitune.torch.config` finds the settings object (not a module, hence the ignore)
+sys.modules[f"{__name__}.config"] = config  # type: ignore[assignment]
 
 HighestThroughputStrategy = MaxThroughputStrategy
 """The name AITune's overview gives ``MaxThroughputStrategy``; the same class."""

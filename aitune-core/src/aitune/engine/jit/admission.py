@@ -17,7 +17,7 @@ import torch
 from ..install import TunedForward
 from ..module import Module
 from ..recording import RecordingSession
-from . import settings
+from .settings import settings
 from .state import STATE, JitCandidate, ModuleState
 
 logger = logging.getLogger("aitune")

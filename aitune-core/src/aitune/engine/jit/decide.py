@@ -30,8 +30,9 @@ from ..plan import TuneRun, default_backends, weights_device
 from ..progress import Step, TuneProgress
 from ..routes import Winner, eager_only
 from ..strategies import FirstWinsStrategy, TuneStrategy
-from . import decision_store, settings
+from . import decision_store
 from .admission import admit
+from .settings import settings
 from .sharing import measuring_strategy
 from .state import STATE, Decision, JitCandidate, check_stopping
 

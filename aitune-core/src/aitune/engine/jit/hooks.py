@@ -20,9 +20,10 @@ import torch
 from ... import tracing
 from .. import recording
 from ..install import reset
-from . import background, settings
+from . import background
 from .admission import admit
 from .observe import observe
+from .settings import settings
 from .state import STATE, Decision, JitCandidate
 
 logger = logging.getLogger("aitune")

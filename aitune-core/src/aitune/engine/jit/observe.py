@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from . import background, settings
+from . import background
 from .decide import tune_candidate
+from .settings import settings
 from .state import STATE, JitCandidate
 
 logger = logging.getLogger("aitune")

@@ -10,7 +10,7 @@ import attrs
 import torch
 
 from ...profiling import ModelExecutionTimeMeasuringStrategy
-from . import settings
+from .settings import settings
 from .state import STATE, check_stopping
 
 IDLE_WAIT_S = 0.05
