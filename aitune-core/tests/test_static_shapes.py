@@ -179,3 +179,14 @@ def test_a_backend_that_cannot_build_static_gets_no_static_build(toys, register_
 def test_min_static_gain_must_not_be_negative():
     with pytest.raises(ValueError, match="min_static_gain must be >= 0"):
         ait.MaxThroughputStrategy(static_shapes=True, min_static_gain=-0.1)
+
+
+def test_a_graph_whose_other_axes_vary_gets_no_static_build(toys, register_plugin):
+    register_plugin(clock({1: 2.0, 8: 16.0}))
+    strategy = ait.MaxThroughputStrategy(backends=[StaticToy()], profiling_config=CONFIG, static_shapes=True)
+    model = ait.Module(SlowModule().eval(), "toy-model", strategy=strategy)
+    g = torch.Generator().manual_seed(0)
+    report = ait.tune(model, [torch.randn(1, 3, 8, generator=g), torch.randn(8, 5, 8, generator=g)], end_to_end=False)
+    [graph] = report.modules[0].graphs
+    assert len(graph.candidates) == 1 and graph.routes == []
+    assert any("no static-shape builds: axes other than the batch vary (d0 3..5)" in n for n in graph.notes)
