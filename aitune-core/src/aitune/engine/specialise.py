@@ -109,7 +109,9 @@ def _try(
     if versus is not None:
         variant.report.speedup, variant.report.speedup_low = versus.speedup, versus.low_speedup
         variant.report.speedup_high, variant.report.measured = versus.high_speedup, versus.measured(config.max_noise)
-    figures = f"{cmp.describe(config.max_noise)} against the dynamic build at batch {size}"
+    against = f"against the dynamic build at batch {size}"
+    shown = cmp.describe(config.max_noise)
+    figures = f"{shown} {against}" if cmp.measured(config.max_noise) else f"{against}, {shown}"
     bar = 1.0 + min_gain
     if cmp.low_speedup < bar:
         _reject(variant, f"{figures}; kept only from {bar:.2f}x beyond the spread (the price of its size and load)")
