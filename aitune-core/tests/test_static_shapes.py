@@ -128,6 +128,8 @@ def test_a_static_build_per_recorded_batch_serves_exactly_its_shape(toys, regist
     assert graph.decision.startswith("toy_static static (batch 1..1), toy_static static (batch 8..8)")
     assert any(n.startswith("static shapes: toy_static for batch 1") for n in graph.notes)
     assert [b.pinned for _, b in model.tuned_graphs] == [1, 8, None]
+    assert [p.batch_size for p in graph.eager_profiles] == [1, 8], "one eager figure per batch size, as before"
+    assert graph.candidates[2].speedup == pytest.approx(4.0), "against the eager of its own session"
     assert served(model, 8).pinned == 8
     assert served(model, 1).pinned == 1
 

@@ -100,7 +100,9 @@ def _try(
         return None
     # the dynamic winner again, in the same session: a paired figure, with a report entry of its own
     rival = Candidate(serving.backend, CandidateReport(serving.name, {}), reported=True)
+    eager = list(tuning.report.eager_profiles)
     pinned.profile([rival, variant], config, True, [size])
+    tuning.report.eager_profiles = eager  # the report's eager figures stay those the decision was made on
     mine, theirs = variant.profile_at(size), rival.profile_at(size)
     if not variant.ok or mine is None or theirs is None:
         return None
