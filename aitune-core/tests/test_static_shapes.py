@@ -192,3 +192,13 @@ def test_a_graph_whose_other_axes_vary_gets_no_static_build(toys, register_plugi
     [graph] = report.modules[0].graphs
     assert len(graph.candidates) == 1 and graph.routes == []
     assert any("no static-shape builds: axes other than the batch vary (d0 3..5)" in n for n in graph.notes)
+
+
+def test_a_graph_of_one_batch_size_gets_no_static_build(toys, register_plugin):
+    register_plugin(clock({1: 2.0, 8: 16.0}))
+    strategy = ait.MaxThroughputStrategy(backends=[StaticToy()], profiling_config=CONFIG, static_shapes=True)
+    model = ait.Module(SlowModule().eval(), "toy-model", strategy=strategy)
+    report = ait.tune(model, data(8, 8), end_to_end=False)
+    [graph] = report.modules[0].graphs
+    assert len(graph.candidates) == 1 and graph.routes == []
+    assert any("one batch size, which its builds are made for already" in n for n in graph.notes)

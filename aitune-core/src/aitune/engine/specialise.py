@@ -60,13 +60,13 @@ def specialise(
     return static + routes
 
 
-def why_not(tuning: GraphTuning) -> str | None:
+def _why_not(tuning: GraphTuning) -> str | None:
     """Why this graph gets no static-shape builds, or None when it may."""
     graph = tuning.graph
     if graph.mutated:
         return "its inputs are updated in place (a KV cache): it is built as recorded"
-    if graph.batch is None:
-        return "it has no batch axis"
+    if graph.batch is None or graph.batch.min == graph.batch.max:
+        return "its calls have one batch size, which its builds are made for already"
     varying = [f"{n} {r.min}..{r.max}" for n, r in graph.dims.items() if n != BATCH and r.min != r.max]
     if varying:
         return (
@@ -79,7 +79,7 @@ def _as_routes(tuning: GraphTuning, answer: Answer) -> list[Route] | None:
     """The decision as batch-range routes; None when there is nothing to specialise."""
     if answer is None:  # eager serves every size
         return None
-    why = why_not(tuning)
+    why = _why_not(tuning)
     if why is not None:
         tuning.note(f"no static-shape builds: {why}")
         return None
