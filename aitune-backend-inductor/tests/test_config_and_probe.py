@@ -150,3 +150,19 @@ def test_a_thread_count_from_a_file_is_capped_at_the_machines_cores(monkeypatch)
     with pytest.raises(Stop):
         jit.TorchInductorJitBackend(config)._compile(torch.nn.Linear(4, 4), graph, torch.device("cpu"), [])
     assert seen["options"] == {"cpp.threads": machine_cores(), "max_autotune": False}
+
+
+def test_a_graph_pinned_to_one_batch_size_is_exported_without_a_dim():
+    """What ``MaxThroughputStrategy(static_shapes=True)`` relies on (``builds_static``): the batch range
+    ``b..b`` gives torch.export no ``Dim``, so AOTInductor compiles for that shape alone."""
+    import attrs
+
+    from aitune.graph import BATCH, DimRange
+    from aitune_backend_inductor.aot import TorchInductorAotBackend
+    from aitune_backend_inductor.shapes import export_dynamic_shapes
+
+    assert TorchInductorAotBackend.builds_static
+    graph = infer_graph([Sample((torch.randn(b, 4),)) for b in (2, 6)], ["x"])
+    assert export_dynamic_shapes(graph)[1] == {BATCH: [2, 6]}
+    pinned = attrs.evolve(graph, dims={**graph.dims, BATCH: DimRange(6, 6, 6)})
+    assert export_dynamic_shapes(pinned) == (None, {})

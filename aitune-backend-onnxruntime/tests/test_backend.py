@@ -719,3 +719,39 @@ def test_the_eager_attention_variant_of_a_model_already_eager_shares_the_plain_e
         built.append(backend.build_info["export_shared"])
         alive.append(backend)
     assert built == [False, True, False] and len(exports) == 2, "eager is this model's own attention; sdpa is not"
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_a_graph_pinned_to_one_batch_size_is_exported_static(tmp_path, exporter):
+    """What ``MaxThroughputStrategy(static_shapes=True)`` relies on (``builds_static``): a batch range of
+    one size gives a model whose inputs have that size, which answers as eager at it."""
+    import attrs
+    import onnx
+
+    from aitune.graph import BATCH, DimRange
+
+    assert ONNXRuntimeBackend.builds_static
+    module = MLP().eval()
+    config = ONNXRuntimeBackendConfig(export=ONNXExportConfig(exporter=exporter))
+    samples = _samples(lambda g, b: torch.randn(b, 16, generator=g), [(2,), (6,)])
+    dynamic, graph = _build(module, samples, ["x"], tmp_path / "dynamic", config)
+    pinned = attrs.evolve(graph, dims={**graph.dims, BATCH: DimRange(6, 6, 6)})
+    backend = ONNXRuntimeBackend(config)
+    context = BuildContext(pinned, samples[1:], CPU, tmp_path / "work", tmp_path / "cache")
+    context.workdir.mkdir(parents=True)
+    context.cache_dir.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        backend.build(module, context)
+        x = torch.randn(6, 16)
+        assert_matches_eager(backend.infer(x), module(x))
+
+    def input_dims(built: ONNXRuntimeBackend, folder: str) -> list[int | str]:
+        payload = tmp_path / folder
+        payload.mkdir()
+        built.save(payload)
+        proto = onnx.load(str(payload / "model.onnx"), load_external_data=False)
+        [dims] = [[d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input]
+        return dims
+
+    assert input_dims(backend, "static") == [6, 16]
+    assert isinstance(input_dims(dynamic, "dynamic-payload")[0], str), "the dynamic build's batch axis is symbolic"

@@ -46,6 +46,7 @@ class TorchInductorAotBackend(Backend):
     """The worker compiles a program that went through torch.export.save/load, which torch
     miscompiles for some models (Llama, Wav2Vec2); in this process the live program compiles."""
     native_payload = True  # the package holds a shared library that load() runs
+    builds_static = True  # a graph whose dims are single sizes is exported without a torch.export.Dim
 
     def __init__(self, config: TorchInductorAotBackendConfig | None = None) -> None:
         super().__init__(config)

@@ -161,6 +161,12 @@ class Backend(abc.ABC):
     tensors), as eager does. A graph with such inputs (``GraphSpec.mutated``) is built only by a
     backend that says so; the others are skipped for it with the reason."""
 
+    builds_static: ClassVar[bool] = False
+    """True when a build for a graph whose every axis is one size (a batch range ``b..b``) compiles
+    for those shapes alone, which may run faster than the dynamic build (AOTInductor, ONNX
+    Runtime). ``MaxThroughputStrategy(static_shapes=True)`` then tries such a build per batch size
+    where this backend serves, and keeps it only where it clearly pays."""
+
     def __init__(self, config: BackendConfig | None = None) -> None:
         if config is None:
             config = self.config_class()

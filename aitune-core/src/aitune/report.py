@@ -182,6 +182,9 @@ class RouteReport:
     batch_min: int
     batch_max: int
     backend: str
+    static: bool = False
+    """Served by a build for this one batch size (``MaxThroughputStrategy(static_shapes=True)``); such a
+    route comes before the ranges it overlaps, which serve every other call."""
 
 
 @attrs.define

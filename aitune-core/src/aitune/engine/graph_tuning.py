@@ -14,6 +14,7 @@ speedup against eager, the dispatch cost) are computed in :mod:`.figures`.
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import logging
 import math
@@ -61,6 +62,8 @@ class Candidate:
     error: BaseException | None = None
     reported: bool = False
     """Observers have heard its result (``aitune_candidate_result`` fires once per candidate)."""
+    static_batch: int | None = None
+    """The one batch size it was built for (static shapes, see :meth:`GraphTuning.pinned`), else None."""
 
     @property
     def name(self) -> str:
@@ -101,6 +104,9 @@ def narrow(graph: GraphSpec, batch_min: int, batch_max: int) -> GraphSpec:
 
 class GraphTuning:
     """The tuning of one graph of one module: the API strategies are written against."""
+
+    static_batch: int | None = None
+    """The batch size this tuning's graph is pinned to (:meth:`pinned`), else None."""
 
     def __init__(
         self,
@@ -158,7 +164,10 @@ class GraphTuning:
             config = self.registry.config_to_json(backend.config, backend.name)
         except (ConfigError, SerializationError):
             config = {"backend": backend.name}
-        candidate = Candidate(backend, CandidateReport(backend.name, config, variant=backend.variant()))
+        variant = ", ".join(filter(None, [backend.variant(), _static_label(self.static_batch)])) or None
+        candidate = Candidate(
+            backend, CandidateReport(backend.name, config, variant=variant), static_batch=self.static_batch
+        )
         self.report.candidates.append(candidate.report)
         self.built.append(candidate)
         reason = self.registry.unavailable(backend, self.device, self.graph)
@@ -441,12 +450,33 @@ class GraphTuning:
             if route.candidate is not None:
                 route.candidate.report.status = CandidateStatus.SELECTED
         self.report.routes = [
-            RouteReport(r.batch_min, r.batch_max, r.candidate.name if r.candidate else "torch_eager") for r in routes
+            RouteReport(
+                r.batch_min,
+                r.batch_max,
+                r.candidate.name if r.candidate else "torch_eager",
+                static=r.candidate is not None and r.candidate.static_batch is not None,
+            )
+            for r in routes
         ]
         self.finish(None, reason)
         self.report.decision = ", ".join(
-            f"{r.backend} (batch {r.batch_min}..{r.batch_max})" for r in self.report.routes
+            f"{r.backend}{' static' if r.static else ''} (batch {r.batch_min}..{r.batch_max})"
+            for r in self.report.routes
         )
+
+    def pinned(self, batch_size: int) -> GraphTuning:
+        """The tuning of this graph with its batch axis pinned to ``batch_size``: what static-shape
+        builds are built, validated and profiled on. It shares this tuning's report, session and
+        progress; its samples are the recorded calls of that batch size (else ones batched to it)."""
+        sizes = self.recorded_batch_sizes()
+        recorded = [s for s, size in zip(self.samples, sizes) if size == batch_size]
+        child = copy.copy(self)
+        child.samples = recorded or self.inputs_at(batch_size)
+        child.graph = narrow(self.graph, batch_size, batch_size)
+        child.static_batch = batch_size
+        child.built = []
+        child._eager_outputs = None
+        return child
 
     def eager_profile(self, batch_size: int) -> ProfileResult | None:
         return next((p for p in self.report.eager_profiles if p.batch_size == batch_size), None)
@@ -549,6 +579,10 @@ class GraphTuning:
     def _leading_size(self) -> int:
         first = self.graph.inputs[0] if self.graph.inputs else None
         return first.shape[0] if first is not None and first.rank else 1
+
+
+def _static_label(batch_size: int | None) -> str | None:
+    return f"static batch {batch_size}" if batch_size is not None else None
 
 
 def _label(candidate: Candidate) -> str:

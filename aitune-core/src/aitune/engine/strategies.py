@@ -33,6 +33,7 @@ from ..report import CandidateStatus
 from ..session import Session
 from .figures import Comparison, compare
 from .graph_tuning import Candidate, GraphTuning, Route
+from .specialise import specialise
 
 
 class PerformanceValidationMode(enum.Enum):
@@ -333,6 +334,12 @@ class MaxThroughputStrategy(_ProfilingStrategy):
     (default) routes only where it pays: when at some profiled size another backend (or eager)
     beats the single winner beyond the measured spread. ``True`` always routes, ``False`` always
     keeps one winner. With one profiled size there is one winner either way.
+
+    ``static_shapes=True`` then builds the winner of each profiled batch size again for that size
+    alone, where the backend can (:attr:`Backend.builds_static`: AOTInductor, ONNX Runtime), and
+    keeps such a build only where it beats the dynamic one by ``min_static_gain`` beyond the
+    measured spread; it serves calls of exactly its shapes (see :mod:`aitune.engine.specialise`).
+    Off by default: each costs one more build per batch size, often without paying.
     """
 
     def __init__(
@@ -341,9 +348,15 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         profiling_config: ProfilingConfig | None = None,
         performance_validation: bool | PerformanceValidationMode = True,
         per_batch_size: bool | None = None,
+        static_shapes: bool = False,
+        min_static_gain: float = 0.03,
     ) -> None:
         super().__init__(backends, profiling_config, performance_validation)
+        if min_static_gain < 0:
+            raise ValueError(f"min_static_gain must be >= 0, got {min_static_gain}")
         self.per_batch_size = per_batch_size
+        self.static_shapes = static_shapes
+        self.min_static_gain = min_static_gain
 
     def _score(self, candidate: Candidate, batch: int) -> float:
         p = candidate.profile_at(batch)
@@ -359,6 +372,15 @@ class MaxThroughputStrategy(_ProfilingStrategy):
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
         correct = self._correct(tuning, default_backends)
         measured = self._profile(tuning, correct)
+        answer = self._pick(tuning, correct, measured)
+        if self.static_shapes and measured:
+            return specialise(tuning, answer, measured, self.profiling_config, self.min_static_gain)
+        return answer
+
+    def _pick(
+        self, tuning: GraphTuning, correct: list[Candidate], measured: list[int]
+    ) -> Candidate | list[Route] | None:
+        """The dynamic builds' decision: one winner, or one per batch range."""
         ok = [c for c in correct if c.ok]
         if self.per_batch_size is False or tuning.graph.batch is None or len(measured) < 2 or not ok:
             return self._decide(tuning, correct, measured)

@@ -552,7 +552,12 @@ def summarize(report: ModuleReport) -> str:
     parts = []
     for g in report.graphs:
         if g.routes:
-            parts.append(", ".join(f"{r.backend} for batch {r.batch_min}..{r.batch_max}" for r in g.routes))
+            parts.append(
+                ", ".join(
+                    f"{r.backend}{' static' if r.static else ''} for batch {r.batch_min}..{r.batch_max}"
+                    for r in g.routes
+                )
+            )
             continue
         chosen = next((c for c in g.candidates if c.status == "selected"), None)
         if chosen is None:
