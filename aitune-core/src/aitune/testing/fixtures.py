@@ -107,9 +107,6 @@ def register_plugin(aitune_manager: object) -> Callable[..., object]:
 
     def register(plugin: object, name: str | None = None, distribution: str = "test-plugin") -> object:
         aitune_manager.register(plugin, name=name, distribution=distribution)  # type: ignore[attr-defined]
-        from aitune import converter
-
-        converter.reset()
         return plugin
 
     return register
