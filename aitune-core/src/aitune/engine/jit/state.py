@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import torch
+
+if TYPE_CHECKING:
+    from ...plugins import AituneManager
 
 from ..module import Module
 from ..recording import RecordingSession
@@ -87,6 +90,8 @@ class JitState:
     """``background.stop_at_exit`` is registered with atexit (once per process)."""
     stopping: threading.Event = attrs.field(factory=threading.Event)
     """Set when the process exits: the tuner thread stops at its next step (see :mod:`.background`)."""
+    manager: AituneManager | None = None
+    """The plugin manager the JIT tunes with, from ``enable()`` until ``disable()``."""
 
     def forget(self) -> None:
         """Drop every module, decision and request (the hooks are the caller's business)."""
