@@ -37,14 +37,15 @@ def enable(*, manager: AituneManager | None = None) -> None:
     """Turn JIT tuning on for this process (idempotent: a second call changes nothing).
 
     ``manager``: the plugin manager whose backends and hooks tune the modules (default: the
-    process's, :func:`aitune.plugins.get_manager`).
+    process's, :func:`aitune.plugins.get_manager`, looked up when the first module is tuned, so
+    turning the JIT on at interpreter start loads no plugin).
     """
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
     with STATE.lock:
         if STATE.handles:
             return
-        STATE.manager = get_manager() if manager is None else manager
+        STATE.manager_source = get_manager if manager is None else (lambda: manager)
         if settings.mode == "background":
             background.prepare()  # at start-up, not inside the call that starts the first tuning
         STATE.handles.append(register_module_forward_pre_hook(_pre))
@@ -73,7 +74,7 @@ def disable() -> None:
         for module in list(STATE.tuned):
             reset(module)
         STATE.forget()
-        STATE.manager = None
+        STATE.manager_source = None
 
 
 def decisions() -> list[Decision]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -90,8 +91,9 @@ class JitState:
     """``background.stop_at_exit`` is registered with atexit (once per process)."""
     stopping: threading.Event = attrs.field(factory=threading.Event)
     """Set when the process exits: the tuner thread stops at its next step (see :mod:`.background`)."""
-    manager: AituneManager | None = None
-    """The plugin manager the JIT tunes with, from ``enable()`` until ``disable()``."""
+    manager_source: Callable[[], AituneManager] | None = None
+    """Gives the plugin manager the JIT tunes with (``enable()``'s, or the process's when it named
+    none), from ``enable()`` until ``disable()``."""
 
     def forget(self) -> None:
         """Drop every module, decision and request (the hooks are the caller's business)."""
