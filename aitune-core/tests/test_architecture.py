@@ -156,10 +156,10 @@ ENTRY_POINTS = {
     "aitune/cli.py": "the aitune command",
     "aitune/demo.py": "aitune demo",
     "aitune/engine/tuner.py": "ait.tune",
-    "aitune/engine/jit/decide.py": "the JIT, when it tunes a module",
+    "aitune/engine/jit/hooks.py": "aitune.torch.jit.enable",
     "aitune/artifact/reader.py": "ait.load and aitune verify",
     "aitune/artifact/writer.py": "ait.save",
-    "aitune/torch/backend.py": "from aitune.torch.backend import <a plugin's class>",
+    "aitune/torch/backend.py": "from aitune.torch.backend import <a plugin's class> (an import names no manager)",
     "aitune/testing/conformance.py": "the conformance suite, a test's entry point",
     "aitune/testing/configs.py": "config JSON helpers for tests and scripts",
 }

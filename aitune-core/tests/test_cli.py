@@ -20,17 +20,13 @@ def test_backends_json_lists_every_installed_backend_with_status(aitune_manager)
 
 
 def test_backends_table_shows_failed_plugins(fake_distribution, monkeypatch):
-    from aitune.plugins import AituneManager, set_manager
+    from aitune.plugins import AituneManager
 
     fake_distribution("broken-aitune-plugin", "broken_plugin", "raise ImportError('libfoo missing')")
     with __import__("pytest").warns(RuntimeWarning):
         manager = AituneManager()
         manager.load_entry_points()
-    previous = set_manager(manager)
-    try:
-        result = CliRunner().invoke(app, ["backends"], env={"COLUMNS": "200"})
-    finally:
-        set_manager(previous)
+    result = CliRunner().invoke(app, ["backends"], env={"COLUMNS": "200"}, obj=manager)
     assert result.exit_code == 0
     assert "broken_plugin" in result.output and "failed to load" in result.output
     assert "libfoo missing" in result.output

@@ -99,7 +99,7 @@ def test_the_executor_comes_from_the_environment_and_unknown_names_say_what_exis
 
 
 def test_asking_for_a_first_party_executor_that_is_missing_names_its_distribution(aitune_manager):
-    aitune_manager.executors._entries.pop("ray", None)
+    aitune_manager.executors.remove("ray")
     with pytest.raises(ConfigError, match="pip install aitune-executor-ray"):
         aitune_manager.executors.create("ray")
 

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 import aitune.torch as ait
 from aitune.artifact.reader import verify
 from aitune.errors import AituneError, ConfigError
-from aitune.plugins import AituneManager, set_manager
+from aitune.plugins import AituneManager
 from aitune.testing import backends
 from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
@@ -54,12 +54,11 @@ SUMS, MANIFEST = "SHA256SUMS", "manifest.json"
 
 @pytest.fixture(scope="module")
 def manager():
+    """The installed plugins and the toy backends, on a manager of this module's own (passed as ``manager=``)."""
     manager = AituneManager()
     manager.load_entry_points()
     manager.register(backends, name="aitune.testing.backends", distribution="aitune-core")
-    previous = set_manager(manager)
-    yield manager
-    set_manager(previous)
+    return manager
 
 
 def _fresh() -> ait.Module:
@@ -76,9 +75,9 @@ def valid(manager, tmp_path_factory) -> bytes:
         ),
     ).enable_performance_validation(False)
     model = ait.Module(SlowModule(delay_s=0.0), "m", strategy=strategy)
-    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], manager=manager)
     path = tmp_path_factory.mktemp("valid") / "model.ait"
-    ait.save(model, path)
+    ait.save(model, path, manager=manager)
     return path.read_bytes()
 
 
@@ -87,14 +86,14 @@ def scratch(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fuzz")
 
 
-def must_end_cleanly(data: bytes, folder: Path) -> None:
-    """Load and verify ``data``: success or an AituneError, nothing else escapes."""
+def must_end_cleanly(data: bytes, folder: Path, manager: AituneManager) -> None:
+    """Load and verify ``data`` with ``manager``'s plugins: success or an AituneError, nothing else escapes."""
     fd, name = tempfile.mkstemp(suffix=".ait", dir=folder)
     path = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        for attempt in (lambda: ait.load(_fresh(), path), lambda: verify(path)):
+        for attempt in (lambda: ait.load(_fresh(), path, manager=manager), lambda: verify(path, manager=manager)):
             with contextlib.suppress(AituneError):
                 attempt()
     finally:
@@ -172,26 +171,26 @@ def dumps(value: Any, depth: int) -> bytes:
 # -- the fuzzers ----------------------------------------------------------------------------------
 
 
-def test_the_valid_artifact_loads(valid, scratch):
+def test_the_valid_artifact_loads(manager, valid, scratch):
     path = scratch / "ok.ait"
     path.write_bytes(valid)
-    model = ait.load(_fresh(), path)
-    assert model.state == "tuned" and verify(path)["integrity"] == "ok"
+    model = ait.load(_fresh(), path, manager=manager)
+    assert model.state == "tuned" and verify(path, manager=manager)["integrity"] == "ok"
 
 
 @FUZZ
 @given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), min_size=1, max_size=8))
-def test_flipped_bytes(valid, scratch, flips):
+def test_flipped_bytes(manager, valid, scratch, flips):
     data = bytearray(valid)
     for where, mask in flips:
         data[int(where * len(data))] ^= mask
-    must_end_cleanly(bytes(data), scratch)
+    must_end_cleanly(bytes(data), scratch, manager)
 
 
 @FUZZ
 @given(keep=st.floats(0, 1, exclude_max=True), tail=st.binary(max_size=64))
-def test_truncated_or_padded(valid, scratch, keep, tail):
-    must_end_cleanly(valid[: int(keep * len(valid))] + tail, scratch)
+def test_truncated_or_padded(manager, valid, scratch, keep, tail):
+    must_end_cleanly(valid[: int(keep * len(valid))] + tail, scratch, manager)
 
 
 member_ops = st.one_of(
@@ -211,7 +210,7 @@ member_ops = st.one_of(
 
 @FUZZ
 @given(order=st.randoms(use_true_random=False), ops=st.lists(member_ops, max_size=4), resum=st.booleans())
-def test_reordered_renamed_dropped_members(valid, scratch, order, ops, resum):
+def test_reordered_renamed_dropped_members(manager, valid, scratch, order, ops, resum):
     items = members(valid)
     order.shuffle(items)
     compress: set[int] = set()
@@ -231,12 +230,12 @@ def test_reordered_renamed_dropped_members(valid, scratch, order, ops, resum):
             items[i] = (items[i][0], b"")
     if resum:
         items = with_sums(items)
-    must_end_cleanly(pack(items, compress), scratch)
+    must_end_cleanly(pack(items, compress), scratch, manager)
 
 
 @FUZZ
 @given(data=st.data(), depth=st.sampled_from([1, 50, 5000, 200000]))
-def test_hostile_manifests(valid, scratch, data, depth):
+def test_hostile_manifests(manager, valid, scratch, data, depth):
     items = members(valid)
     manifest = json.loads(dict(items)[MANIFEST])
     edits = data.draw(st.lists(st.tuples(st.integers(0, 10**6), hostile_values), min_size=1, max_size=3))
@@ -245,17 +244,17 @@ def test_hostile_manifests(valid, scratch, data, depth):
         manifest = replaced(manifest, paths[pick % len(paths)], value)
     body = dumps(manifest, depth)
     items = with_sums([(n, body if n == MANIFEST else b) for n, b in items])
-    must_end_cleanly(pack(items), scratch)
+    must_end_cleanly(pack(items), scratch, manager)
 
 
 @FUZZ
 @given(lines=st.lists(st.text(max_size=100), max_size=5), keep=st.booleans())
-def test_hostile_digest_lists(valid, scratch, lines, keep):
+def test_hostile_digest_lists(manager, valid, scratch, lines, keep):
     items = members(valid)
     sums = dict(items)[SUMS].decode()
     text = (sums if keep else "") + "\n".join(lines)
     items = [(n, text.encode("utf-8", "surrogatepass") if n == SUMS else b) for n, b in items]
-    must_end_cleanly(pack(items), scratch)
+    must_end_cleanly(pack(items), scratch, manager)
 
 
 @FUZZ
@@ -264,7 +263,7 @@ def test_hostile_digest_lists(valid, scratch, lines, keep):
     field=st.sampled_from([(20, 4), (24, 4), (28, 2), (30, 2), (42, 4), (10, 2)]),
     value=st.sampled_from([0, 1, 0x7FFFFFFF, 0xFFFF, 0xFFFFFFFE, 0xFFFFFFFF]),
 )
-def test_lying_zip_headers(valid, scratch, which, field, value):
+def test_lying_zip_headers(manager, valid, scratch, which, field, value):
     """Sizes, name lengths, offsets and compression methods in the central directory that lie."""
     data = bytearray(valid)
     starts = [i for i in range(len(data) - 4) if data[i : i + 4] == b"PK\x01\x02"]
@@ -273,10 +272,10 @@ def test_lying_zip_headers(valid, scratch, which, field, value):
     data[start + offset : start + offset + width] = struct.pack(
         "<I" if width == 4 else "<H", value & (0xFFFFFFFF if width == 4 else 0xFFFF)
     )
-    must_end_cleanly(bytes(data), scratch)
+    must_end_cleanly(bytes(data), scratch, manager)
 
 
-def test_a_zip_bomb_is_refused_without_inflating_it(valid, scratch):
+def test_a_zip_bomb_is_refused_without_inflating_it(manager, valid, scratch):
     """A consistent archive (sums recomputed) whose weights member inflates to 256 MB: no blow-up."""
     items = members(valid)
     weights = next(n for n, _ in items if n.endswith("weights.safetensors"))
@@ -287,7 +286,7 @@ def test_a_zip_bomb_is_refused_without_inflating_it(valid, scratch):
     assert len(data) < 4 * 1024 * 1024
     tracemalloc.start()
     try:
-        must_end_cleanly(data, scratch)
+        must_end_cleanly(data, scratch, manager)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -328,14 +327,14 @@ structure_nodes = st.fixed_dictionaries(
 
 @FUZZ
 @given(node=structure_nodes, where=st.sampled_from(["structure", "output_structure"]))
-def test_hostile_type_paths(valid, scratch, node, where):
+def test_hostile_type_paths(manager, valid, scratch, node, where):
     """A structure naming any type: refused or rebuilt as data, and no module imported for it."""
     before = set(sys.modules)
     items = members(valid)
     manifest = json.loads(dict(items)[MANIFEST])
     manifest["modules"][0]["graphs"][0]["graph"][where] = node
     body = json.dumps(manifest).encode()
-    must_end_cleanly(pack(with_sums([(n, body if n == MANIFEST else b) for n, b in items])), scratch)
+    must_end_cleanly(pack(with_sums([(n, body if n == MANIFEST else b) for n, b in items])), scratch, manager)
     assert not {"this", "antigravity", "aitune_testkit.imported_by_name", "unittest.__main__"} & (
         set(sys.modules) - before
     ), "a module was imported because the file named it"
@@ -393,7 +392,7 @@ configs = st.fixed_dictionaries(
 
 @FUZZ
 @given(config=configs)
-def test_hostile_backend_configs(valid, scratch, config):
+def test_hostile_backend_configs(manager, valid, scratch, config):
     items = members(valid)
     manifest = json.loads(dict(items)[MANIFEST])
     graph = manifest["modules"][0]["graphs"][0]
@@ -401,7 +400,7 @@ def test_hostile_backend_configs(valid, scratch, config):
     if isinstance(config["backend"], str):
         graph["backend"] = config["backend"]
     body = json.dumps(manifest).encode()
-    must_end_cleanly(pack(with_sums([(n, body if n == MANIFEST else b) for n, b in items])), scratch)
+    must_end_cleanly(pack(with_sums([(n, body if n == MANIFEST else b) for n, b in items])), scratch, manager)
 
 
 @FUZZ
@@ -462,18 +461,18 @@ def test_an_artifact_whose_torchao_config_names_a_callable_is_neither_loaded_nor
     body = json.dumps(manifest).encode()
     path = scratch / "torchao-hostile.ait"
     path.write_bytes(pack(with_sums([(n, body if n == MANIFEST else b) for n, b in items])))
-    report = verify(path)
+    report = verify(path, manager=manager)
     assert not report["runnable_here"] and any("torch.dtype" in p or "dtype" in p for p in report["problems"])
     with pytest.raises(AituneError, match="dtype"):
-        ait.load(_fresh(), path)
+        ait.load(_fresh(), path, manager=manager)
     with pytest.warns(RuntimeWarning, match="dtype"):
-        model = ait.load(_fresh(), path, fallback="eager")
+        model = ait.load(_fresh(), path, fallback="eager", manager=manager)
     assert model.state == "passthrough"
 
 
 @FUZZ
 @given(moves=st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99)), min_size=1, max_size=3))
-def test_overlapping_members(valid, scratch, moves):
+def test_overlapping_members(manager, valid, scratch, moves):
     """Directory entries pointed at another member's bytes (the same bytes read many times over)."""
     data = bytearray(valid)
     starts = [i for i in range(len(data) - 4) if data[i : i + 4] == b"PK\x01\x02"]
@@ -481,7 +480,7 @@ def test_overlapping_members(valid, scratch, moves):
     for target, source in moves:
         s = starts[target % len(starts)]
         data[s + 42 : s + 46] = struct.pack("<I", offsets[source % len(offsets)])
-    must_end_cleanly(bytes(data), scratch)
+    must_end_cleanly(bytes(data), scratch, manager)
 
 
 def _raises_aitune_error(fn: Callable[[], Any]) -> str:
@@ -492,18 +491,18 @@ def _raises_aitune_error(fn: Callable[[], Any]) -> str:
     raise AssertionError("expected an AituneError")
 
 
-def test_messages_say_what_happened(valid, scratch):
+def test_messages_say_what_happened(manager, valid, scratch):
     path = scratch / "cut.ait"
     path.write_bytes(valid[: len(valid) // 2])
     assert "not a readable .ait artifact (truncated or corrupt)" in _raises_aitune_error(
-        lambda: ait.load(_fresh(), path)
+        lambda: ait.load(_fresh(), path, manager=manager)
     )
 
 
 def test_the_survival_command_fuzz_batch_counts_every_outcome(manager, tmp_path):
     from aitune_testkit import survival
 
-    rows = survival.fuzz_batch(tmp_path, per_kind=3)
+    rows = survival.fuzz_batch(tmp_path, per_kind=3, manager=manager)
     assert [kind for kind, *_ in rows] == list(survival.FUZZ_KINDS)
     assert all(counts["other"] == 0 for _, _, counts, _ in rows), rows
     bomb = rows[-1][2]

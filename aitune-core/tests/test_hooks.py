@@ -109,7 +109,7 @@ def test_hook_aitune_register_backends(aitune_manager, register_plugin):
         def aitune_register_backends(self, registry):
             registry.add(BackendSpec(backend_class=f"{__name__}:LateBackend"))
 
-    register_plugin(Late(), distribution="late-dist")  # registered after discovery: historic still calls it
+    register_plugin(Late(), distribution="late-dist")  # registered after discovery: its own hook is still called
     assert aitune_manager.registry.distribution("late") == "late-dist"
 
 
@@ -121,7 +121,7 @@ def test_hook_aitune_register_executors(aitune_manager, fault_backends, register
         def aitune_register_executors(self, registry):
             registry.add(ExecutorSpec(name="late", executor_class="aitune_testkit.executors:ThreadedExecutor"))
 
-    register_plugin(Late(), distribution="late-dist")  # registered after discovery: historic still calls it
+    register_plugin(Late(), distribution="late-dist")  # registered after discovery: its own hook is still called
     assert aitune_manager.executors.distribution("late") == "late-dist"
     model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(IsolatedToyBackend(), profiling_config=QUICK))
     report = ait.tune(model, [torch.randn(2, 8)], executor="late")

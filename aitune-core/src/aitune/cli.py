@@ -1,6 +1,9 @@
 """The ``aitune`` command line: one typer app, one function per command.
 
 The commands share one way of printing tables, so piped and terminal output read alike.
+
+The commands use the process's plugin manager, or the one given as click's context object:
+``app(obj=manager)``, or ``CliRunner().invoke(app, args, obj=manager)`` in a test.
 """
 
 from __future__ import annotations
@@ -9,12 +12,15 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from .plugins import AituneManager
 
 app = typer.Typer(help="aitune: tune PyTorch modules across inference backends.", no_args_is_help=True)
 
@@ -23,6 +29,13 @@ app = typer.Typer(help="aitune: tune PyTorch modules across inference backends."
 def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every step, also in a terminal.")) -> None:
     """aitune: tune PyTorch modules across inference backends."""
     _setup_logging(verbose)
+
+
+def _manager(ctx: typer.Context) -> AituneManager:
+    """The manager this invocation was given as its context object, else the process's."""
+    from .plugins import AituneManager, get_manager
+
+    return ctx.obj if isinstance(ctx.obj, AituneManager) else get_manager()
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -46,10 +59,7 @@ def _setup_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
-def _backend_rows() -> list[dict[str, Any]]:
-    from .plugins import get_manager
-
-    manager = get_manager()
+def _backend_rows(manager: AituneManager) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in manager.registry.names():
         status = manager.registry.status(name)
@@ -114,9 +124,9 @@ def print_table(
 
 
 @app.command()
-def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+def backends(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """List the installed backends, whether each can run here, and why not."""
-    rows = _backend_rows()
+    rows = _backend_rows(_manager(ctx))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -133,15 +143,14 @@ def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON for 
         {"available": "green", "unavailable": "yellow", "failed to load": "red"},
     )
     if sys.stdout.isatty():  # piped, the output stays one table of backends (`aitune executors` lists these)
-        _print_executors(_executor_rows())
+        _print_executors(_executor_rows(_manager(ctx)))
 
 
-def _executor_rows() -> list[dict[str, Any]]:
+def _executor_rows(manager: AituneManager) -> list[dict[str, Any]]:
     """Every installed executor, whether it can run here, and what it sees (a cluster's resources)."""
     from .executor import chosen
-    from .plugins import get_manager
 
-    executors = get_manager().executors
+    executors = manager.executors
     rows: list[dict[str, Any]] = []
     for name in executors.names():
         reason = executors.reason(name)
@@ -181,9 +190,11 @@ def _resource(value: Any) -> str:
 
 
 @app.command()
-def executors(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+def executors(
+    ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")
+) -> None:
     """List where isolated builds can run (local, ray...) and the resources each one sees."""
-    rows = _executor_rows()
+    rows = _executor_rows(_manager(ctx))
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
     else:
@@ -192,6 +203,7 @@ def executors(as_json: bool = typer.Option(False, "--json", help="Print JSON for
 
 @app.command()
 def verify(
+    ctx: typer.Context,
     artifact: Path = typer.Argument(..., help="The .ait file."),
     sha256: str | None = typer.Option(None, "--sha256", help="Expected SHA-256 of the whole file."),
     key: list[Path] = typer.Option([], "--key", help="A public key (PEM) you trust; the signature is ARTIFACT.sig."),
@@ -201,7 +213,7 @@ def verify(
     """Check an artifact's digests, its signature (--key), and whether it can run here (exit 1 if not)."""
     from .artifact import verify as verify_artifact
 
-    result = verify_artifact(artifact, sha256, trusted_keys=key or None, signature=signature)
+    result = verify_artifact(artifact, sha256, trusted_keys=key or None, signature=signature, manager=_manager(ctx))
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
@@ -344,10 +356,8 @@ def _strategy(name: str, backends: list[Any], budget_ms: float | None) -> Any:
     raise typer.BadParameter(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}", param_hint="--strategy")
 
 
-def _backends(names: list[str]) -> list[Any]:
-    from .plugins import get_manager
-
-    registry = get_manager().registry
+def _backends(names: list[str], manager: AituneManager) -> list[Any]:
+    registry = manager.registry
     return [registry.backend_class(n)() for n in names]
 
 
@@ -401,6 +411,7 @@ def _set_threads(threads: int | None) -> None:
 
 @app.command()
 def tune(
+    ctx: typer.Context,
     target: str = typer.Argument(..., help="package.module:factory returning (model, dataset)."),
     strategy: str = typer.Option("max-throughput", help=f"One of: {', '.join(STRATEGIES)}."),
     backend: list[str] = typer.Option([], "--backend", "-b", help="Backend name (repeat); default: all available."),
@@ -423,17 +434,20 @@ def tune(
     import aitune.torch as ait
 
     _set_threads(threads)
+    manager = _manager(ctx)
     model, dataset = _load_target(target)
-    chosen = _strategy(strategy, _backends(backend), budget_ms)
+    chosen = _strategy(strategy, _backends(backend, manager), budget_ms)
     from .engine.module import wrapped_modules
 
     if module:
         ait.wrap(model, module, strategy=chosen)
     elif not wrapped_modules(model):
         model = ait.Module(model, type(model).__name__, strategy=chosen)
-    report = ait.tune(model, dataset, batch_sizes=batch_size or None, device=device, time_budget=time_budget)
+    report = ait.tune(
+        model, dataset, batch_sizes=batch_size or None, device=device, time_budget=time_budget, manager=manager
+    )
     if output is not None:
-        ait.save(model, output)
+        ait.save(model, output, manager=manager)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2, default=str))
     else:
@@ -501,6 +515,7 @@ def report(
 
 @app.command()
 def demo(
+    ctx: typer.Context,
     output_dir: Path = typer.Option(Path("aitune-demo"), "--output-dir", help="Where the artifact and reports go."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of a table."),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
@@ -513,15 +528,16 @@ def demo(
 
     model: Any
     model, dataset = demo_model.model_and_data()
-    backends = demo_model.demo_backends()
+    manager = _manager(ctx)
+    backends = demo_model.demo_backends(manager.registry)
     Console(stderr=as_json).print(
         f"[bold]aitune demo[/]: a CNN + MLP classifier, candidates: {', '.join(b.name for b in backends)} (and eager)"
     )
     model.features = ait.Module(model.features, "features", strategy=ait.MaxThroughputStrategy(backends=backends))
     model.head = ait.Module(model.head, "head", strategy=ait.MaxThroughputStrategy(backends=backends))
-    result = ait.tune(model, dataset)
+    result = ait.tune(model, dataset, manager=manager)
     output_dir.mkdir(parents=True, exist_ok=True)
-    ait.save(model, output_dir / "classifier.ait")
+    ait.save(model, output_dir / "classifier.ait", manager=manager)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, default=str))
     else:

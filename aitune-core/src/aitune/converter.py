@@ -1,14 +1,16 @@
-"""The one cattrs converter for every JSON document aitune writes (configs, reports, manifests).
+"""Turning aitune's attrs classes into JSON and back (configs, reports, manifests), with cattrs.
 
-A leaf: it knows attrs classes, not plugins. Backend configs, a tagged union on the backend name
-(``{"backend": "onnxruntime", ...}``), go through :meth:`aitune.registry.BackendRegistry.config_to_json`,
-which knows the backends. Unknown keys are refused with a message that names the path of the
-offending key.
+A leaf: it knows attrs classes, not plugins. A :class:`Converter` is one cattrs converter with
+aitune's rules: unknown keys are refused, and every refusal names the path of the offending key.
+Each plugin manager owns one (:class:`aitune.plugins.AituneManager`), which its registry uses for
+backend configs, a tagged union on the backend name (``{"backend": "onnxruntime", ...}``, see
+:meth:`aitune.registry.BackendRegistry.config_to_json`), so two managers in a process never share
+one. :func:`structure` and :func:`unstructure` serve core's own documents (reports, manifests, the
+journal), whose classes no plugin changes, on a converter of this module's.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,31 +19,30 @@ import cattrs
 from .errors import AituneError, ConfigError
 
 T = TypeVar("T")
-_lock = threading.Lock()
-_converter: cattrs.Converter | None = None
 
 
-def _make() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=True)
-    conv.register_unstructure_hook(Path, str)
-    conv.register_structure_hook(Path, lambda v, _: Path(v))
-    return conv
+class Converter:
+    """One cattrs converter with aitune's rules (it caches each class's hooks on first use)."""
+
+    def __init__(self) -> None:
+        self._cattrs = cattrs.Converter(forbid_extra_keys=True)
+        self._cattrs.register_unstructure_hook(Path, str)
+        self._cattrs.register_structure_hook(Path, lambda v, _: Path(v))
+
+    def unstructure(self, obj: Any) -> Any:
+        return self._cattrs.unstructure(obj)
+
+    def structure(self, data: Any, cls: type[T], what: str = "$") -> T:
+        """Turn JSON data into ``cls``, raising :class:`ConfigError` with path-qualified messages."""
+        try:
+            return self._cattrs.structure(data, cls)
+        except (cattrs.BaseValidationError, cattrs.ForbiddenExtraKeysError, ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(_message(exc, what)) from exc
 
 
-def get_converter() -> cattrs.Converter:
-    """The process-wide converter (plugins are loaded first, so their configs are known)."""
-    global _converter
-    with _lock:
-        if _converter is None:
-            _converter = _make()
-        return _converter
-
-
-def reset() -> None:
-    """Forget the converter so the next use rebuilds it (after the set of plugins changed)."""
-    global _converter
-    with _lock:
-        _converter = None
+_documents = Converter()
+"""Core's own documents: reports, manifests, journals, payload records, and the worker job (which
+carries a backend config to the worker process as plain JSON)."""
 
 
 def _message(exc: Exception, what: str) -> str:
@@ -59,12 +60,10 @@ def _describe(exc: BaseException, type_: Any) -> str:
 
 
 def unstructure(obj: Any) -> Any:
-    return get_converter().unstructure(obj)
+    """``obj`` as JSON data (one of core's documents; a backend config goes through the registry)."""
+    return _documents.unstructure(obj)
 
 
 def structure(data: Any, cls: type[T], what: str = "$") -> T:
     """Turn JSON data into ``cls``, raising :class:`ConfigError` with path-qualified messages."""
-    try:
-        return get_converter().structure(data, cls)
-    except (cattrs.BaseValidationError, cattrs.ForbiddenExtraKeysError, ValueError, TypeError, KeyError) as exc:
-        raise ConfigError(_message(exc, what)) from exc
+    return _documents.structure(data, cls, what)

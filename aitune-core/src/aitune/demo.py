@@ -3,9 +3,12 @@ with every backend available on this machine, so ``aitune demo`` shows the whole
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from .registry import BackendRegistry
 
 
 class Features(torch.nn.Module):
@@ -66,12 +69,10 @@ def model_and_data(batch_sizes: tuple[int, ...] = (4, 8)) -> tuple[torch.nn.Modu
     return build_model(), data
 
 
-def demo_backends() -> list[Any]:
-    """Every backend that can run here, with settings suited to the demo (quantization included)."""
+def demo_backends(registry: BackendRegistry) -> list[Any]:
+    """Every backend of ``registry`` that can run here, with settings suited to the demo (quantization included)."""
     from .engine.plan import default_backends
-    from .plugins import get_manager
 
-    registry = get_manager().registry
     backends = default_backends(registry, torch.device("cpu"))
     if "torchao" in registry and not registry.unavailable("torchao", torch.device("cpu")):
         backends.append(registry.backend_class("torchao")())

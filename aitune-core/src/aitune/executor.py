@@ -2,10 +2,11 @@
 
 A build that a backend can export (see :mod:`aitune.builds.isolation`) is a job: JSON plus the files
 ``export`` wrote, never a pickled module (:func:`worker_job`). An :class:`Executor` runs jobs,
-each in ``python -m aitune.builds.worker`` (:func:`run_job`) wherever it chooses. A plugin registers
-executors through ``aitune_register_executors`` into the :class:`ExecutorRegistry`; core ships
-``local`` (a worker process on this machine) in :mod:`aitune.builds.local`. ``aitune-executor-ray``
-runs jobs as Ray tasks, using only what this module makes public.
+each in ``python -m aitune.builds.worker`` (:func:`run_job`) wherever it chooses. A plugin's
+``aitune_register_executors`` hook declares executors through the :class:`ExecutorRegistrar` it is
+handed, into the manager's :class:`ExecutorRegistry`; core ships ``local`` (a worker process on this
+machine) in :mod:`aitune.builds.local`. ``aitune-executor-ray`` runs jobs as Ray tasks, using only
+what this module makes public.
 
 Choose with ``ait.tune(..., executor="ray")`` or ``AITUNE_EXECUTOR=ray``; the default is ``local``.
 """
@@ -138,17 +139,21 @@ class ExecutorRegistry:
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[ExecutorSpec, str]] = {}
-        self._registering = "unknown"
 
-    def add(self, spec: ExecutorSpec) -> None:
+    def add(self, spec: ExecutorSpec, *, distribution: str = "unknown") -> None:
+        """Declare an executor of ``distribution``; plugins call this through their :class:`ExecutorRegistrar`."""
         if not isinstance(spec, ExecutorSpec):
-            raise PluginError(f"{self._registering} registered {spec!r}, which is not an ExecutorSpec")
+            raise PluginError(f"{distribution} registered {spec!r}, which is not an ExecutorSpec")
         if spec.name in self._entries:
             raise PluginError(
                 f"executor {spec.name!r} is registered by both {self._entries[spec.name][1]} and "
-                f"{self._registering}; uninstall one of them"
+                f"{distribution}; uninstall one of them"
             )
-        self._entries[spec.name] = (spec, self._registering)
+        self._entries[spec.name] = (spec, distribution)
+
+    def remove(self, name: str) -> None:
+        """Forget the executor ``name`` (a registration that failed half-way takes back what it added)."""
+        self._entries.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -187,6 +192,29 @@ class ExecutorRegistry:
         if reason:
             raise ConfigError(f"the {name} executor cannot run here: {reason}")
         return self.executor_class(name)()
+
+
+@attrs.frozen
+class ExecutorRegistrar:
+    """The ``registry`` that one plugin's ``aitune_register_executors`` hook is handed: bound to the
+    plugin's distribution, so its executors are recorded as theirs, and able to take them back
+    when the registration fails (:meth:`rollback`)."""
+
+    registry: ExecutorRegistry
+    distribution: str
+    added: list[str] = attrs.field(factory=list, init=False)
+    """The names this plugin declared, in order."""
+
+    def add(self, spec: ExecutorSpec) -> None:
+        """Declare one executor of this plugin; a name already declared is refused."""
+        self.registry.add(spec, distribution=self.distribution)
+        self.added.append(spec.name)
+
+    def rollback(self) -> None:
+        """Take back every executor this plugin declared."""
+        for name in reversed(self.added):
+            self.registry.remove(name)
+        self.added.clear()
 
 
 def chosen(name: str | None = None) -> str:

@@ -7,8 +7,9 @@ hooks with the :data:`aitune.hookimpl` marker. Core ships its own defaults as th
 
 There are three kinds of hooks:
 
-* **registration**: ``aitune_register_backends`` and ``aitune_register_executors``, historic, so
-  late plugins are still heard;
+* **registration**: ``aitune_register_backends`` and ``aitune_register_executors``, called once for
+  each plugin as the manager registers it (also one registered late), with a registrar bound to
+  the plugin's distribution;
 * **operations**: ``aitune_build``, ``aitune_validate``, ``aitune_profile``, ``aitune_serialize``,
   ``aitune_deserialize``; each is *firstresult*: the first non-None result wins and the rest are
   not called;
@@ -34,10 +35,10 @@ if TYPE_CHECKING:
     import torch
 
     from .backend import Backend, BuildContext, LoadContext
-    from .executor import ExecutorRegistry
+    from .executor import ExecutorRegistrar
     from .graph import GraphSpec, Sample
     from .profiling import ProfileResult, ProfilingConfig
-    from .registry import BackendRegistry
+    from .registry import BackendRegistrar
     from .report import CandidateReport, TuneReport, ValidationReport
     from .session import Session
 
@@ -47,25 +48,28 @@ hookspec = pluggy.HookspecMarker("aitune")
 # -- registration -------------------------------------------------------------------------------
 
 
-@hookspec(historic=True)
-def aitune_register_backends(registry: BackendRegistry) -> None:
+@hookspec
+def aitune_register_backends(registry: BackendRegistrar) -> None:
     """Declare this plugin's backends with ``registry.add(BackendSpec(...))``.
 
-    Historic: a plugin registered after discovery is still called. A name another distribution
+    Called once for this plugin, when the manager registers it (also after discovery), with a
+    :class:`~aitune.registry.BackendRegistrar` bound to its distribution and entry point; a
+    registration that raises takes back every backend it added. A name another distribution
     already registered raises :class:`~aitune.errors.DuplicateBackendError` naming both; a spec
     whose Backend class cannot be imported or disagrees with it (name, config class, devices), or
     whose name does not match its entry point, raises :class:`~aitune.errors.PluginError`.
     """
 
 
-@hookspec(historic=True)
-def aitune_register_executors(registry: ExecutorRegistry) -> None:
+@hookspec
+def aitune_register_executors(registry: ExecutorRegistrar) -> None:
     """Declare where isolated builds can run, with ``registry.add(ExecutorSpec(...))``.
 
     An executor (:class:`~aitune.executor.Executor`) takes exported build jobs (JSON and files,
     never a pickled module) and runs them: core's ``local`` one in worker processes here,
     ``aitune-executor-ray``'s as Ray tasks. Users pick one with ``ait.tune(..., executor=NAME)`` or
-    ``AITUNE_EXECUTOR``. Historic: a plugin registered after discovery is still called.
+    ``AITUNE_EXECUTOR``. Called once for this plugin, when the manager registers it, with an
+    :class:`~aitune.executor.ExecutorRegistrar` bound to its distribution.
     """
 
 

@@ -17,10 +17,11 @@ from typing import Any
 import attrs
 import pluggy
 
-from . import converter, hookspecs
+from . import hookspecs
+from .converter import Converter
 from .errors import PluginError, PluginLoadError
-from .executor import BuildQueue, ExecutorRegistry
-from .registry import BackendRegistry
+from .executor import BuildQueue, ExecutorRegistrar, ExecutorRegistry
+from .registry import BackendRegistrar, BackendRegistry
 from .session import Session
 
 ENTRY_POINT_GROUP = "aitune"
@@ -49,18 +50,21 @@ def strict_plugins() -> bool:
 
 
 class AituneManager:
-    """The plugin manager with aitune's registry; create one per process (see :func:`get_manager`)."""
+    """The plugin manager with what its plugins declared: one consistent set of converter, backend
+    registry and executor registry. The process has one (:func:`get_manager`); a test or an
+    application that wants plugins of its own makes another and passes it as ``manager=`` to
+    ``ait.tune``, ``ait.load``, ``ait.save``, ``aitune.torch.jit.enable`` and the CLI's commands."""
 
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager("aitune")
         self.pm.add_hookspecs(hookspecs)
-        self.registry = BackendRegistry()
+        self.converter = Converter()
+        """Turns this manager's backend configs into JSON and back (through :attr:`registry`)."""
+        self.registry = BackendRegistry(self.converter)
         self.executors = ExecutorRegistry()
         self.plugins: dict[str, PluginInfo] = {}
         self._loaded_entry_points = False
         self._lock = threading.RLock()
-        self.pm.hook.aitune_register_backends.call_historic(kwargs={"registry": self.registry})
-        self.pm.hook.aitune_register_executors.call_historic(kwargs={"registry": self.executors})
         from .builds import isolation, queue
         from .builtin import buildcache, eager, journal, operations
 
@@ -86,27 +90,32 @@ class AituneManager:
         """Register a plugin object; its backends are recorded as coming from ``distribution``.
 
         ``entry_point``: ``name`` is the plugin's entry point, which its backends' names must match.
+        The plugin's registration hooks are called here, each with a registrar bound to it; when
+        one raises, the plugin is unregistered and everything it declared is taken back.
         """
         with self._lock:
             name = name or getattr(plugin, "__name__", None) or repr(plugin)
             if self.pm.has_plugin(name) or self.pm.is_registered(plugin):
                 return
-            self.registry._registering = self.executors._registering = distribution
-            self.registry._entry_point = name if entry_point else None
-            before, executors_before = dict(self.registry._entries), dict(self.executors._entries)
+            backends = BackendRegistrar(self.registry, distribution, name if entry_point else None)
+            executors = ExecutorRegistrar(self.executors, distribution)
             try:
                 self.pm.register(plugin, name=name)
+                self._only(plugin, "aitune_register_backends")(registry=backends)
+                self._only(plugin, "aitune_register_executors")(registry=executors)
             except Exception as exc:
                 if self.pm.is_registered(plugin):
                     self.pm.unregister(plugin)
-                self.registry._entries, self.executors._entries = before, executors_before
+                backends.rollback()
+                executors.rollback()
                 if isinstance(exc, PluginError):
                     raise
                 raise PluginError(f"plugin {name!r} from {distribution} failed to register: {exc}") from exc
-            finally:
-                self.registry._registering = self.executors._registering = "unknown"
-                self.registry._entry_point = None
             self.plugins[name] = PluginInfo(name, distribution, _dist_version(distribution))
+
+    def _only(self, plugin: object, hook: str) -> Any:
+        """``hook`` as implemented by ``plugin`` alone: registration asks each plugin once, in its own name."""
+        return self.pm.subset_hook_caller(hook, [p for p in self.pm.get_plugins() if p is not plugin])
 
     def load_entry_points(self) -> None:
         """Load every entry point of the ``aitune`` group once; later calls do nothing."""
@@ -164,9 +173,13 @@ def get_manager() -> AituneManager:
 
 
 def set_manager(manager: AituneManager | None) -> AituneManager | None:
-    """Swap the process-wide manager (for tests); returns the previous one."""
+    """Swap the process-wide manager; returns the previous one.
+
+    For what names no manager: the test fixtures whose contract is "process-wide during the
+    test" and the lazy names of :mod:`aitune.torch.backend`. A run takes ``manager=`` instead
+    (``ait.tune``, ``ait.load``, ``ait.save``, ``aitune.torch.jit.enable``, the CLI's commands).
+    """
     global _manager
     with _manager_lock:
         previous, _manager = _manager, manager
-        converter.reset()
         return previous

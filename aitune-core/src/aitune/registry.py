@@ -1,10 +1,11 @@
 """The typed registry through which plugins declare backends.
 
-A plugin's ``aitune_register_backends(registry)`` hook calls :meth:`BackendRegistry.add` with a
-:class:`BackendSpec`. A backend is declared once, on its :class:`~aitune.backend.Backend` class
-(``name``, ``config_class``, ``devices``): registration imports that class (its module must import
-no runtime, only torch and aitune) and fills the spec from it, refusing a spec that says otherwise.
-Runtimes are checked by requirement strings and probes, so listing backends imports none.
+A plugin's ``aitune_register_backends(registry)`` hook is handed a :class:`BackendRegistrar` bound
+to its distribution and calls its ``add`` with a :class:`BackendSpec`. A backend is declared once,
+on its :class:`~aitune.backend.Backend` class (``name``, ``config_class``, ``devices``):
+registration imports that class (its module must import no runtime, only torch and aitune) and
+fills the spec from it, refusing a spec that says otherwise. Runtimes are checked by requirement
+strings and probes, so listing backends imports none.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import attrs
 from packaging.requirements import InvalidRequirement, Requirement
 
 from .backend import Backend, BackendConfig
-from .converter import structure, unstructure
+from .converter import Converter
 from .errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -127,31 +128,40 @@ class _Entry:
 class BackendRegistry:
     """All backends the loaded plugins declared, by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, converter: Converter | None = None) -> None:
         self._entries: dict[str, _Entry] = {}
-        self._registering: str = "unknown"
-        self._entry_point: str | None = None
-        """The entry point whose plugin is registering now; None for plugins registered in code."""
+        self._converter = converter or Converter()
+        """Turns backend configs into JSON and back: the manager's own (see :class:`aitune.plugins.AituneManager`)."""
 
-    def add(self, spec: BackendSpec) -> None:
-        """Declare a backend. Refused: a spec that disagrees with its Backend class, a name that
-        another distribution already declared, a name that does not match its entry point."""
+    def add(self, spec: BackendSpec, *, distribution: str = "unknown", entry_point: str | None = None) -> BackendSpec:
+        """Declare a backend of ``distribution``; returns the spec completed from its Backend class.
+
+        ``entry_point``: the entry point the declaring plugin was loaded from (None for a plugin
+        registered in code). Refused: a spec that disagrees with its Backend class, a name that
+        another distribution already declared, a name that does not match its entry point.
+        Plugins call this through the :class:`BackendRegistrar` they are handed.
+        """
         if not isinstance(spec, BackendSpec):
-            raise PluginError(f"{self._registering} registered {spec!r}, which is not a BackendSpec")
-        spec = _complete(spec, self._registering)
+            raise PluginError(f"{distribution} registered {spec!r}, which is not a BackendSpec")
+        spec = _complete(spec, distribution)
         if spec.name in self._entries:
             other = self._entries[spec.name].distribution
             raise DuplicateBackendError(
-                f"backend {spec.name!r} is registered by both {other} and {self._registering}; "
+                f"backend {spec.name!r} is registered by both {other} and {distribution}; "
                 "uninstall one of them or disable one with AITUNE_DISABLE_PLUGINS"
             )
-        if self._entry_point is not None and not _entry_point_matches(self._entry_point, self._registering, spec.name):
+        if entry_point is not None and not _entry_point_matches(entry_point, distribution, spec.name):
             raise PluginError(
-                f"entry point {self._entry_point!r} of {self._registering} registers the backend {spec.name!r}; "
+                f"entry point {entry_point!r} of {distribution} registers the backend {spec.name!r}; "
                 f"name the entry point after the backend ({spec.name!r}), a prefix of its backends' names, "
                 f"or the distribution, so that AITUNE_DISABLE_PLUGINS and `aitune backends` agree"
             )
-        self._entries[spec.name] = _Entry(spec, self._registering)
+        self._entries[spec.name] = _Entry(spec, distribution)
+        return spec
+
+    def remove(self, name: str) -> None:
+        """Forget the backend ``name`` (a registration that failed half-way takes back what it added)."""
+        self._entries.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -250,7 +260,7 @@ class BackendRegistry:
         """
         for name in [backend] if backend is not None else self.names():
             if name in self and self.config_class(name) is type(config):
-                data = {"backend": name, **unstructure(config)}
+                data = {"backend": name, **self._converter.unstructure(config)}
                 try:
                     json.dumps(data)
                 except (TypeError, ValueError) as exc:
@@ -273,7 +283,7 @@ class BackendRegistry:
         name = fields.pop("backend")
         if not isinstance(name, str) or name not in self:
             raise ConfigError(f"{what}.backend: unknown backend {name!r}; installed: {sorted(self.names())}")
-        config: BackendConfig = structure(fields, self.config_class(name), what)
+        config: BackendConfig = self._converter.structure(fields, self.config_class(name), what)
         refused = config.untrusted_settings() if from_file else []
         if refused:
             raise ConfigError(
@@ -281,6 +291,33 @@ class BackendRegistry:
                 "Set such options in your own code (they run on your machine), never through a saved file"
             )
         return config
+
+
+@attrs.frozen
+class BackendRegistrar:
+    """The ``registry`` that one plugin's ``aitune_register_backends`` hook is handed.
+
+    Made by the plugin manager for each plugin it registers, bound to that plugin's distribution
+    and entry point, so the backends it adds are recorded as theirs; when the registration fails,
+    the manager takes back what it added (:meth:`rollback`).
+    """
+
+    registry: BackendRegistry
+    distribution: str
+    entry_point: str | None = None
+    """The entry point the plugin was loaded from; None for a plugin registered in code."""
+    added: list[str] = attrs.field(factory=list, init=False)
+    """The names this plugin declared, in order."""
+
+    def add(self, spec: BackendSpec) -> None:
+        """Declare one backend of this plugin (see :meth:`BackendRegistry.add` for what is refused)."""
+        self.added.append(self.registry.add(spec, distribution=self.distribution, entry_point=self.entry_point).name)
+
+    def rollback(self) -> None:
+        """Take back every backend this plugin declared."""
+        for name in reversed(self.added):
+            self.registry.remove(name)
+        self.added.clear()
 
 
 def _complete(spec: BackendSpec, distribution: str) -> BackendSpec:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import aitune.torch as ait
-from aitune import converter, hookimpl
+from aitune import hookimpl
 from aitune.plugins import get_manager
 from aitune.testing import assert_matches_eager
 from aitune.testing import backends as toys
@@ -73,7 +73,6 @@ def main() -> None:
     rank = dist.get_rank()
     manager = get_manager()
     manager.register(toys, name="aitune.testing.backends", distribution="aitune-core")
-    converter.reset()
     torch.manual_seed(rank)  # each rank its own data, of the same shapes
     data = [torch.randn(2, 8), torch.randn(4, 8)]
     outcome: dict = {"rank": rank}

@@ -63,7 +63,7 @@ def _data() -> list[torch.Tensor]:
     return [torch.randn(2, 8), torch.randn(4, 8)]
 
 
-def _with_fallback(backend: Any, inner: torch.nn.Module | None = None, **tune: Any) -> Outcome:
+def _with_fallback(backend: Any, manager: Any, inner: torch.nn.Module | None = None, **tune: Any) -> Outcome:
     """Tune ``backend`` next to a working toy: the faulty candidate fails, tuning goes on."""
     import aitune.torch as ait
     from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
@@ -73,7 +73,7 @@ def _with_fallback(backend: Any, inner: torch.nn.Module | None = None, **tune: A
         "m",
         strategy=ait.MaxThroughputStrategy(backends=[backend, ToyBackend(ToyConfig())], profiling_config=_quick()),
     )
-    report = ait.tune(model, _data(), **tune)
+    report = ait.tune(model, _data(), manager=manager, **tune)
     bad = next(c for c in report.modules[0].graphs[0].candidates if c.backend == backend.name)
     with torch.no_grad():
         alive = model(torch.randn(3, 8)).shape == (3, 8)
@@ -89,7 +89,7 @@ def _expect(exc_type: type[BaseException], fn: Callable[[], Any]) -> Outcome:
     return False, "no error"
 
 
-def _infer_fails() -> Outcome:
+def _infer_fails(manager: Any) -> Outcome:
     import aitune.torch as ait
     from aitune.testing.backends import SlowModule
 
@@ -98,7 +98,7 @@ def _infer_fails() -> Outcome:
     model = ait.Module(
         SlowModule(), "m", strategy=ait.MaxThroughputStrategy(backends=[InferFailBackend()], profiling_config=_quick())
     )
-    ait.tune(model, _data())
+    ait.tune(model, _data(), manager=manager)
     x = torch.randn(3, 8)
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -106,7 +106,7 @@ def _infer_fails() -> Outcome:
     return same and bool(caught), f"RuntimeWarning: {caught[0].message}" if caught else "no warning"
 
 
-def _oom_profiling() -> Outcome:
+def _oom_profiling(manager: Any) -> Outcome:
     import logging
 
     import aitune.torch as ait
@@ -123,7 +123,7 @@ def _oom_profiling() -> Outcome:
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("aitune").addHandler(handler)
     try:
-        report = ait.tune(model, _data(), batch_sizes=[16])
+        report = ait.tune(model, _data(), batch_sizes=[16], manager=manager)
     finally:
         logging.getLogger("aitune").removeHandler(handler)
     sizes = [p.batch_size for p in report.modules[0].graphs[0].candidates[0].profiles]
@@ -153,12 +153,12 @@ def _broken_plugin() -> Outcome:
     return bool(message), f"RuntimeWarning: {message}"
 
 
-def _model_error(inner: torch.nn.Module, data: list[Any]) -> Outcome:
+def _model_error(inner: torch.nn.Module, data: list[Any], manager: Any) -> Outcome:
     import aitune.torch as ait
     from aitune.testing.backends import ToyBackend
 
     model = ait.Module(inner, "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()))
-    report = ait.tune(model, data)
+    report = ait.tune(model, data, manager=manager)
     module = report.modules[0]
     return module.status == "failed" and model.state == "passthrough", f"module stays eager; report: {module.error}"
 
@@ -172,24 +172,24 @@ class _TakesACallback(torch.nn.Module):
         return self.fc(x) if callback is None else callback(self.fc(x))
 
 
-def _callable_argument() -> Outcome:
+def _callable_argument(manager: Any) -> Outcome:
     import aitune.torch as ait
     from aitune.testing.backends import ToyBackend
 
     model = ait.Module(_TakesACallback(), "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()))
-    report = ait.tune(model, [((torch.randn(2, 8), torch.tanh), {})])
+    report = ait.tune(model, [((torch.randn(2, 8), torch.tanh), {})], manager=manager)
     graph = report.modules[0].graphs[0]
     y = model(torch.randn(2, 8), torch.tanh)
     ok = graph.decision == "torch_eager" and bool(graph.reason) and float(y.abs().max()) <= 1.0
     return ok, f"that graph stays eager; report: {graph.reason}"
 
 
-def _grad_inputs() -> Outcome:
+def _grad_inputs(manager: Any) -> Outcome:
     import aitune.torch as ait
     from aitune.testing.backends import SlowModule, ToyBackend
 
     model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()))
-    ait.tune(model, [t.requires_grad_() for t in _data()])
+    ait.tune(model, [t.requires_grad_() for t in _data()], manager=manager)
     x = torch.randn(3, 8, requires_grad=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -197,21 +197,21 @@ def _grad_inputs() -> Outcome:
     return x.grad is not None, f"RuntimeWarning: {caught[0].message}" if caught else "no warning"
 
 
-def _meta_weights() -> Outcome:
+def _meta_weights(manager: Any) -> Outcome:
     import aitune.torch as ait
     from aitune.errors import InputError
     from aitune.testing.backends import SlowModule
 
     model = ait.Module(SlowModule().to("meta"), "m")
-    return _expect(InputError, lambda: ait.tune(model, _data()))
+    return _expect(InputError, lambda: ait.tune(model, _data(), manager=manager))
 
 
-def _tune_raises(data: list[Any]) -> Outcome:
+def _tune_raises(data: list[Any], manager: Any) -> Outcome:
     import aitune.torch as ait
     from aitune.errors import InputError
     from aitune.testing.backends import SlowModule
 
-    return _expect(InputError, lambda: ait.tune(ait.Module(SlowModule(), "m"), data))
+    return _expect(InputError, lambda: ait.tune(ait.Module(SlowModule(), "m"), data, manager=manager))
 
 
 def _nan_data() -> list[torch.Tensor]:
@@ -220,38 +220,41 @@ def _nan_data() -> list[torch.Tensor]:
     return [x]
 
 
-def scenarios() -> list[tuple[str, str, Callable[[], Outcome]]]:
+def scenarios(manager: Any) -> list[tuple[str, str, Callable[[], Outcome]]]:
+    """Each case, run with ``manager``'s plugins (the toy backends and the faults registered)."""
     from . import faults
 
+    m = manager
+
     return [
-        ("fault", "build segfaults (SIGSEGV) in the worker", lambda: _with_fallback(faults.SegfaultBackend())),
-        ("fault", "build aborts (SIGABRT) in the worker", lambda: _with_fallback(faults.AbortBackend())),
-        ("fault", "build calls os._exit(7) in the worker", lambda: _with_fallback(faults.ExitBackend())),
-        ("fault", "build raises in the worker", lambda: _with_fallback(faults.RaisingBackend())),
+        ("fault", "build segfaults (SIGSEGV) in the worker", lambda: _with_fallback(faults.SegfaultBackend(), m)),
+        ("fault", "build aborts (SIGABRT) in the worker", lambda: _with_fallback(faults.AbortBackend(), m)),
+        ("fault", "build calls os._exit(7) in the worker", lambda: _with_fallback(faults.ExitBackend(), m)),
+        ("fault", "build raises in the worker", lambda: _with_fallback(faults.RaisingBackend(), m)),
         (
             "fault",
             "build hangs (time limit 10 s)",
-            lambda: _with_env(_with_fallback, faults.HangBackend(), AITUNE_BUILD_TIMEOUT_S="10"),
+            lambda: _with_env(_with_fallback, faults.HangBackend(), m, AITUNE_BUILD_TIMEOUT_S="10"),
         ),
         (
             "fault",
             "build eats memory (cap 2500 MB)",
-            lambda: _with_env(_with_fallback, faults.MemoryHogBackend(), AITUNE_BUILD_MEMORY_MB="2500"),
+            lambda: _with_env(_with_fallback, faults.MemoryHogBackend(), m, AITUNE_BUILD_MEMORY_MB="2500"),
         ),
-        ("fault", "backend returns NaN", lambda: _with_fallback(_toy_nan())),
-        ("fault", "backend raises at inference after tuning", _infer_fails),
-        ("fault", "out of memory while profiling a large batch", _oom_profiling),
+        ("fault", "backend returns NaN", lambda: _with_fallback(_toy_nan(), m)),
+        ("fault", "backend raises at inference after tuning", lambda: _infer_fails(m)),
+        ("fault", "out of memory while profiling a large batch", lambda: _oom_profiling(m)),
         ("fault", "a plugin raises at import", _broken_plugin),
-        ("input", "empty dataset", lambda: _tune_raises([])),
+        ("input", "empty dataset", lambda: _tune_raises([], m)),
         (
             "input",
             "dataset items of mismatched structure",
-            lambda: _tune_raises([torch.randn(2, 8), {"x": torch.randn(2, 8), "y": 1}]),
+            lambda: _tune_raises([torch.randn(2, 8), {"x": torch.randn(2, 8), "y": 1}], m),
         ),
-        ("input", "inputs that require grad, called outside no_grad", _grad_inputs),
-        ("input", "weights not materialized (meta device)", _meta_weights),
-        ("input", "NaN in the inputs", lambda: _model_error(_slow(), _nan_data())),
-        ("input", "an argument no backend can take (a callable)", _callable_argument),
+        ("input", "inputs that require grad, called outside no_grad", lambda: _grad_inputs(m)),
+        ("input", "weights not materialized (meta device)", lambda: _meta_weights(m)),
+        ("input", "NaN in the inputs", lambda: _model_error(_slow(), _nan_data(), m)),
+        ("input", "an argument no backend can take (a callable)", lambda: _callable_argument(m)),
     ]
 
 
@@ -275,14 +278,14 @@ def _with_env(fn: Callable[..., Outcome], *args: Any, **env: str) -> Outcome:
 # -- a fuzz batch ---------------------------------------------------------------------------------
 
 
-def _valid_artifact(folder: Path) -> bytes:
+def _valid_artifact(folder: Path, manager: Any) -> bytes:
     import aitune.torch as ait
     from aitune.testing.backends import SlowModule, ToyBackend
 
     strategy = ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()).enable_performance_validation(False)
     model = ait.Module(SlowModule(delay_s=0.0), "m", strategy=strategy)
-    ait.tune(model, _data())
-    return ait.save(model, folder / "valid.ait").read_bytes()
+    ait.tune(model, _data(), manager=manager)
+    return ait.save(model, folder / "valid.ait", manager=manager).read_bytes()
 
 
 def _members(data: bytes) -> list[tuple[str, bytes]]:
@@ -353,14 +356,17 @@ FUZZ_KINDS = (
 )
 
 
-def fuzz_batch(folder: Path, per_kind: int, seed: int = 0) -> list[tuple[str, int, dict[str, int], float]]:
-    """Mutated artifacts by kind: how each load ended (loaded, an aitune error, anything else)."""
+def fuzz_batch(
+    folder: Path, per_kind: int, manager: Any, seed: int = 0
+) -> list[tuple[str, int, dict[str, int], float]]:
+    """Mutated artifacts by kind: how each load ended (loaded, an aitune error, anything else), with
+    ``manager``'s plugins."""
     import aitune.torch as ait
     from aitune.artifact import verify
     from aitune.errors import AituneError
     from aitune.testing.backends import SlowModule
 
-    valid = _valid_artifact(folder)
+    valid = _valid_artifact(folder, manager)
     rng = random.Random(seed)
     rows = []
     for kind in FUZZ_KINDS:
@@ -371,8 +377,8 @@ def fuzz_batch(folder: Path, per_kind: int, seed: int = 0) -> list[tuple[str, in
             path.write_bytes(_mutate(valid, kind, rng))
             start = time.perf_counter()
             try:
-                ait.load(ait.Module(SlowModule(delay_s=0.0), "m"), path)
-                verify(path)
+                ait.load(ait.Module(SlowModule(delay_s=0.0), "m"), path, manager=manager)
+                verify(path, manager=manager)
                 counts["loaded"] += 1
             except AituneError:
                 counts["aitune error"] += 1
@@ -398,21 +404,17 @@ def run(per_kind: int = 100) -> str:
         manager.load_entry_points()
         manager.register(backends, name="aitune.testing.backends", distribution="aitune-core")
         manager.register(faults, name="aitune_testkit.faults", distribution="aitune-testkit")
-        previous = plugins.set_manager(manager)
-        try:
-            for kind, name, scenario in scenarios():
-                try:
-                    ok, text = scenario()
-                except Exception as exc:  # a scenario that escapes is a failure to survive, shown as such
-                    ok, text = False, f"escaped: {type(exc).__name__}: {exc}"
-                lines.append(f"| {name} | {kind} | {_short(text)} | {'yes' if ok else '**no**'} |")
-            for kind, total, counts, slowest in fuzz_batch(Path(tmp), per_kind):
-                text = f"{counts['aitune error']} ArtifactError, {counts['loaded']} still loaded, {counts['other']} other; slowest {slowest:.2f} s"
-                lines.append(
-                    f"| {total} artifacts: {kind} | fuzz | {text} | {'yes' if not counts['other'] else '**no**'} |"
-                )
-        finally:
-            plugins.set_manager(previous)
+        for kind, name, scenario in scenarios(manager):
+            try:
+                ok, text = scenario()
+            except Exception as exc:  # a scenario that escapes is a failure to survive, shown as such
+                ok, text = False, f"escaped: {type(exc).__name__}: {exc}"
+            lines.append(f"| {name} | {kind} | {_short(text)} | {'yes' if ok else '**no**'} |")
+        for kind, total, counts, slowest in fuzz_batch(Path(tmp), per_kind, manager):
+            text = f"{counts['aitune error']} ArtifactError, {counts['loaded']} still loaded, {counts['other']} other; slowest {slowest:.2f} s"
+            lines.append(
+                f"| {total} artifacts: {kind} | fuzz | {text} | {'yes' if not counts['other'] else '**no**'} |"
+            )
     return "\n".join(lines)
 
 

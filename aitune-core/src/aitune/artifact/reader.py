@@ -34,7 +34,7 @@ from ..engine.settings import settings
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..graph import GraphSpec
 from ..payload import PayloadRecord
-from ..plugins import get_manager
+from ..plugins import AituneManager, get_manager
 from ..registry import BackendRegistry, missing_requirements
 from ..session import Session
 from . import ownkey
@@ -233,6 +233,7 @@ def load(
     weights: str | None = None,
     check: bool | None = None,
     static_cache: bool = True,
+    manager: AituneManager | None = None,
 ) -> Any:
     """Load the artifact at ``path`` into ``obj`` and return it tuned, with no build.
 
@@ -276,6 +277,9 @@ def load(
     ``static_cache`` (default True): when a loaded decode step runs on a static KV cache, the
     transformers model holding it generates with one (``generation_config.cache_implementation =
     "static"`` where it was None, logged), as ``ait.tune`` set it; ``static_cache=False`` leaves it.
+
+    ``manager``: the plugin manager whose backends read the payloads (default: the process's,
+    :func:`aitune.plugins.get_manager`).
     """
     if fallback not in (None, "eager"):
         raise ValueError("fallback must be None or 'eager'")
@@ -284,7 +288,8 @@ def load(
     path = Path(path)
     with only_artifact_errors(path, "loading"):
         asked = Asked(expected_sha256, trusted_keys, signature, trust_native_code)
-        obj = _load(obj, path, device_map, fallback, asked, weights, check)
+        session = (get_manager() if manager is None else manager).session()
+        obj = _load(obj, path, device_map, fallback, asked, weights, check, session=session)
     if static_cache and any(w.graph.mutated for m in wrapped_modules(obj) for w in m.tuned_graphs):
         StaticCacheSwitch.apply(obj).settle(used=True, by="ait.load")
     if settings.freeze if freeze is None else freeze:
@@ -300,12 +305,13 @@ def _load(
     asked: Asked,
     weights: str | None = None,
     check: bool | None = None,
+    *,
+    session: Session,
 ) -> Any:
     """Every check first, then the changes: nothing in ``obj`` changes until the digests, the
     manifest, the object's structure, every device, config, bound and the trust policy passed."""
     from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
 
-    session = get_manager().session()
     with open_artifact(path, asked.expected_sha256) as reader:
         trust = asked.judge(reader)
         reader.verify_all()
@@ -780,16 +786,20 @@ def verify(
     expected_sha256: str | None = None,
     trusted_keys: Sequence[str | Path] | None = None,
     signature: str | Path | None = None,
+    *,
+    manager: AituneManager | None = None,
 ) -> dict[str, Any]:
     """Check every digest, the signature when keys are given, and whether each payload can run here
     (configs checked as ``ait.load`` checks them, native payloads named); what ``aitune verify`` prints.
+    ``manager``: whose backends judge the payloads (default: the process's).
 
     The digests inside the file prove it is whole, not who wrote it: ``integrity`` says the former,
     ``trust`` the latter (pinned, signed by a trusted key, or not established).
     """
     path = Path(path)
     with only_artifact_errors(path, "checking"):
-        return _verify(path, expected_sha256, trusted_keys, signature)
+        registry = (get_manager() if manager is None else manager).registry
+        return _verify(path, expected_sha256, trusted_keys, signature, registry)
 
 
 def _verify(
@@ -797,8 +807,8 @@ def _verify(
     expected_sha256: str | None,
     trusted_keys: Sequence[str | Path] | None,
     signature: str | Path | None,
+    registry: BackendRegistry,
 ) -> dict[str, Any]:
-    registry = get_manager().registry
     with open_artifact(path, expected_sha256) as reader:
         asked = Asked(expected_sha256, trusted_keys, signature)
         trust = asked.judge(reader)

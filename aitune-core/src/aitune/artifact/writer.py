@@ -16,7 +16,7 @@ from .. import __version__, payload
 from ..converter import unstructure
 from ..engine.module import named_wrapped_modules
 from ..errors import ArtifactError, InputError, SerializationError
-from ..plugins import get_manager
+from ..plugins import AituneManager, get_manager
 from ..registry import BackendRegistry
 from ..report import TuneReport
 from .archive import FORMAT_VERSION, MANIFEST, REPORT, Writer
@@ -63,7 +63,14 @@ def _weights_bytes(module: torch.nn.Module) -> bytes:
     return save_tensors(tensors)
 
 
-def save(obj: Any, path: str | Path, *, signing_key: str | Path | None = None, sign: bool = True) -> Path:
+def save(
+    obj: Any,
+    path: str | Path,
+    *,
+    signing_key: str | Path | None = None,
+    sign: bool = True,
+    manager: AituneManager | None = None,
+) -> Path:
     """Write every ``ait.Module`` reachable from ``obj`` to one ``.ait`` file; returns its path.
 
     The file is written beside ``path`` and renamed into place, so an interrupted save leaves
@@ -71,7 +78,8 @@ def save(obj: Any, path: str | Path, *, signing_key: str | Path | None = None, s
     ``signing_key`` (a private key, PEM; checked by ``ait.load(..., trusted_keys=[public key])``),
     else with the user's own key (:mod:`aitune.artifact.ownkey`), which ``ait.load`` trusts by
     default, so what a user saves loads back for that user with no flag. ``sign=False`` (or
-    ``AITUNE_OWN_KEY=0``) writes no signature.
+    ``AITUNE_OWN_KEY=0``) writes no signature. ``manager``: the plugin manager whose backends
+    write the payloads (default: the process's, :func:`aitune.plugins.get_manager`).
     """
     if signing_key is not None and not sign:
         raise InputError("signing_key and sign=False contradict each other: pass one of them")
@@ -90,7 +98,7 @@ def save(obj: Any, path: str | Path, *, signing_key: str | Path | None = None, s
     for module in modules:
         if module.stale_reason is not None:
             raise ArtifactError(f"{module.name} cannot be saved: {module.stale_reason}")
-    session = get_manager().session()
+    session = (get_manager() if manager is None else manager).session()
     path.parent.mkdir(parents=True, exist_ok=True)
     devices = [spec.device for m in modules for g, _ in m.tuned_graphs for spec in g.inputs]
     manifest = Manifest(

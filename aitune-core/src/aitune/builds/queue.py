@@ -22,7 +22,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .. import hookimpl
-from ..executor import DEFAULT, BuildHandle, BuildRequest, Executor, ExecutorRegistry, ExecutorSpec, chosen
+from ..executor import (
+    DEFAULT,
+    BuildHandle,
+    BuildRequest,
+    Executor,
+    ExecutorRegistrar,
+    ExecutorRegistry,
+    ExecutorSpec,
+    chosen,
+)
 from ..session import Session
 from . import isolation
 
@@ -36,7 +45,7 @@ logger = logging.getLogger("aitune")
 
 
 @hookimpl
-def aitune_register_executors(registry: ExecutorRegistry) -> None:
+def aitune_register_executors(registry: ExecutorRegistrar) -> None:
     registry.add(
         ExecutorSpec(
             name=DEFAULT,

@@ -10,7 +10,7 @@ import torch
 
 from .. import hookimpl
 from ..backend import Backend, BackendConfig, BuildContext, LoadContext
-from ..registry import BackendRegistry, BackendSpec
+from ..registry import BackendRegistrar, BackendSpec
 
 
 @attrs.frozen(kw_only=True)
@@ -47,7 +47,7 @@ class TorchEagerBackend(Backend):
 
 
 @hookimpl
-def aitune_register_backends(registry: BackendRegistry) -> None:
+def aitune_register_backends(registry: BackendRegistrar) -> None:
     registry.add(
         BackendSpec(
             backend_class="aitune.builtin.eager:TorchEagerBackend",

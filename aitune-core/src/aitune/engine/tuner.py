@@ -29,7 +29,7 @@ from .. import __version__, distributed
 from ..backend import Tolerance
 from ..builds.queue import build_session
 from ..errors import AituneError, ConfigError, DistributedTuneError, InputError, PluginError
-from ..plugins import get_manager
+from ..plugins import AituneManager, get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
 from . import end_to_end, fanout, ranks, recording
@@ -90,6 +90,7 @@ def tune(
     end_to_end: bool | float = True,
     time_budget: float | None = None,
     static_cache: bool = True,
+    manager: AituneManager | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
 
@@ -142,6 +143,8 @@ def tune(
     now on (``generation_config.cache_implementation = "static"``, set before recording, logged
     and listed in the report's ``changes``), so its decode step can be tuned. It is put back when
     no recorded call used it, the tune fails or is a dry run; ``static_cache=False`` leaves it.
+    ``manager``: the plugin manager whose backends, executors and hooks the tune uses (default: the
+    process's, :func:`aitune.plugins.get_manager`).
     """
     if threads is not None:
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -178,7 +181,7 @@ def tune(
     ):
         raise InputError(f"time_budget must be a number of seconds > 0, got {time_budget!r}")
     progress = TuneProgress(settings.show_progress if show_progress is None else show_progress, time_budget)
-    manager = get_manager()
+    manager = get_manager() if manager is None else manager
     switch = StaticCacheSwitch.apply(model_or_callable) if static_cache else StaticCacheSwitch([])
     try:
         with progress, kept, build_session(manager.executors, manager.registry, executor) as builds:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import torch
@@ -31,6 +31,9 @@ from ..backend import Backend, BuildContext, LoadContext
 from ..graph import GraphSpec, Sample, infer_graph
 from ..session import Session
 from .compare import assert_matches_eager
+
+if TYPE_CHECKING:
+    from ..plugins import AituneManager
 
 HEAVY_RUNTIMES = ("tensorrt", "torch_tensorrt", "onnxruntime", "torchao", "modelopt", "triton")
 
@@ -64,11 +67,16 @@ class BackendConformance:
 
     # -- what subclasses may override -------------------------------------------------------
 
-    def session(self) -> Session:
-        """The run these tests work in: the process's plugins, as a user's ``ait.tune`` sees them."""
+    def manager(self) -> AituneManager:
+        """The plugins these tests run with: the process's, as a user's ``ait.tune`` sees them.
+        Override it to test a backend registered on a manager of your own."""
         from ..plugins import get_manager
 
-        return get_manager().session()
+        return get_manager()
+
+    def session(self) -> Session:
+        """The run these tests work in, from :meth:`manager`."""
+        return self.manager().session()
 
     def make_backend(self) -> Backend:
         return self.session().registry.backend_class(self.backend_name)()  # type: ignore[no-any-return]

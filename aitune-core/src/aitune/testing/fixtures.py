@@ -89,7 +89,9 @@ def _busy_when_asked(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture
 def aitune_manager() -> Iterator[object]:
-    """A fresh plugin manager with every installed plugin loaded, used process-wide during the test."""
+    """A fresh plugin manager with every installed plugin loaded, used process-wide during the test
+    (``set_manager``), as suites written against this fixture expect; a test may also pass it on
+    explicitly (``ait.tune(..., manager=aitune_manager)``)."""
     from aitune.plugins import AituneManager, set_manager
 
     manager = AituneManager()
@@ -107,9 +109,6 @@ def register_plugin(aitune_manager: object) -> Callable[..., object]:
 
     def register(plugin: object, name: str | None = None, distribution: str = "test-plugin") -> object:
         aitune_manager.register(plugin, name=name, distribution=distribution)  # type: ignore[attr-defined]
-        from aitune import converter
-
-        converter.reset()
         return plugin
 
     return register

@@ -3,6 +3,9 @@
 ``from aitune.torch.backend import ONNXRuntimeBackend`` asks the plugin registry which
 distribution exports that name and imports it only then. A first-party name whose distribution
 is not installed raises :class:`ModuleNotFoundError` that says what to ``pip install``.
+
+An entry point: an import statement names no manager, so these names are the process's plugins'
+(:func:`aitune.plugins.get_manager`); with a manager of your own, ask its ``registry.resolve``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ import torch
 
 from ...backend import Backend
 from ...graph import GraphSpec, Sample, infer_graph
-from ...plugins import get_manager
 from ...profiling import ProfilingConfig
 from ...registry import BackendRegistry
 from ...report import ModuleReport
@@ -77,7 +76,10 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
     broken = next((g.error for g in graphs if g.error), None)
     if broken:
         return _descend(module, cand, f"a recorded call cannot be tuned: {broken}")
-    manager = get_manager()
+    source = STATE.manager_source
+    if source is None:  # disable() ran while this module waited for its turn
+        raise RuntimeError("JIT tuning was switched off (aitune.torch.jit.disable) before this module's turn")
+    manager = source()
     device = weights_device(cand.twin) or torch.device("cpu")
     strategy, candidates = _strategy(device, manager.registry)
     run = TuneRun(manager.session(), device, candidates, batch_one_sizes=None, progress=StoppableProgress())

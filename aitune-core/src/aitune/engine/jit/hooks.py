@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ... import tracing
+from ...plugins import AituneManager, get_manager
 from .. import recording
 from ..install import reset
 from . import background
@@ -33,13 +34,19 @@ _is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 _COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
 
-def enable() -> None:
-    """Turn JIT tuning on for this process (idempotent)."""
+def enable(*, manager: AituneManager | None = None) -> None:
+    """Turn JIT tuning on for this process (idempotent: a second call changes nothing).
+
+    ``manager``: the plugin manager whose backends and hooks tune the modules (default: the
+    process's, :func:`aitune.plugins.get_manager`, looked up when the first module is tuned, so
+    turning the JIT on at interpreter start loads no plugin).
+    """
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
     with STATE.lock:
         if STATE.handles:
             return
+        STATE.manager_source = get_manager if manager is None else (lambda: manager)
         if settings.mode == "background":
             background.prepare()  # at start-up, not inside the call that starts the first tuning
         STATE.handles.append(register_module_forward_pre_hook(_pre))
@@ -68,6 +75,7 @@ def disable() -> None:
         for module in list(STATE.tuned):
             reset(module)
         STATE.forget()
+        STATE.manager_source = None
 
 
 def decisions() -> list[Decision]:

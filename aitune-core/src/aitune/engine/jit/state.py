@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import torch
+
+if TYPE_CHECKING:
+    from ...plugins import AituneManager
 
 from ..module import Module
 from ..recording import RecordingSession
@@ -87,6 +91,9 @@ class JitState:
     """``background.stop_at_exit`` is registered with atexit (once per process)."""
     stopping: threading.Event = attrs.field(factory=threading.Event)
     """Set when the process exits: the tuner thread stops at its next step (see :mod:`.background`)."""
+    manager_source: Callable[[], AituneManager] | None = None
+    """Gives the plugin manager the JIT tunes with (``enable()``'s, or the process's when it named
+    none), from ``enable()`` until ``disable()``."""
 
     def forget(self) -> None:
         """Drop every module, decision and request (the hooks are the caller's business)."""
