@@ -27,11 +27,25 @@ from typing import Any
 
 import torch
 
-from aitune import tree
-from aitune.backend import Backend, BuildContext, LoadContext, Tolerance, machine_cores, payload_file
-from aitune.errors import BackendUnavailableError, BuildError, NotApplicableError, SerializationError
-from aitune.graph import GraphSpec
-from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
+from aitune.plugin import (
+    MODEL_FILE,
+    Backend,
+    BackendUnavailableError,
+    BuildContext,
+    BuildError,
+    GraphSpec,
+    LoadContext,
+    NotApplicableError,
+    ONNXExport,
+    ONNXExportConfig,
+    SerializationError,
+    Tolerance,
+    export_onnx,
+    machine_cores,
+    model_files,
+    payload_file,
+    tree,
+)
 
 from .config import INT8_TOLERANCE, TF32_TOLERANCE, ONNXExecutionProvider, ONNXRuntimeBackendConfig
 from .exports import shared_export

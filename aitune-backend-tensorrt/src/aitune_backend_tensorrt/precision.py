@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from aitune.errors import BackendUnavailableError, BuildError
-from aitune.graph import GraphSpec, Sample
+from aitune.plugin import BackendUnavailableError, BuildError, GraphSpec, Sample
 
 from .config import ModelOptQuantizationConfig, ONNXAutoCastConfig
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import attrs
 
-from aitune.errors import ConfigError
-from aitune.graph import GraphSpec
+from aitune.plugin import ConfigError, GraphSpec
 
 from .config import Shape, TensorRTProfile
 

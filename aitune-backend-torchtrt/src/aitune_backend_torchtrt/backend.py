@@ -14,19 +14,22 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from aitune import tree
-from aitune.backend import (
+from aitune.plugin import (
+    DEFAULT_TOLERANCES,
     Backend,
     BackendConfig,
+    BackendUnavailableError,
     BuildContext,
+    BuildError,
+    GraphSpec,
     LoadContext,
+    Sample,
+    SerializationError,
     Tolerance,
     exported_file,
     torch_allows_tf32,
+    tree,
 )
-from aitune.errors import BackendUnavailableError, BuildError, SerializationError
-from aitune.graph import GraphSpec, Sample
-from aitune.validation import DEFAULT_TOLERANCES
 
 from .archive import check_pt2_archive, load_exported_program
 from .config import (

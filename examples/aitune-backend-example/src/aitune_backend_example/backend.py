@@ -20,9 +20,7 @@ import attrs
 import torch
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext
-from aitune.errors import SerializationError
-from aitune.graph import GraphSpec
+from aitune.plugin import Backend, BackendConfig, BuildContext, GraphSpec, LoadContext, SerializationError
 
 PAYLOAD = "channels_last.json"
 
