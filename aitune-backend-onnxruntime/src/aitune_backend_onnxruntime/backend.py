@@ -483,7 +483,7 @@ class ONNXRuntimeBackend(Backend):
         known = self._out_shapes.get(key)
         if known is not None:
             self._out_shapes.move_to_end(key)
-        shapes = known or [resolve_shape(dims, sizes) for _, dims in self._outputs]
+        shapes: Sequence[tuple[int, ...] | None] = known or [resolve_shape(dims, sizes) for _, dims in self._outputs]
         outs: list[torch.Tensor | None] = []
         for name, (dtype, _), shape in zip(self._output_names, self._outputs, shapes):
             if shape is None or dtype is None:
@@ -656,7 +656,7 @@ def _model_digest(model: Path, files: Sequence[str], initializers: Mapping[str, 
     for path in [model, *(model.parent / f for f in files if f != model.name)]:
         if path.is_file():
             with open(path, "rb") as f:
-                for block in iter(lambda f=f: f.read(1 << 20), b""):
+                while block := f.read(1 << 20):
                     digest.update(block)
     for name in sorted(initializers or {}):
         array = initializers[name]  # type: ignore[index]
@@ -780,10 +780,16 @@ def _from_ort(value: Any, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(value.numpy()).to(device)
 
 
+def _attention_configs(module: torch.nn.Module) -> list[Any]:
+    """The transformers configs in ``module`` that name an attention implementation."""
+    configs = (getattr(m, "config", None) for m in module.modules())
+    return [c for c in configs if c is not None and hasattr(c, "_attn_implementation")]
+
+
 def effective_attention(module: torch.nn.Module, chosen: str | None) -> str | None:
     """``chosen``, or None when every attention config of ``module`` already uses it: the export is
     then the plain variant's, and is shared with it."""
-    configs = [c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")]
+    configs = _attention_configs(module)
     if chosen is not None and configs and all(c._attn_implementation == chosen for c in configs):
         return None
     return chosen
@@ -797,7 +803,7 @@ def attention_implementation(module: torch.nn.Module, chosen: str | None) -> Ite
     if chosen is None:
         yield
         return
-    configs = {id(c): c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")}
+    configs = {id(c): c for c in _attention_configs(module)}
     if not configs:
         raise NotApplicableError(
             f"the {chosen} attention variant applies to transformers models only; this one has no attention config"

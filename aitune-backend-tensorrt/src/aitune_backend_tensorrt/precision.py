@@ -144,7 +144,7 @@ def quantize(
     quantization = _modelopt("modelopt.onnx.quantization")
     from onnxruntime.quantization.calibrate import CalibrationDataReader
 
-    class SampleReader(CalibrationDataReader):  # type: ignore[misc]
+    class SampleReader(CalibrationDataReader):
         """Hands ModelOpt the recorded samples one call at a time (it rewinds between passes)."""
 
         def __init__(self) -> None:

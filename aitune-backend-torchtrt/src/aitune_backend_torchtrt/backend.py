@@ -206,10 +206,11 @@ class _TorchTensorRTBackend(Backend):
     """What both Torch-TensorRT backends share: the compile settings and the bound they imply."""
 
     build_cost = 10.0  # TensorRT times kernel tactics for every converted subgraph
+    config: TorchTensorRTJitBackendConfig | TorchTensorRTAotBackendConfig
 
     @property
     def compile_config(self) -> TorchTensorRTConfig:
-        return self.config.compile_config  # type: ignore[attr-defined,no-any-return]
+        return self.config.compile_config
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
         return _tolerance(self.compile_config, dtype)

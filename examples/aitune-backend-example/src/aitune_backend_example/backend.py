@@ -53,7 +53,8 @@ class ChannelsLastBackend(Backend):
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
         prepared = copy.deepcopy(module)  # never change the user's module
         folded = _fold_batchnorm(prepared) if self.config.fold_batchnorm and not prepared.training else []
-        self.module = prepared.to(memory_format=torch.channels_last)
+        # Module.to takes memory_format (its docstring) though torch's overloads leave it out
+        self.module = prepared.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.build_info["folded"] = folded
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
