@@ -5,7 +5,7 @@
   CI runs ``lint``, ``typecheck`` and ``tests`` (``.ci/run``);
 * ``models``: the same install, only ``tests/models`` (real architectures from small configs);
 * ``tests-<member>``: one member alone with core, its own tests (proves it installs by itself);
-* ``lint`` (ruff and the import-linter contracts), ``typecheck``, ``build``;
+* ``lint`` (ruff and the import-linter contracts), ``typecheck`` (mypy over every distribution), ``build``;
 * ``fuzz``: the artifact fuzzers with many examples (``AITUNE_FUZZ_EXAMPLES``), then the survival table;
 * ``gpu``: the prepared GPU check (``scripts/gpu_check.py``), run on a machine with an NVIDIA GPU.
 """
@@ -146,11 +146,18 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports", env={"PYTHONPATH": os.pathsep.join(sources)})
 
 
+TYPES = ["numpy>=1.24", "onnx>=1.16", "pytest>=8"]
+"""What the distributions import besides core's own requirements that mypy reads types from: numpy
+(aitune-serve-ray, TensorRT), onnx (core's export, ONNX Runtime, TensorRT), pytest (aitune.testing).
+The optional runtimes (ONNX Runtime, TensorRT, Torch-TensorRT, torchao, ModelOpt, Ray) and core's
+report and signing extras are not installed: pyproject.toml's mypy overrides type them as Any."""
+
+
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over aitune-core."""
-    session.install(*CONSTRAINTS, TORCH, "mypy>=1.10", f"./{CORE}")
-    session.run("mypy", f"{CORE}/src/aitune")
+    """mypy over every distribution, the example plugin and the test kit (settings in pyproject.toml)."""
+    session.install(*CONSTRAINTS, TORCH, "mypy>=1.10", *TYPES, f"./{CORE}")
+    session.run("mypy", *(f"{m}/src" for m in [*MEMBERS, EXAMPLE, TESTKIT]))
 
 
 @nox.session

@@ -2,13 +2,15 @@
 
 ``nox -s lint`` checks the contracts of ``.importlinter``; these tests make sure a new module gets a
 place in them (a module left out of the layers could import anything and bring a cycle back
-unseen), that grimp finds no strongly connected component even counting what a package's
-``__init__`` runs, and that importing any public module first leaves ``ait.load`` and ``ait.save``
-the functions the docs describe.
+unseen; one left out of the plugin contracts would be open to plugins), that grimp finds no
+strongly connected component even counting what a package's ``__init__`` runs, that importing any
+public module first leaves ``ait.load`` and ``ait.save`` the functions the docs describe, and that
+every name a plugin imports from ``aitune.plugin`` is exported and documented there.
 """
 
 from __future__ import annotations
 
+import ast
 import configparser
 import pkgutil
 import re
@@ -20,8 +22,10 @@ from types import SimpleNamespace
 import pytest
 
 import aitune
+import aitune.plugin
 
-CONTRACTS = Path(__file__).resolve().parents[2] / ".importlinter"
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACTS = ROOT / ".importlinter"
 PUBLIC = [
     "aitune",
     "aitune.torch",
@@ -41,15 +45,24 @@ PUBLIC = [
     "aitune.registry",
     "aitune.session",
     "aitune.testing",
+    "aitune.plugin",
     "aitune.engine.tuner",
     "aitune.builds.isolation",
 ]
 
 
-def _layered() -> set[str]:
+def _contract(name: str) -> configparser.SectionProxy:
     parser = configparser.ConfigParser()
     parser.read(CONTRACTS, encoding="utf-8")
-    layers = parser["importlinter:contract:core-layers"]["layers"]
+    return parser[f"importlinter:contract:{name}"]
+
+
+def _listed(contract: str, option: str) -> list[str]:
+    return _contract(contract)[option].split()
+
+
+def _layered() -> set[str]:
+    layers = _contract("core-layers")["layers"]
     return {name.strip() for line in layers.splitlines() for name in re.split(r"[|:]", line) if name.strip()}
 
 
@@ -176,3 +189,116 @@ def test_the_manager_is_looked_up_only_at_entry_points():
     }
     stray = callers - set(ENTRY_POINTS)
     assert not stray, f"get_manager() below an entry point (hand the session down instead): {sorted(stray)}"
+
+
+PLUGIN_API = {
+    "aitune.plugin",
+    # what it re-exports from
+    "aitune.backend",
+    "aitune.registry",
+    "aitune.executor",
+    "aitune.graph",
+    "aitune.tree",
+    "aitune.tracing",
+    "aitune.onnx_export",
+    "aitune.validation",
+    "aitune.errors",
+    # what those import
+    "aitune.report",
+    "aitune.converter",
+    "aitune.cachedir",
+    "aitune.distributed",
+    "aitune.traced_branches",
+    "aitune.state",
+    "aitune.text",
+}
+"""The core modules a backend or executor may reach through ``aitune.plugin``; the contract
+``plugin-api-stays-below-the-engine`` forbids every other one, indirect imports included."""
+
+PLUGIN_SOURCES = sorted(p.parent for p in ROOT.glob("aitune-*/src/*/__init__.py") if p.parts[-4] != "aitune-core")
+PLUGIN_SOURCES += sorted(p.parent for p in ROOT.glob("examples/*/src/*/__init__.py"))
+"""Every plugin distribution's package (and the deployment's): the sources of the plugin contracts."""
+
+
+def _units(names: list[str]) -> set[str]:
+    return {name.removesuffix(".**") for name in names}
+
+
+def test_plugins_may_import_only_aitune_plugin_every_other_core_module_is_forbidden():
+    """The allow-list written as a forbidden list: a new core module must be added to it."""
+    listed = _listed("plugins-use-public-api", "forbidden_modules")
+    allowed = {"aitune.plugin", "aitune.torch"}
+    missing = (_core_modules() | {"aitune"}) - allowed - _units(listed)
+    assert not missing, f"forbid these to plugins in plugins-use-public-api ({CONTRACTS.name}): {sorted(missing)}"
+    packages = {f"aitune.{m.name}" for m in pkgutil.iter_modules(aitune.__path__) if m.ispkg} - allowed
+    unopened = {p for p in packages if f"{p}.**" not in listed}
+    assert not unopened, f"the contract matches modules, not packages: add each one's '.**' too: {sorted(unopened)}"
+    assert _units(listed) & allowed == set(), "aitune.plugin and aitune.torch are what plugins may import"
+
+
+def test_the_plugin_contracts_name_every_plugin_distribution():
+    packages = {p.name for p in PLUGIN_SOURCES}
+    sources = _listed("plugins-use-public-api", "source_modules")
+    assert set(sources) == packages | {f"{p}.**" for p in packages}
+    assert set(_listed("plugin-api-stays-below-the-engine", "source_modules")) == packages - {"aitune_serve_ray"}
+
+
+def test_what_plugins_reach_is_the_plugin_api_every_other_core_module_is_forbidden():
+    contract = _contract("plugin-api-stays-below-the-engine")
+    assert contract["allow_indirect_imports"].strip() == "False"
+    forbidden = set(contract["forbidden_modules"].split())
+    missing = _core_modules() - PLUGIN_API - forbidden
+    assert not missing, (
+        f"forbid these in plugin-api-stays-below-the-engine ({CONTRACTS.name}), or add them to PLUGIN_API "
+        f"if aitune.plugin needs them: {sorted(missing)}"
+    )
+    assert not forbidden & PLUGIN_API, sorted(forbidden & PLUGIN_API)
+    assert not PLUGIN_API - _core_modules(), f"gone from core: {sorted(PLUGIN_API - _core_modules())}"
+
+
+def _names_imported_from_aitune_plugin(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "aitune.plugin":
+            names |= {alias.name for alias in node.names}
+    return names
+
+
+def _plugin_files() -> list[Path]:
+    tests = [p.parent.parent / "tests" for p in PLUGIN_SOURCES]
+    return [f for folder in [*PLUGIN_SOURCES, *tests] if folder.is_dir() for f in sorted(folder.rglob("*.py"))]
+
+
+def test_every_name_a_plugin_imports_is_exported_by_aitune_plugin():
+    """Also the imports a CPU never runs (a GPU backend's build) and those in the plugin guide's examples."""
+    used = {name: path for path in _plugin_files() for name in _names_imported_from_aitune_plugin(path.read_text())}
+    guide = ROOT / "docs" / "plugins.md"
+    for block in re.findall(r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), flags=re.S):
+        used.update(dict.fromkeys(_names_imported_from_aitune_plugin(block), guide))
+    assert len(used) > 20, "the scan finds the plugins' imports"
+    missing = {name: str(path.relative_to(ROOT)) for name, path in used.items() if name not in aitune.plugin.__all__}
+    assert not missing, f"export these from aitune.plugin (and document them there): {missing}"
+
+
+def test_aitune_plugin_exports_what_it_names_and_documents_each_name():
+    module = aitune.plugin
+    absent = [name for name in module.__all__ if not hasattr(module, name)]
+    assert not absent, absent
+    undocumented = [name for name in module.__all__ if not re.search(rf"\b{re.escape(name)}\b", module.__doc__ or "")]
+    assert not undocumented, f"say in aitune.plugin's docstring what these are for: {undocumented}"
+
+
+def test_plugins_import_aitune_only_through_aitune_plugin():
+    """lint-imports checks this too; here it runs with the tests, on the plugins' files themselves."""
+    allowed = {"aitune.plugin", "aitune.torch"}
+    strays = []
+    for path in (f for folder in PLUGIN_SOURCES for f in sorted(folder.rglob("*.py"))):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            modules += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            strays += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {m}"
+                for m in modules
+                if (m == "aitune" or m.startswith("aitune.")) and m not in allowed
+            ]
+    assert not strays, f"import these through aitune.plugin: {strays}"

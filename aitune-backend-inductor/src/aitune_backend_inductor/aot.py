@@ -11,10 +11,20 @@ from typing import Any
 
 import torch
 
-from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, exported_file
-from aitune.errors import BuildError, SerializationError
-from aitune.graph import FlatModule, GraphSpec, Sample, resize
-from aitune.tracing import exclusive
+from aitune.plugin import (
+    Backend,
+    BackendConfig,
+    BuildContext,
+    BuildError,
+    FlatModule,
+    GraphSpec,
+    LoadContext,
+    Sample,
+    SerializationError,
+    exclusive,
+    exported_file,
+    resize,
+)
 
 from .cache import inductor_cache
 from .config import TorchInductorAotBackendConfig, capped_options

@@ -7,8 +7,7 @@ from typing import Any
 
 import attrs
 
-from aitune.backend import BackendConfig, machine_cores
-from aitune.errors import ConfigError
+from aitune.plugin import BackendConfig, ConfigError, machine_cores
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """The ``torch.compile`` modes every supported torch (>= 2.6) knows."""

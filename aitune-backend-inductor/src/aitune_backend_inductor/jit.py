@@ -9,10 +9,7 @@ from typing import Any
 
 import torch
 
-from aitune import tree
-from aitune.backend import Backend, BuildContext, LoadContext
-from aitune.errors import BuildError
-from aitune.graph import GraphSpec, Sample, resize
+from aitune.plugin import Backend, BuildContext, BuildError, GraphSpec, LoadContext, Sample, resize, tree
 
 from .cache import inductor_cache
 from .config import TorchInductorJitBackendConfig, capped_options

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from aitune.errors import SerializationError
+from aitune.plugin import SerializationError
 
 MODEL = "model"
 """The model name ``aoti_compile_and_package`` gives the one model it packages."""

@@ -6,8 +6,7 @@ import os
 import shutil
 import sys
 
-from aitune import hookimpl
-from aitune.registry import BackendRegistry, BackendSpec, module_importable
+from aitune.plugin import BackendRegistry, BackendSpec, hookimpl, module_importable
 
 
 def _cxx() -> str:

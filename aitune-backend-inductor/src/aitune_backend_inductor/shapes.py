@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from aitune.graph import GraphSpec, Sample, resize
+from aitune.plugin import GraphSpec, Sample, resize
 
 
 def dim_sizes(graph: GraphSpec, sample: Sample) -> dict[str, int]:

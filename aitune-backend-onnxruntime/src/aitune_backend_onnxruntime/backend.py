@@ -27,11 +27,25 @@ from typing import Any
 
 import torch
 
-from aitune import tree
-from aitune.backend import Backend, BuildContext, LoadContext, Tolerance, machine_cores, payload_file
-from aitune.errors import BackendUnavailableError, BuildError, NotApplicableError, SerializationError
-from aitune.graph import GraphSpec
-from aitune.onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
+from aitune.plugin import (
+    MODEL_FILE,
+    Backend,
+    BackendUnavailableError,
+    BuildContext,
+    BuildError,
+    GraphSpec,
+    LoadContext,
+    NotApplicableError,
+    ONNXExport,
+    ONNXExportConfig,
+    SerializationError,
+    Tolerance,
+    export_onnx,
+    machine_cores,
+    model_files,
+    payload_file,
+    tree,
+)
 
 from .config import INT8_TOLERANCE, TF32_TOLERANCE, ONNXExecutionProvider, ONNXRuntimeBackendConfig
 from .exports import shared_export
@@ -470,7 +484,7 @@ class ONNXRuntimeBackend(Backend):
         known = self._out_shapes.get(key)
         if known is not None:
             self._out_shapes.move_to_end(key)
-        shapes = known or [resolve_shape(dims, sizes) for _, dims in self._outputs]
+        shapes: Sequence[tuple[int, ...] | None] = known or [resolve_shape(dims, sizes) for _, dims in self._outputs]
         outs: list[torch.Tensor | None] = []
         for name, (dtype, _), shape in zip(self._output_names, self._outputs, shapes):
             if shape is None or dtype is None:
@@ -643,7 +657,7 @@ def _model_digest(model: Path, files: Sequence[str], initializers: Mapping[str, 
     for path in [model, *(model.parent / f for f in files if f != model.name)]:
         if path.is_file():
             with open(path, "rb") as f:
-                for block in iter(lambda f=f: f.read(1 << 20), b""):
+                while block := f.read(1 << 20):
                     digest.update(block)
     for name in sorted(initializers or {}):
         array = initializers[name]  # type: ignore[index]
@@ -767,10 +781,16 @@ def _from_ort(value: Any, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(value.numpy()).to(device)
 
 
+def _attention_configs(module: torch.nn.Module) -> list[Any]:
+    """The transformers configs in ``module`` that name an attention implementation."""
+    configs = (getattr(m, "config", None) for m in module.modules())
+    return [c for c in configs if c is not None and hasattr(c, "_attn_implementation")]
+
+
 def effective_attention(module: torch.nn.Module, chosen: str | None) -> str | None:
     """``chosen``, or None when every attention config of ``module`` already uses it: the export is
     then the plain variant's, and is shared with it."""
-    configs = [c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")]
+    configs = _attention_configs(module)
     if chosen is not None and configs and all(c._attn_implementation == chosen for c in configs):
         return None
     return chosen
@@ -784,7 +804,7 @@ def attention_implementation(module: torch.nn.Module, chosen: str | None) -> Ite
     if chosen is None:
         yield
         return
-    configs = {id(c): c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")}
+    configs = {id(c): c for c in _attention_configs(module)}
     if not configs:
         raise NotApplicableError(
             f"the {chosen} attention variant applies to transformers models only; this one has no attention config"

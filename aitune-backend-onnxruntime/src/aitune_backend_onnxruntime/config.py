@@ -7,9 +7,7 @@ from typing import Any
 
 import attrs
 
-from aitune.backend import BackendConfig, Tolerance
-from aitune.errors import ConfigError
-from aitune.onnx_export import ONNXExportConfig
+from aitune.plugin import BackendConfig, ConfigError, ONNXExportConfig, Tolerance
 
 
 class ONNXExecutionProvider(str, enum.Enum):

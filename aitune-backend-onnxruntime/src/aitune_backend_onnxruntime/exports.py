@@ -22,8 +22,7 @@ from typing import Any
 import attrs
 import torch
 
-from aitune.graph import Sample
-from aitune.onnx_export import ONNXExport
+from aitune.plugin import ONNXExport, Sample
 
 MAX_PER_MODULE = 8
 """Exports remembered per module (the oldest dropped first)."""

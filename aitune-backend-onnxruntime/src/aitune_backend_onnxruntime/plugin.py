@@ -11,8 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from aitune import hookimpl
-from aitune.registry import BackendRegistry, BackendSpec
+from aitune.plugin import BackendRegistry, BackendSpec, hookimpl
 
 CPU_DISTRIBUTIONS = ("onnxruntime",)
 GPU_DISTRIBUTIONS = ("onnxruntime-gpu", "ort-nightly-gpu", "onnxruntime-training")

@@ -9,9 +9,19 @@ from typing import Any
 
 import torch
 
-from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext, Tolerance, exported_file
-from aitune.errors import ArtifactError, BackendUnavailableError, BuildError, ConfigError
-from aitune.graph import GraphSpec
+from aitune.plugin import (
+    ArtifactError,
+    Backend,
+    BackendConfig,
+    BackendUnavailableError,
+    BuildContext,
+    BuildError,
+    ConfigError,
+    GraphSpec,
+    LoadContext,
+    Tolerance,
+    exported_file,
+)
 
 from . import compat, layers
 from .config import ModelOptQuantizationConfig, ONNXAutoCastConfig, TensorRTBackendConfig
@@ -115,7 +125,7 @@ class TensorRTBackend(Backend):
         if gap:
             raise ConfigError(f"TensorRTBackendConfig.profiles: {gap}")
 
-        from aitune.onnx_export import ONNXExportConfig, export_onnx, model_files
+        from aitune.plugin import ONNXExportConfig, export_onnx, model_files
 
         directory = Path(directory)
         start = time.perf_counter()

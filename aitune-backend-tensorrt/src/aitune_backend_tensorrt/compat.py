@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from aitune.errors import ArtifactError, BackendUnavailableError
+from aitune.plugin import ArtifactError, BackendUnavailableError
 
 INSTALL_HINT = "pip install 'aitune-backend-tensorrt[runtime,cu13]'"
 """For PyPI's torch (CUDA 13 since 2.11); :func:`install_hint` names the extra for the torch installed."""

@@ -6,8 +6,7 @@ from typing import Literal
 
 import attrs
 
-from aitune.backend import BackendConfig
-from aitune.errors import ConfigError
+from aitune.plugin import BackendConfig, ConfigError
 
 Shape = tuple[int, ...]
 

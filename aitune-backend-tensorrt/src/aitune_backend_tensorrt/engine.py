@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aitune.errors import BuildError
+from aitune.plugin import BuildError
 
 from . import compat
 from .compat import Machine

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from aitune import hookimpl
-from aitune.registry import BackendRegistry, BackendSpec
+from aitune.plugin import BackendRegistry, BackendSpec, hookimpl
 
 from .compat import INSTALL_HINT, availability_reason
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from aitune.errors import BackendUnavailableError, BuildError
-from aitune.graph import GraphSpec, Sample
+from aitune.plugin import BackendUnavailableError, BuildError, GraphSpec, Sample
 
 from .config import ModelOptQuantizationConfig, ONNXAutoCastConfig
 
@@ -145,7 +144,7 @@ def quantize(
     quantization = _modelopt("modelopt.onnx.quantization")
     from onnxruntime.quantization.calibrate import CalibrationDataReader
 
-    class SampleReader(CalibrationDataReader):  # type: ignore[misc]
+    class SampleReader(CalibrationDataReader):
         """Hands ModelOpt the recorded samples one call at a time (it rewinds between passes)."""
 
         def __init__(self) -> None:

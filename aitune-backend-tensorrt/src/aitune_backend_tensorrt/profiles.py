@@ -16,8 +16,7 @@ from typing import Any
 
 import attrs
 
-from aitune.errors import ConfigError
-from aitune.graph import GraphSpec
+from aitune.plugin import ConfigError, GraphSpec
 
 from .config import Shape, TensorRTProfile
 
@@ -105,7 +104,7 @@ def _resolve(graph: GraphSpec, profile: TensorRTProfile, index: int) -> ShapePro
             for size, name in zip(spec.shape, spec.dims)
         ]
         out.append(tuple(tuple(t[k] for t in per_axis) for k in range(3)))  # type: ignore[arg-type]
-    return ShapeProfile(tuple(out))  # type: ignore[arg-type]
+    return ShapeProfile(tuple(out))
 
 
 def select_profile(profiles: Sequence[ShapeProfile], shapes: Sequence[Shape]) -> int | None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from aitune.errors import BuildError, InputError
+from aitune.plugin import BuildError, InputError
 
 from .config import Shape
 from .graphs import CapturedGraph, GraphCache, Slot

@@ -15,11 +15,19 @@ from typing import Any
 
 import torch
 
-from aitune import tree
-from aitune.backend import Backend, BuildContext, LoadContext, Tolerance
-from aitune.errors import BuildError, SerializationError
-from aitune.graph import GraphSpec, Sample, resize
-from aitune.validation import DEFAULT_TOLERANCES
+from aitune.plugin import (
+    DEFAULT_TOLERANCES,
+    Backend,
+    BuildContext,
+    BuildError,
+    GraphSpec,
+    LoadContext,
+    Sample,
+    SerializationError,
+    Tolerance,
+    resize,
+    tree,
+)
 
 from . import quiet, weights
 from .config import TorchAOBackendConfig, from_json_form

@@ -13,8 +13,7 @@ from typing import Any
 import attrs
 import torch
 
-from aitune.backend import BackendConfig, Tolerance
-from aitune.errors import ConfigError
+from aitune.plugin import BackendConfig, ConfigError, Tolerance
 
 from .presets import PRESETS as _PRESETS
 

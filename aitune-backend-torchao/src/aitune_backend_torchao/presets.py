@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import torch
 
-from aitune.backend import Tolerance
+from aitune.plugin import Tolerance
 
 
 def _int8wo() -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from aitune.errors import SerializationError
+from aitune.plugin import SerializationError
 
 from .config import DTYPES
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from aitune.errors import SerializationError
+from aitune.plugin import SerializationError
 
 ALLOWED_GLOBALS = frozenset({("torch_tensorrt.dynamo.runtime._TRTEngine", "_reconstruct_trt_engine")})
 """The only callables an opaque engine pickle may name."""

@@ -14,19 +14,22 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from aitune import tree
-from aitune.backend import (
+from aitune.plugin import (
+    DEFAULT_TOLERANCES,
     Backend,
     BackendConfig,
+    BackendUnavailableError,
     BuildContext,
+    BuildError,
+    GraphSpec,
     LoadContext,
+    Sample,
+    SerializationError,
     Tolerance,
     exported_file,
     torch_allows_tf32,
+    tree,
 )
-from aitune.errors import BackendUnavailableError, BuildError, SerializationError
-from aitune.graph import GraphSpec, Sample
-from aitune.validation import DEFAULT_TOLERANCES
 
 from .archive import check_pt2_archive, load_exported_program
 from .config import (
@@ -203,10 +206,11 @@ class _TorchTensorRTBackend(Backend):
     """What both Torch-TensorRT backends share: the compile settings and the bound they imply."""
 
     build_cost = 10.0  # TensorRT times kernel tactics for every converted subgraph
+    config: TorchTensorRTJitBackendConfig | TorchTensorRTAotBackendConfig
 
     @property
     def compile_config(self) -> TorchTensorRTConfig:
-        return self.config.compile_config  # type: ignore[attr-defined,no-any-return]
+        return self.config.compile_config
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance | None:
         return _tolerance(self.compile_config, dtype)

@@ -11,8 +11,7 @@ from typing import Any
 import attrs
 import torch
 
-from aitune.backend import BackendConfig
-from aitune.errors import BuildError, ConfigError
+from aitune.plugin import BackendConfig, BuildError, ConfigError
 
 PRECISIONS: dict[str, torch.dtype] = {
     "fp32": torch.float32,

@@ -7,8 +7,7 @@ torch-tensorrt built for another torch without loading either.
 
 from __future__ import annotations
 
-from aitune import hookimpl
-from aitune.registry import BackendRegistry, BackendSpec
+from aitune.plugin import BackendRegistry, BackendSpec, hookimpl
 
 from .versions import install_hint, runtime_problem
 

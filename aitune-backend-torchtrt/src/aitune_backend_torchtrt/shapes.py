@@ -17,8 +17,7 @@ from typing import Any
 import attrs
 import torch
 
-from aitune.graph import DimRange, GraphSpec, Sample, TensorSpec, resize
-from aitune.tracing import exclusive
+from aitune.plugin import DimRange, GraphSpec, Sample, TensorSpec, exclusive, resize
 
 
 def dynamic_ranges(graph: GraphSpec) -> dict[str, DimRange]:

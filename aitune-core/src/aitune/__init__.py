@@ -1,7 +1,7 @@
 """aitune: make trained PyTorch models fast for inference without rewriting them.
 
-The user-facing API lives in :mod:`aitune.torch`; this package holds the plugin contract
-(:mod:`aitune.hookspecs`, :data:`hookimpl`, :mod:`aitune.registry`) that backends build on.
+The user-facing API lives in :mod:`aitune.torch`; a plugin (a backend, an executor) imports what it
+builds on from :mod:`aitune.plugin`. This package holds the version and :data:`hookimpl`.
 """
 
 from __future__ import annotations

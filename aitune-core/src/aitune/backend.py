@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, ClassVar
 
@@ -194,7 +194,7 @@ class Backend(abc.ABC):
         return torch_allows_tf32()
 
     @classmethod
-    def default_configs(cls) -> list[BackendConfig]:
+    def default_configs(cls) -> Sequence[BackendConfig]:
         """The configs this backend is tried with as a default candidate, each one its own candidate.
 
         One by default. A backend whose best config depends on the model (which exporter, which
@@ -203,7 +203,7 @@ class Backend(abc.ABC):
         return [cls.config_class()]
 
     @classmethod
-    def quantized_configs(cls) -> list[BackendConfig]:
+    def quantized_configs(cls) -> Sequence[BackendConfig]:
         """Configs that trade accuracy for speed (int8), tried as default candidates only when the
         user gave an accuracy budget (``ait.tune(..., metric=..., accuracy_budget=...)``). None by default."""
         return []

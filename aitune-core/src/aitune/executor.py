@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -122,6 +123,12 @@ class BuildQueue(Protocol):
 # -- the registry -------------------------------------------------------------------------------
 
 
+def _requirements(values: Iterable[str]) -> tuple[str, ...]:
+    """The attrs converter of :attr:`ExecutorSpec.requirements`: ``tuple`` itself would leave mypy
+    the field's ``__init__`` parameter as an iterable of an unsolved type."""
+    return tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class ExecutorSpec:
     """What a plugin declares about one executor."""
@@ -129,7 +136,7 @@ class ExecutorSpec:
     name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_\-]*$"))
     executor_class: str
     """``"package.module:ClassName"`` of the :class:`Executor` subclass, imported only when used."""
-    requirements: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    requirements: tuple[str, ...] = attrs.field(default=(), converter=_requirements)
     """PEP 508 strings of the libraries it needs (``"ray>=2.9"``)."""
     description: str = ""
 

@@ -122,7 +122,7 @@ class TensorSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+        return getattr(torch, self.dtype)
 
     @property
     def batch_axis(self) -> int | None:

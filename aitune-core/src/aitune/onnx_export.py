@@ -45,24 +45,24 @@ MODEL_FILE = "model.onnx"
 
 
 def _one_of(choices: Sequence[str]) -> Any:
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value not in choices:
             raise ConfigError(f"{type(instance).__name__}.{attribute.name} is {value!r}; choose one of {list(choices)}")
 
     return check
 
 
-def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None and not isinstance(value, bool):
         raise ConfigError(f"{type(instance).__name__}.{attribute.name} must be True, False or None, got {value!r}")
 
 
-def _bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{type(instance).__name__}.{attribute.name} must be True or False, got {value!r}")
 
 
-def _opset(instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _opset(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 7:

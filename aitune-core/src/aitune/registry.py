@@ -238,10 +238,10 @@ class BackendRegistry:
             raise BackendUnavailableError(f"backend {name!r} cannot run on {device}: {reason}")
 
     def backend_class(self, name: str) -> type[Backend]:
-        return _import_path(self.spec(name).backend_class)  # type: ignore[no-any-return]
+        return _import_path(self.spec(name).backend_class)
 
     def config_class(self, name: str) -> type:
-        return _import_path(self.spec(name).config_class)  # type: ignore[no-any-return]
+        return _import_path(self.spec(name).config_class)
 
     def public_names(self) -> dict[str, str]:
         """Every public class name a plugin exports, mapped to its dotted path."""

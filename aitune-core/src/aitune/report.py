@@ -272,7 +272,7 @@ class TuneReport:
     generation config switched to a static KV cache), one sentence each."""
 
     def to_json(self) -> dict[str, Any]:
-        return unstructure(self)  # type: ignore[no-any-return]
+        return unstructure(self)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

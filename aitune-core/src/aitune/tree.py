@@ -290,10 +290,10 @@ def _rebuild(kind: str, cls: type, keys: list[str], values: list[Any]) -> Any:
     (``ModelOutput``) the same, its items filled as ``dict`` (or ``OrderedDict``) fills them.
     """
     if kind == "namedtuple":
-        return tuple.__new__(cls, values)  # type: ignore[type-var]
+        return tuple.__new__(cls, values)
     obj: Any
     if kind == "mapping":
-        obj = dict.__new__(cls)  # type: ignore[call-overload]
+        obj = dict.__new__(cls)
         # an OrderedDict (ModelOutput is one) keeps its order beside the dict: fill it as OrderedDict does
         put = collections.OrderedDict.__setitem__ if issubclass(cls, collections.OrderedDict) else dict.__setitem__
         for key, value in zip(keys, values):

@@ -53,7 +53,7 @@ def tolerance_for(
     """The user's bound for ``dtype``, else the backend's, else TF32's for fp32 when ``tf32``, else the dtype's."""
     name = str(dtype).removeprefix("torch.")
     if overrides and name in overrides:
-        return overrides[name]  # type: ignore[no-any-return]
+        return overrides[name]
     own = backend.tolerance(dtype)
     if own is not None:
         return own

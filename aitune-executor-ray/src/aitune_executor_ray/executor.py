@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from aitune.executor import BuildHandle, BuildRequest, Executor, WorkerBuildError, worker_job
+from aitune.plugin import BuildHandle, BuildRequest, Executor, WorkerBuildError, worker_job
 
 from . import task
 
@@ -35,7 +35,7 @@ def build_cpus() -> float:
     except ValueError:
         value = -1.0
     if value <= 0:
-        from aitune.errors import ConfigError
+        from aitune.plugin import ConfigError
 
         raise ConfigError(f"AITUNE_RAY_BUILD_CPUS={raw!r} must be a number > 0 (CPUs per CPU build)")
     return value
@@ -82,7 +82,7 @@ def shared_dir() -> Path | None:
         return None
     path = Path(raw)
     if not path.is_dir():
-        from aitune.errors import ConfigError
+        from aitune.plugin import ConfigError
 
         raise ConfigError(f"AITUNE_RAY_SHARED_DIR={raw!r} is not a folder; create it on a filesystem every node mounts")
     return path

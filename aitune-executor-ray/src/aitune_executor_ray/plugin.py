@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from aitune import hookimpl
-from aitune.executor import ExecutorRegistry, ExecutorSpec
+from aitune.plugin import ExecutorRegistry, ExecutorSpec, hookimpl
 
 
 @hookimpl

@@ -45,18 +45,18 @@ def build(job: dict[str, Any], exported: dict[str, bytes] | None, shared: str | 
     With ``shared`` (a folder every node mounts, holding ``exported/``) the files stay on that
     path both ways and ``payload`` is None.
     """
-    from aitune import executor
+    from aitune.plugin import WorkerBuildError, job_on_this_node, run_job
 
     node = socket.gethostname()
     folder = Path(shared) if shared else Path(tempfile.mkdtemp(prefix="aitune-ray-build-"))
     try:
         if exported is not None:
             unpack(exported, folder / "exported")
-        local = executor.job_on_this_node(job, folder)
+        local = job_on_this_node(job, folder)
         start = time.perf_counter()
         try:
-            metadata = executor.run_job(local, folder)
-        except executor.WorkerBuildError as exc:
+            metadata = run_job(local, folder)
+        except WorkerBuildError as exc:
             return {
                 "ok": False,
                 "message": str(exc),

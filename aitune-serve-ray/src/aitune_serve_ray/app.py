@@ -47,7 +47,7 @@ def resolve_factory(factory: Factory | str) -> Factory:
         raise ValueError(f"cannot import the model factory {factory!r}: {exc}") from exc
     if not callable(found):
         raise ValueError(f"the model factory {factory!r} is not callable")
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def tuned_threads(artifact: str | Path) -> int | None:
@@ -270,7 +270,8 @@ def deployment(
     chosen = {"ray_actor_options": actor, "max_ongoing_requests": max_ongoing_requests, **(deployment_options or {})}
     if "autoscaling_config" not in chosen:
         chosen["num_replicas"] = replicas
-    return TunedModel.options(**chosen).bind(
+    # TunedModel is a Ray Serve Deployment: mypy keeps a decorated class's own type (python/mypy#3135)
+    return TunedModel.options(**chosen).bind(  # type: ignore[attr-defined]
         factory,
         str(path),
         threads,

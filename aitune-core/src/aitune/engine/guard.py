@@ -116,7 +116,7 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-class _WatchedHooks(collections.OrderedDict):  # type: ignore[type-arg]
+class _WatchedHooks(collections.OrderedDict):
     """A module's hook dict that tells its watches when a hook is added or removed."""
 
     def __init__(self, *args: Any) -> None:

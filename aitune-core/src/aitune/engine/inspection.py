@@ -75,7 +75,7 @@ class InspectResult:
     def to_dict(self) -> dict[str, Any]:
         from ..converter import unstructure
 
-        return unstructure(self)  # type: ignore[no-any-return]
+        return unstructure(self)
 
     def describe(self, limit: int = 25) -> str:
         """A table of the modules that take most of the time; also printed when in a terminal."""

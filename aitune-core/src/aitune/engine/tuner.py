@@ -588,7 +588,7 @@ def summarize(report: ModuleReport) -> str:
 def _graph_json(graph: Any) -> dict[str, Any]:
     from ..converter import unstructure
 
-    return unstructure(graph)  # type: ignore[no-any-return]
+    return unstructure(graph)
 
 
 def environment(device: torch.device) -> dict[str, Any]:

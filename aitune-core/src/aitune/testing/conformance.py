@@ -79,7 +79,7 @@ class BackendConformance:
         return self.manager().session()
 
     def make_backend(self) -> Backend:
-        return self.session().registry.backend_class(self.backend_name)()  # type: ignore[no-any-return]
+        return self.session().registry.backend_class(self.backend_name)()
 
     def make_module(self) -> torch.nn.Module:
         return TinyMLP().eval().to(self.device)

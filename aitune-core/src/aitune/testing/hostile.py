@@ -125,7 +125,7 @@ def _nested(path: tuple[str, ...], value: Any) -> dict[str, Any]:
     data: Any = value
     for name in reversed(path):
         data = {name: data}
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 def config_problems(registry: Any, backend: str) -> list[str]:

@@ -20,9 +20,7 @@ import attrs
 import torch
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from aitune.backend import Backend, BackendConfig, BuildContext, LoadContext
-from aitune.errors import SerializationError
-from aitune.graph import GraphSpec
+from aitune.plugin import Backend, BackendConfig, BuildContext, GraphSpec, LoadContext, SerializationError
 
 PAYLOAD = "channels_last.json"
 
@@ -55,7 +53,8 @@ class ChannelsLastBackend(Backend):
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
         prepared = copy.deepcopy(module)  # never change the user's module
         folded = _fold_batchnorm(prepared) if self.config.fold_batchnorm and not prepared.training else []
-        self.module = prepared.to(memory_format=torch.channels_last)
+        # Module.to takes memory_format (its docstring) though torch's overloads leave it out
+        self.module = prepared.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.build_info["folded"] = folded
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:

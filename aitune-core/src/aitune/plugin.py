@@ -1,0 +1,127 @@
+"""The API for plugin authors: everything a backend, executor or deployment imports from aitune.
+
+A plugin distribution (``aitune-backend-*``, ``aitune-executor-ray``, a third party's backend)
+imports aitune only through this module, so that core's other modules stay free to change; a
+deployment that runs tuned modules as a user does (``aitune-serve-ray``) also imports
+``aitune.torch``. The names are the very objects of the modules they come from (``aitune.plugin.
+BuildError is aitune.errors.BuildError``), so a user catching ``aitune.errors.BuildError`` catches
+what a plugin raises. ``lint-imports`` (``.importlinter``, contracts ``plugins-use-public-api`` and
+``plugin-api-stays-below-the-engine``) keeps plugins to this module and keeps this module's imports
+below the engine, so importing a plugin never imports the tuner, the artifact code or the command
+line. A plugin's tests may import ``aitune.testing`` (the conformance suite and test helpers) and
+``aitune.torch`` besides.
+
+The groups:
+
+* registration: :data:`hookimpl` marks a plugin's hook functions; ``aitune_register_backends``
+  gets a :class:`BackendRegistry` to add :class:`BackendSpec` entries to (``module_importable``
+  for a spec's probe), ``aitune_register_executors`` an :class:`ExecutorRegistry` for
+  :class:`ExecutorSpec` entries;
+* the backend contract: :class:`Backend` and its frozen attrs :class:`BackendConfig`, the
+  :class:`BuildContext` and :class:`LoadContext` its ``build`` and ``load`` get, its
+  :class:`Tolerance` and the dtype defaults ``DEFAULT_TOLERANCES``, and the helpers
+  ``exported_file`` and ``payload_file`` (file names from notes and metadata, checked),
+  ``machine_cores`` and ``torch_allows_tf32``;
+* the graph a backend builds for: :class:`GraphSpec` (with its :class:`TensorSpec` inputs and
+  their :class:`DimRange` dynamic sizes), a recorded call :class:`Sample`, ``resize`` (a sample at
+  another batch size), :class:`FlatModule` (the module called with flat tensors), and ``tree``
+  (``tree.flatten``/``tree.unflatten``: nested inputs and outputs as flat tensor lists);
+* ONNX export, shared by the ONNX Runtime and TensorRT backends: :class:`ONNXExportConfig`,
+  ``export_onnx`` and the :class:`ONNXExport` it returns, ``model_files`` and ``MODEL_FILE``;
+  ``exclusive`` is the lock to hold around any tracing of the user's module;
+* executors (where isolated builds run): :class:`Executor`, the :class:`BuildRequest` it gets and
+  the :class:`BuildHandle` it returns, ``worker_job`` (a build as JSON), and on the node that
+  builds, ``job_on_this_node`` and ``run_job`` (run the worker), :class:`WorkerBuildError`;
+* errors a plugin raises (:mod:`aitune.errors`): :class:`BuildError`, :class:`ConfigError`,
+  :class:`SerializationError`, :class:`ArtifactError`, :class:`BackendUnavailableError`,
+  :class:`NotApplicableError`, :class:`InputError`.
+
+A name is added here when a plugin needs it (``aitune-core/tests/test_architecture.py`` fails when a
+plugin imports a name this module does not export), never by importing another core module.
+"""
+
+from __future__ import annotations
+
+from . import hookimpl, tree
+from .backend import (
+    Backend,
+    BackendConfig,
+    BuildContext,
+    LoadContext,
+    Tolerance,
+    exported_file,
+    machine_cores,
+    payload_file,
+    torch_allows_tf32,
+)
+from .errors import (
+    ArtifactError,
+    BackendUnavailableError,
+    BuildError,
+    ConfigError,
+    InputError,
+    NotApplicableError,
+    SerializationError,
+)
+from .executor import (
+    BuildHandle,
+    BuildRequest,
+    Executor,
+    ExecutorRegistry,
+    ExecutorSpec,
+    WorkerBuildError,
+    job_on_this_node,
+    run_job,
+    worker_job,
+)
+from .graph import DimRange, FlatModule, GraphSpec, Sample, TensorSpec, resize
+from .onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
+from .registry import BackendRegistry, BackendSpec, module_importable
+from .tracing import exclusive
+from .validation import DEFAULT_TOLERANCES
+
+__all__ = [  # grouped in the docstring above
+    "DEFAULT_TOLERANCES",
+    "MODEL_FILE",
+    "ArtifactError",
+    "Backend",
+    "BackendConfig",
+    "BackendRegistry",
+    "BackendSpec",
+    "BackendUnavailableError",
+    "BuildContext",
+    "BuildError",
+    "BuildHandle",
+    "BuildRequest",
+    "ConfigError",
+    "DimRange",
+    "Executor",
+    "ExecutorRegistry",
+    "ExecutorSpec",
+    "FlatModule",
+    "GraphSpec",
+    "InputError",
+    "LoadContext",
+    "NotApplicableError",
+    "ONNXExport",
+    "ONNXExportConfig",
+    "Sample",
+    "SerializationError",
+    "TensorSpec",
+    "Tolerance",
+    "WorkerBuildError",
+    "exclusive",
+    "export_onnx",
+    "exported_file",
+    "hookimpl",
+    "job_on_this_node",
+    "machine_cores",
+    "model_files",
+    "module_importable",
+    "payload_file",
+    "resize",
+    "run_job",
+    "torch_allows_tf32",
+    "tree",
+    "worker_job",
+]
