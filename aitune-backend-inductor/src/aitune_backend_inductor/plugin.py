@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 
-from aitune.plugin import BackendRegistry, BackendSpec, hookimpl, module_importable
+from aitune.plugin import BackendRegistrar, BackendSpec, hookimpl, module_importable
 
 
 def _cxx() -> str:
@@ -32,7 +32,7 @@ def _probe(device: str) -> str | None:
 
 
 @hookimpl
-def aitune_register_backends(registry: BackendRegistry) -> None:
+def aitune_register_backends(registry: BackendRegistrar) -> None:
     registry.add(
         BackendSpec(
             name="torch_inductor_jit",

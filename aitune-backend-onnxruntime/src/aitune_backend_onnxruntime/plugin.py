@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from aitune.plugin import BackendRegistry, BackendSpec, hookimpl
+from aitune.plugin import BackendRegistrar, BackendSpec, hookimpl
 
 CPU_DISTRIBUTIONS = ("onnxruntime",)
 GPU_DISTRIBUTIONS = ("onnxruntime-gpu", "ort-nightly-gpu", "onnxruntime-training")
@@ -233,7 +233,7 @@ def _probe(device: str) -> str | None:
 
 
 @hookimpl
-def aitune_register_backends(registry: BackendRegistry) -> None:
+def aitune_register_backends(registry: BackendRegistrar) -> None:
     registry.add(
         BackendSpec(
             name="onnxruntime",

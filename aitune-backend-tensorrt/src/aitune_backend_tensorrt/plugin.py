@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aitune.plugin import BackendRegistry, BackendSpec, hookimpl
+from aitune.plugin import BackendRegistrar, BackendSpec, hookimpl
 
 from .compat import INSTALL_HINT, availability_reason
 
@@ -12,7 +12,7 @@ def _probe(device: str) -> str | None:
 
 
 @hookimpl
-def aitune_register_backends(registry: BackendRegistry) -> None:
+def aitune_register_backends(registry: BackendRegistrar) -> None:
     # No ``requirements``: TensorRT ships under several distribution names (tensorrt,
     # tensorrt-cu12, an NGC container's own), so the probe looks for any of them.
     registry.add(

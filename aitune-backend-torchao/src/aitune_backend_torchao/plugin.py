@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aitune.plugin import BackendRegistry, BackendSpec, hookimpl
+from aitune.plugin import BackendRegistrar, BackendSpec, hookimpl
 
 from . import quiet
 
@@ -18,7 +18,7 @@ def _probe(device: str) -> str | None:
 
 
 @hookimpl
-def aitune_register_backends(registry: BackendRegistry) -> None:
+def aitune_register_backends(registry: BackendRegistrar) -> None:
     registry.add(
         BackendSpec(
             name="torchao",

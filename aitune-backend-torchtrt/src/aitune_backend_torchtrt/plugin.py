@@ -7,7 +7,7 @@ torch-tensorrt built for another torch without loading either.
 
 from __future__ import annotations
 
-from aitune.plugin import BackendRegistry, BackendSpec, hookimpl
+from aitune.plugin import BackendRegistrar, BackendSpec, hookimpl
 
 from .versions import install_hint, runtime_problem
 
@@ -26,7 +26,7 @@ def _probe(device: str) -> str | None:
 
 
 @hookimpl
-def aitune_register_backends(registry: BackendRegistry) -> None:
+def aitune_register_backends(registry: BackendRegistrar) -> None:
     registry.add(
         BackendSpec(
             name="torch_tensorrt_jit",

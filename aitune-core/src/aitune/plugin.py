@@ -14,9 +14,9 @@ line. A plugin's tests may import ``aitune.testing`` (the conformance suite and 
 The groups:
 
 * registration: :data:`hookimpl` marks a plugin's hook functions; ``aitune_register_backends``
-  gets a :class:`BackendRegistry` to add :class:`BackendSpec` entries to (``module_importable``
-  for a spec's probe), ``aitune_register_executors`` an :class:`ExecutorRegistry` for
-  :class:`ExecutorSpec` entries;
+  gets a :class:`BackendRegistrar` (bound to the plugin's distribution) to add :class:`BackendSpec`
+  entries to (``module_importable`` for a spec's probe), ``aitune_register_executors`` an
+  :class:`ExecutorRegistrar` for :class:`ExecutorSpec` entries;
 * the backend contract: :class:`Backend` and its frozen attrs :class:`BackendConfig`, the
   :class:`BuildContext` and :class:`LoadContext` its ``build`` and ``load`` get, its
   :class:`Tolerance` and the dtype defaults ``DEFAULT_TOLERANCES``, and the helpers
@@ -67,7 +67,7 @@ from .executor import (
     BuildHandle,
     BuildRequest,
     Executor,
-    ExecutorRegistry,
+    ExecutorRegistrar,
     ExecutorSpec,
     WorkerBuildError,
     job_on_this_node,
@@ -76,7 +76,7 @@ from .executor import (
 )
 from .graph import DimRange, FlatModule, GraphSpec, Sample, TensorSpec, resize
 from .onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
-from .registry import BackendRegistry, BackendSpec, module_importable
+from .registry import BackendRegistrar, BackendSpec, module_importable
 from .tracing import exclusive
 from .validation import DEFAULT_TOLERANCES
 
@@ -86,7 +86,7 @@ __all__ = [  # grouped in the docstring above
     "ArtifactError",
     "Backend",
     "BackendConfig",
-    "BackendRegistry",
+    "BackendRegistrar",
     "BackendSpec",
     "BackendUnavailableError",
     "BuildContext",
@@ -96,7 +96,7 @@ __all__ = [  # grouped in the docstring above
     "ConfigError",
     "DimRange",
     "Executor",
-    "ExecutorRegistry",
+    "ExecutorRegistrar",
     "ExecutorSpec",
     "FlatModule",
     "GraphSpec",

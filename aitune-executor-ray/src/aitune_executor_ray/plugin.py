@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from aitune.plugin import ExecutorRegistry, ExecutorSpec, hookimpl
+from aitune.plugin import ExecutorRegistrar, ExecutorSpec, hookimpl
 
 
 @hookimpl
-def aitune_register_executors(registry: ExecutorRegistry) -> None:
+def aitune_register_executors(registry: ExecutorRegistrar) -> None:
     registry.add(
         ExecutorSpec(
             name="ray",

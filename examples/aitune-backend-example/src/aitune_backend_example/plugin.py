@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from aitune.plugin import BackendRegistry, BackendSpec, hookimpl
+from aitune.plugin import BackendRegistrar, BackendSpec, hookimpl
 
 
 @hookimpl
-def aitune_register_backends(registry: BackendRegistry) -> None:
+def aitune_register_backends(registry: BackendRegistrar) -> None:
     registry.add(
         BackendSpec(
             # name, config class and devices come from the class; its module imports only torch and aitune
