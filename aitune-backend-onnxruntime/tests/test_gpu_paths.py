@@ -160,22 +160,18 @@ def _runner(tmp_path):
     return ORTRunner(ONNXRuntimeBackendConfig(), graph, cuda, ONNXExecutionProvider.CUDA, tmp_path, ("x",), ("y",), {})
 
 
-def _open(runner, model, tmp_path, **kwargs):
-    runner.open(model, [model.name], **kwargs)
-
-
 def test_a_session_that_puts_compute_on_the_cpu_fails_with_the_nodes_named(gpu_runtime, conv_model, tmp_path):
     cpu = _subgraph("CPUExecutionProvider", ("/Shape", "Shape"), ("/head/Gemm", "Gemm"))
     gpu_runtime.subgraphs = [cpu, _subgraph("CUDAExecutionProvider", ("/conv/Conv", "Conv"))]
     with pytest.raises(BuildError, match=r"1 compute node\(s\) on the CPU.*/head/Gemm \(Gemm\)"):
-        _open(_runner(tmp_path), conv_model, tmp_path)
+        _runner(tmp_path).open(conv_model, [conv_model.name])
     options = gpu_runtime.opened[-1].options
     assert options.get_session_config_entry(placement.RECORD_KEY) == "1"
     assert not options.enable_profiling, "the assignment is recorded: no profiled run needed"
 
     gpu_runtime.subgraphs = [_subgraph("CPUExecutionProvider", ("/Shape", "Shape"))]
     runner = _runner(tmp_path)
-    _open(runner, conv_model, tmp_path)
+    runner.open(conv_model, [conv_model.name])
     assert runner.inference is gpu_runtime.opened[-1] and not runner.profiling
     assert "graph assignment" in runner.notes["placement"]
 
@@ -185,7 +181,7 @@ def test_before_1_24_the_first_run_at_build_is_profiled_and_read(gpu_runtime, mo
     real CPU profile (Conv and Gemm on the CPU provider) then fails the build."""
     monkeypatch.delattr(_FakeSession, "get_provider_graph_assignment_info")
     runner = _runner(tmp_path)
-    _open(runner, conv_model, tmp_path, profile_to=tmp_path / "placement")
+    runner.open(conv_model, [conv_model.name], profile_to=tmp_path / "placement")
     options = gpu_runtime.opened[-1].options
     assert options.enable_profiling and runner.profiling
     with pytest.raises(RuntimeError, match="does not have configuration"):
@@ -204,7 +200,7 @@ def test_before_1_24_the_first_run_at_build_is_profiled_and_read(gpu_runtime, mo
         runner.check_profiled_placement()
     assert not runner.profiling
 
-    _open(runner, conv_model, tmp_path)  # a load or refit: no profile to read, nothing profiled
+    runner.open(conv_model, [conv_model.name])  # a load or refit: no profile to read, nothing profiled
     assert not gpu_runtime.opened[-1].options.enable_profiling and not runner.profiling
 
 
