@@ -17,8 +17,9 @@ from aitune.testing import assert_matches_eager, config_from_json, config_to_jso
 from aitune.testing.conformance import run_in_fresh_process
 from aitune.validation import validate
 from aitune_backend_onnxruntime import plugin
-from aitune_backend_onnxruntime.backend import ONNXRuntimeBackend, provider_chain, resolve_shape, tensorrt_profile
+from aitune_backend_onnxruntime.backend import ONNXRuntimeBackend
 from aitune_backend_onnxruntime.config import ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from aitune_backend_onnxruntime.runner import provider_chain, resolve_shape, tensorrt_profile
 
 CPU = torch.device("cpu")
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -155,7 +156,7 @@ def test_asking_for_a_gpu_provider_here_fails_before_any_build(tmp_path, provide
     def no_export(*args, **kwargs):
         raise AssertionError("exported although the provider cannot run")
 
-    monkeypatch.setattr("aitune_backend_onnxruntime.backend.export_onnx", no_export)
+    monkeypatch.setattr("aitune_backend_onnxruntime.export.export_onnx", no_export)
     context = BuildContext(graph, samples, CPU, tmp_path, tmp_path)
     with pytest.raises(BackendUnavailableError, match=provider.ort_name):
         backend.build(module, context)
@@ -216,7 +217,7 @@ def test_save_then_load_in_a_fresh_process_gives_the_same_outputs_without_export
     got = run_in_fresh_process(
         f"""
         import json, torch
-        import aitune.onnx_export, aitune_backend_onnxruntime.backend as b
+        import aitune.onnx_export, aitune_backend_onnxruntime.backend as b, aitune_backend_onnxruntime.export as e
         from aitune.backend import LoadContext
         from aitune.converter import structure
         from aitune.testing import config_from_json
@@ -225,7 +226,7 @@ def test_save_then_load_in_a_fresh_process_gives_the_same_outputs_without_export
         def refuse(*a, **k):
             raise AssertionError("load exported the model again")
 
-        b.export_onnx = aitune.onnx_export.export_onnx = refuse
+        e.export_onnx = aitune.onnx_export.export_onnx = refuse
         state = json.load(open({str(tmp_path / "state.json")!r}))
         graph = structure(state["graph"], GraphSpec)
         backend = b.ONNXRuntimeBackend(config_from_json(state["config"]))
@@ -316,16 +317,16 @@ def test_tensorrt_provider_gets_the_graph_shape_profile_and_an_engine_cache(tmp_
 
 def test_each_payload_gets_tensorrt_engines_of_its_own(tmp_path):
     """The provider keys its engine cache by names, not weights: a fine-tune and its base must not share one."""
-    from aitune_backend_onnxruntime.backend import _model_digest
+    from aitune_backend_onnxruntime.runner import model_digest
 
     graph = _dynamic_graph()
     base, tuned = tmp_path / "base.onnx", tmp_path / "tuned.onnx"
     base.write_bytes(b"graph with weights A")
     tuned.write_bytes(b"graph with weights B")
     prefixes = [
-        provider_chain(
-            ONNXExecutionProvider.TENSORRT, 0, graph, ["x"], {}, tmp_path, model_digest=_model_digest(m, [])
-        )[0][1]["trt_engine_cache_prefix"]
+        provider_chain(ONNXExecutionProvider.TENSORRT, 0, graph, ["x"], {}, tmp_path, model_digest=model_digest(m, []))[
+            0
+        ][1]["trt_engine_cache_prefix"]
         for m in (base, tuned, base)
     ]
     assert prefixes[0] != prefixes[1] and prefixes[0] == prefixes[2]
@@ -431,7 +432,7 @@ def test_outputs_of_unnamed_shape_are_preallocated_after_the_first_call_of_a_sha
     if reason:
         pytest.skip(reason)
     backend.build(module, BuildContext(graph, samples, cuda, tmp_path, tmp_path))
-    assert backend._out_shapes[((6, 16),)] == [(96,)], "warm-up learnt the output shape ONNX Runtime gave"
+    assert backend.runner.out_shapes[((6, 16),)] == [(96,)], "warm-up learnt the output shape ONNX Runtime gave"
     x = torch.randn(6, 16, device=cuda)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):  # any caller stream: ONNX Runtime's stream is ordered against it
@@ -555,7 +556,7 @@ def test_the_session_runs_under_the_torch_thread_budget(tmp_path):
         module = MLP().eval()
         backend, _ = _build(module, _samples(CASES["mlp"][1], [(2,), (6,)]), ["x"], tmp_path)
         assert backend.build_info["threads"] == 1
-        assert backend._session.get_session_options().intra_op_num_threads == 1
+        assert backend.runner.inference.get_session_options().intra_op_num_threads == 1
         pinned, _ = _build(
             module,
             _samples(CASES["mlp"][1], [(2,)]),
@@ -563,7 +564,7 @@ def test_the_session_runs_under_the_torch_thread_budget(tmp_path):
             tmp_path / "p",
             ONNXRuntimeBackendConfig(intra_op_num_threads=2),
         )
-        assert pinned._session.get_session_options().intra_op_num_threads == min(2, machine_cores()), (
+        assert pinned.runner.inference.get_session_options().intra_op_num_threads == min(2, machine_cores()), (
             "a config's own count wins, up to the cores"
         )
     finally:
@@ -578,7 +579,7 @@ def test_thread_counts_from_a_file_are_capped_at_the_machines_cores(tmp_path):
     config = config_from_json(data, from_file=True)
     module = MLP().eval()
     backend, _ = _build(module, _samples(CASES["mlp"][1], [(2,)]), ["x"], tmp_path, config)
-    options = backend._session.get_session_options()
+    options = backend.runner.inference.get_session_options()
     assert options.intra_op_num_threads == machine_cores() and options.inter_op_num_threads == machine_cores()
     assert backend.build_info["threads"] == machine_cores()
 
@@ -654,11 +655,11 @@ def test_tf32_turned_on_by_the_user_gets_tf32s_bound():
 def test_variants_of_one_graph_share_one_export_and_nothing_else_does(tmp_path, monkeypatch):
     """The int8 variant runs the plain variant's exported graph: it copies those files instead of
     exporting again. Another export config, another call's samples or new weights export afresh."""
-    import aitune_backend_onnxruntime.backend as ort_backend
+    import aitune_backend_onnxruntime.export as ort_export
 
     exports = []
-    real = ort_backend.export_onnx
-    monkeypatch.setattr(ort_backend, "export_onnx", lambda *a, **k: exports.append(1) or real(*a, **k))
+    real = ort_export.export_onnx
+    monkeypatch.setattr(ort_export, "export_onnx", lambda *a, **k: exports.append(1) or real(*a, **k))
     module = MLP().eval()
     samples = _samples(CASES["mlp"][1], [(2,), (6,)])
     with torch.no_grad():
@@ -693,11 +694,11 @@ def test_variants_of_one_graph_share_one_export_and_nothing_else_does(tmp_path, 
 
 def test_the_eager_attention_variant_of_a_model_already_eager_shares_the_plain_export(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
-    import aitune_backend_onnxruntime.backend as ort_backend
+    import aitune_backend_onnxruntime.export as ort_export
 
     exports = []
-    real = ort_backend.export_onnx
-    monkeypatch.setattr(ort_backend, "export_onnx", lambda *a, **k: exports.append(1) or real(*a, **k))
+    real = ort_export.export_onnx
+    monkeypatch.setattr(ort_export, "export_onnx", lambda *a, **k: exports.append(1) or real(*a, **k))
     config = transformers.BertConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=100,
         max_position_embeddings=32, attn_implementation="eager",

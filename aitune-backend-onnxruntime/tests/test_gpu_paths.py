@@ -19,8 +19,9 @@ from aitune.errors import BuildError
 from aitune.graph import Sample, infer_graph
 from aitune.validation import validate
 from aitune_backend_onnxruntime import placement
-from aitune_backend_onnxruntime.backend import ONNXRuntimeBackend, _model_digest, provider_chain, session_config
+from aitune_backend_onnxruntime.backend import ONNXRuntimeBackend
 from aitune_backend_onnxruntime.config import ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from aitune_backend_onnxruntime.runner import ORTRunner, config_entries, model_digest, provider_chain
 
 
 class ConvHead(torch.nn.Module):
@@ -113,11 +114,11 @@ def test_gpu_sessions_record_placement_and_never_disable_the_cpu_fallback(tmp_pa
     """``session.disable_cpu_ep_fallback`` with the CPU provider listed is refused by ONNX Runtime
     ("Conflicting session configuration"), and without it any shape arithmetic on the CPU is."""
     for provider in (ONNXExecutionProvider.CUDA, ONNXExecutionProvider.TENSORRT):
-        assert session_config(provider, True) == {placement.RECORD_KEY: "1"}
-        assert session_config(provider, False) == {}
+        assert config_entries(provider, True) == {placement.RECORD_KEY: "1"}
+        assert config_entries(provider, False) == {}
         chain = provider_chain(provider, 0, infer_graph([Sample((torch.zeros(2, 3),))], ["x"]), ["x"], {}, tmp_path)
         assert chain[-1][0] == "CPUExecutionProvider", "the CPU provider takes what the GPU provider leaves"
-    assert session_config(ONNXExecutionProvider.CPU, True) == {}
+    assert config_entries(ONNXExecutionProvider.CPU, True) == {}
 
 
 class _FakeSession:
@@ -153,36 +154,36 @@ def gpu_runtime(monkeypatch):
     return _FakeSession
 
 
-def _open(backend, model, tmp_path, **kwargs):
+def _runner(tmp_path):
     graph = infer_graph([Sample((torch.zeros(2, 3, 8, 8),))], ["x"])
-    backend._input_names = ("x",)
-    backend._open(model, graph, torch.device("cuda", 0), ONNXExecutionProvider.CUDA, tmp_path, **kwargs)
+    cuda = torch.device("cuda", 0)
+    return ORTRunner(ONNXRuntimeBackendConfig(), graph, cuda, ONNXExecutionProvider.CUDA, tmp_path, ("x",), ("y",), {})
 
 
 def test_a_session_that_puts_compute_on_the_cpu_fails_with_the_nodes_named(gpu_runtime, conv_model, tmp_path):
     cpu = _subgraph("CPUExecutionProvider", ("/Shape", "Shape"), ("/head/Gemm", "Gemm"))
     gpu_runtime.subgraphs = [cpu, _subgraph("CUDAExecutionProvider", ("/conv/Conv", "Conv"))]
     with pytest.raises(BuildError, match=r"1 compute node\(s\) on the CPU.*/head/Gemm \(Gemm\)"):
-        _open(ONNXRuntimeBackend(), conv_model, tmp_path)
+        _runner(tmp_path).open(conv_model, [conv_model.name])
     options = gpu_runtime.opened[-1].options
     assert options.get_session_config_entry(placement.RECORD_KEY) == "1"
     assert not options.enable_profiling, "the assignment is recorded: no profiled run needed"
 
     gpu_runtime.subgraphs = [_subgraph("CPUExecutionProvider", ("/Shape", "Shape"))]
-    backend = ONNXRuntimeBackend()
-    _open(backend, conv_model, tmp_path)
-    assert backend._session is gpu_runtime.opened[-1] and not backend._profiling
-    assert "graph assignment" in backend.build_info["placement"]
+    runner = _runner(tmp_path)
+    runner.open(conv_model, [conv_model.name])
+    assert runner.inference is gpu_runtime.opened[-1] and not runner.profiling
+    assert "graph assignment" in runner.notes["placement"]
 
 
 def test_before_1_24_the_first_run_at_build_is_profiled_and_read(gpu_runtime, monkeypatch, conv_model, tmp_path):
     """Without the assignment API the session profiles until the first run's profile is read; a
     real CPU profile (Conv and Gemm on the CPU provider) then fails the build."""
     monkeypatch.delattr(_FakeSession, "get_provider_graph_assignment_info")
-    backend = ONNXRuntimeBackend()
-    _open(backend, conv_model, tmp_path, profile_to=tmp_path / "placement")
+    runner = _runner(tmp_path)
+    runner.open(conv_model, [conv_model.name], profile_to=tmp_path / "placement")
     options = gpu_runtime.opened[-1].options
-    assert options.enable_profiling and backend._profiling
+    assert options.enable_profiling and runner.profiling
     with pytest.raises(RuntimeError, match="does not have configuration"):
         options.get_session_config_entry(placement.RECORD_KEY)
 
@@ -194,13 +195,13 @@ def test_before_1_24_the_first_run_at_build_is_profiled_and_read(gpu_runtime, mo
     )
     session.run(None, {"x": np.zeros((2, 3, 8, 8), np.float32)})
     written = session.end_profiling()
-    backend._session.end_profiling = lambda: written
+    runner.inference.end_profiling = lambda: written
     with pytest.raises(BuildError, match=r"compute node\(s\) on the CPU .*profile of the first run.*Conv"):
-        backend._check_profiled_placement()
-    assert not backend._profiling
+        runner.check_profiled_placement()
+    assert not runner.profiling
 
-    _open(backend, conv_model, tmp_path)  # a load or refit: no profile to read, nothing profiled
-    assert not gpu_runtime.opened[-1].options.enable_profiling and not backend._profiling
+    runner.open(conv_model, [conv_model.name])  # a load or refit: no profile to read, nothing profiled
+    assert not gpu_runtime.opened[-1].options.enable_profiling and not runner.profiling
 
 
 # -- IO binding: the input copies land before ONNX Runtime's stream may read them ------------------
@@ -253,15 +254,16 @@ def test_input_copies_are_queued_before_onnx_runtimes_stream_waits(monkeypatch):
         bind_input=lambda name, *a: log.append(f"bind {name}"),
         bind_output=lambda name, *a: log.append(f"bind output {name}"),
     )
-    backend = ONNXRuntimeBackend()
-    backend._session = types.SimpleNamespace(
+    graph = infer_graph([Sample((torch.zeros(2, 4), torch.zeros(2, 4)))], ["a", "b"])
+    host = torch.device("cpu")  # the outputs are allocated here; only the stream calls are CUDA's
+    runner = ORTRunner(
+        ONNXRuntimeBackendConfig(), graph, host, ONNXExecutionProvider.CUDA, Path("."), ("a", "b"), ("y",), {}
+    )
+    runner.inference = types.SimpleNamespace(
         io_binding=lambda: binding, run_with_iobinding=lambda b, o: log.append("ONNX Runtime runs")
     )
-    backend._graph = infer_graph([Sample((torch.zeros(2, 4), torch.zeros(2, 4)))], ["a", "b"])
-    backend._input_names, backend._output_names = ("a", "b"), ("y",)
-    backend._outputs = [(torch.float32, [2, 4])]
-    backend._stream = log.stream("ort")
-    backend._run_bound([_HostInput(log, "a", (2, 4)), _HostInput(log, "b", (2, 4))])
+    runner.bound, runner.outputs, runner.stream = True, [(torch.float32, [2, 4])], log.stream("ort")
+    runner.run([_HostInput(log, "a", (2, 4)), _HostInput(log, "b", (2, 4))])
     wait = log.index("ort waits for caller")
     assert log.index("copy a on the caller's stream") < wait and log.index("copy b on the caller's stream") < wait
     assert wait < log.index("ONNX Runtime runs") < log.index("caller waits for ort")
@@ -281,7 +283,7 @@ def test_equal_graphs_with_other_weights_get_other_engine_cache_prefixes(tmp_pat
         paths.append(path)
 
     def prefix(model, initializers=None):
-        digest = _model_digest(model, [], initializers)
+        digest = model_digest(model, [], initializers)
         chain = provider_chain(ONNXExecutionProvider.TENSORRT, 0, graph, ["x"], {}, tmp_path, model_digest=digest)
         return chain[0][1]["trt_engine_cache_prefix"]
 

@@ -1,9 +1,10 @@
-"""Helpers for core's tests: fake installed distributions with entry points."""
+"""Helpers for core's tests: fake installed distributions with entry points, and the testkit's doubles."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,3 +32,13 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     path = tmp_path_factory.mktemp("aitune-cache")
     monkeypatch.setenv("AITUNE_CACHE_DIR", str(path))
     return path
+
+
+@pytest.fixture
+def toy_backends(toy_backends: object, register_plugin: Any) -> object:
+    """:mod:`aitune.testing.fixtures`' toy backend, and beside it the testkit's doubles
+    (:mod:`aitune_testkit.doubles`: wrong, NaN, mutating, flat, not applicable) for core's own tests."""
+    from aitune_testkit import doubles
+
+    register_plugin(doubles, name="aitune_testkit.doubles", distribution="aitune-testkit")
+    return toy_backends

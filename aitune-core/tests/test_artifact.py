@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule
 from typer.testing import CliRunner
 
 import aitune.torch as ait
 from aitune.cli import app
 from aitune.errors import ArtifactError, ArtifactIntegrityError, InputError
 from aitune.testing import assert_matches_eager
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
@@ -96,7 +97,7 @@ def test_load_in_a_fresh_process(artifact, tmp_path):
     code = REGISTER_TOYS + textwrap.dedent(
         f"""
         import json, torch, aitune.torch as ait
-        from aitune.testing.backends import SlowModule
+        from aitune_testkit.doubles import SlowModule
         m = ait.load(ait.Module(SlowModule(), "m"), {str(path)!r})
         y = m(torch.load({str(tmp_path / "x.pt")!r}, weights_only=True))
         print(json.dumps({{"state": m.state, "y": y.tolist()}}))
@@ -381,7 +382,8 @@ def test_a_killed_save_leaves_the_previous_artifact_intact(artifact, tmp_path):
         import time, pathlib, torch, aitune.torch as ait
         from aitune import hookimpl
         from aitune.plugins import get_manager
-        from aitune.testing.backends import SlowModule, ToyBackend
+        from aitune.testing.backends import ToyBackend
+        from aitune_testkit.doubles import SlowModule
 
         class Stall:
             @hookimpl(wrapper=True)

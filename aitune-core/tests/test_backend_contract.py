@@ -10,7 +10,7 @@ import torch
 from aitune import hookimpl
 from aitune.backend import Backend, BuildContext, exported_file
 from aitune.errors import BuildError
-from aitune.graph import GraphSpec, Sample
+from aitune.graph import GraphSpec, Sample, infer_graph
 from aitune.registry import BackendRegistry, BackendSpec
 from aitune.testing import BackendConformance
 from aitune.testing.backends import ToyBackend, ToyConfig
@@ -104,3 +104,29 @@ def test_conformance_runs_on_the_samples_the_plugin_declares(register_plugin, tm
         AssertionError, match="refuses the conformance graph \\(needs 4-D inputs\\); override make_module"
     ):
         DefaultSamplesConformance().test_build_infer_save_load(tmp_path / "default", monkeypatch)
+
+
+class Sleeper(torch.nn.Module):
+    """A plugin author's own sleeping module: the toy backend's speed scales any ``delay_s``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay_s, self.per_row_s = 0.5, 0.25
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_the_toy_backend_scales_the_sleep_of_any_module_once(tmp_path):
+    import aitune.torch as ait
+
+    inner = Sleeper()
+    model = torch.nn.Sequential(ait.Module(inner, "sleeper"))  # the wrapper forwards delay_s: not scaled twice
+    samples = [Sample((torch.zeros(2, 4),))]
+    context = BuildContext(infer_graph(samples, ["x"]), samples, torch.device("cpu"), tmp_path, tmp_path)
+    backend = ToyBackend(ToyConfig(speed=0.5))
+    backend.build(model, context)
+    copied = backend.module[0].module
+    assert (copied.delay_s, copied.per_row_s) == (0.25, 0.125)
+    assert (inner.delay_s, inner.per_row_s) == (0.5, 0.25), "the user's module keeps its sleep"

@@ -19,13 +19,13 @@ from typing import NamedTuple
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from aitune_testkit.doubles import FlatBackend, SlowModule
 
 import aitune.torch as ait
 from aitune import tree
 from aitune.engine.recording import Canonicalizer
 from aitune.errors import ArtifactError, InputError, UnsupportedValueError
 from aitune.testing import assert_matches_eager
-from aitune.testing.backends import FlatBackend, SlowModule
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))

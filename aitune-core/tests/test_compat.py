@@ -10,11 +10,12 @@ import warnings
 
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
 from aitune.errors import ArtifactError, InputError
 from aitune.testing import assert_matches_eager
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 pytestmark = pytest.mark.busy  # tuned on a busy machine: no test here may need to win a timing race

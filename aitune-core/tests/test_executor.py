@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from aitune_testkit import executors
+from aitune_testkit.doubles import SlowModule
 from aitune_testkit.faults import IsolatedToyBackend, RaisingBackend
 
 import aitune.torch as ait
 from aitune import executor, hookimpl
 from aitune.errors import ConfigError
 from aitune.testing import assert_matches_eager
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
 from aitune import hookimpl
@@ -18,7 +19,7 @@ from aitune.engine.figures import compare
 from aitune.errors import InputError
 from aitune.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig, profile_runners, summarize
 from aitune.render.markdown import render_markdown
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5))
 

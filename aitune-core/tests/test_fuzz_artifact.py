@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +36,7 @@ from aitune.artifact.reader import verify
 from aitune.errors import AituneError, ConfigError
 from aitune.plugins import AituneManager
 from aitune.testing import backends
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 EXAMPLES = int(os.environ.get("AITUNE_FUZZ_EXAMPLES", "300"))

@@ -9,6 +9,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule, WrongBackend
 from aitune_testkit.faults import IsolatedToyBackend
 
 import aitune.torch as ait
@@ -18,7 +19,7 @@ from aitune.builtin.eager import TorchEagerBackend
 from aitune.graph import infer_graph
 from aitune.report import ProfileResult, ValidationReport
 from aitune.testing import TinyMLP, assert_matches_eager, tiny_samples
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig, WrongBackend
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
 from aitune.engine import recording
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))

@@ -14,13 +14,14 @@ import warnings
 import pytest
 import torch
 from aitune_testkit import faults
+from aitune_testkit.doubles import NaNBackend, SlowModule
 
 import aitune.torch as ait
 from aitune import executor, hookimpl
 from aitune.builds import isolation
 from aitune.errors import BuildError, ConfigError
 from aitune.testing import assert_matches_eager
-from aitune.testing.backends import NaNBackend, SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))

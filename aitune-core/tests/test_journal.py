@@ -11,11 +11,12 @@ import time
 
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
 from aitune.builtin.journal import journal_path, partial_report
 from aitune.errors import InputError
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
@@ -28,6 +29,7 @@ SCRIPT = textwrap.dedent(
     from aitune import hookimpl
     from aitune.plugins import get_manager
     from aitune.testing import backends
+    from aitune_testkit.doubles import SlowModule
     from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
     class StallOnB:
@@ -42,8 +44,8 @@ SCRIPT = textwrap.dedent(
     manager.register(backends, name="aitune.testing.backends", distribution="aitune-core")
     manager.register(StallOnB(), name="stall")
     quick = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
-    a = ait.Module(backends.SlowModule(), "a", strategy=ait.OneBackendStrategy(backends.ToyBackend(), profiling_config=quick))
-    other = backends.SlowModule()
+    a = ait.Module(SlowModule(), "a", strategy=ait.OneBackendStrategy(backends.ToyBackend(), profiling_config=quick))
+    other = SlowModule()
     torch.nn.init.ones_(other.fc.bias)  # other weights: its own build, not a's
     b = ait.Module(other, "b", strategy=ait.OneBackendStrategy(backends.ToyBackend(), profiling_config=quick))
     report = ait.tune(lambda x: b(a(x)), [torch.randn(2, 8)], report_path=sys.argv[1])

@@ -5,9 +5,10 @@ from __future__ import annotations
 import warnings
 
 import torch
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
-from aitune.testing.backends import SlowModule, ToyBackend
+from aitune.testing.backends import ToyBackend
 
 
 def _tuned() -> ait.Module:

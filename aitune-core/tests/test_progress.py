@@ -7,12 +7,13 @@ import logging
 
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
 from aitune.engine import progress
 from aitune.errors import InputError
 from aitune.render import render_markdown
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 
 
 class FakeClock:
@@ -112,7 +113,7 @@ def test_a_time_budget_builds_the_cheapest_first_and_skips_the_rest_for_time(toy
 
 
 def test_first_wins_keeps_the_users_order_under_a_budget(toy_backends, fake_clock):
-    from aitune.testing.backends import WrongBackend
+    from aitune_testkit.doubles import WrongBackend
 
     wrong_compiler = type(
         "WrongCompiler",

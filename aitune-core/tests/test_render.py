@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule, WrongBackend
 from typer.testing import CliRunner
 
 import aitune.torch as ait
@@ -16,7 +17,7 @@ from aitune import hookimpl
 from aitune.cli import app
 from aitune.profiling import summarize
 from aitune.render import render_html, render_markdown
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig, WrongBackend
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 pytestmark = pytest.mark.busy  # tuned on a busy machine: no test here may need to win a timing race
@@ -134,7 +135,7 @@ def test_tune_command_end_to_end(toy_backends, tmp_path, monkeypatch):
         textwrap.dedent(
             """
             import torch
-            from aitune.testing.backends import SlowModule
+            from aitune_testkit.doubles import SlowModule
 
             def make():
                 return SlowModule().eval(), [torch.randn(2, 8), torch.randn(4, 8)]

@@ -7,11 +7,12 @@ import warnings
 
 import pytest
 import torch
+from aitune_testkit.doubles import MutatingBackend, NaNBackend, SlowModule, WrongBackend
 
 import aitune.torch as ait
 from aitune.errors import TuningError, ValidationError
 from aitune.testing import assert_matches_eager
-from aitune.testing.backends import MutatingBackend, NaNBackend, SlowModule, ToyBackend, ToyConfig, WrongBackend
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 FAST = ToyConfig(speed=0.0)
@@ -657,8 +658,9 @@ def test_the_selected_candidate_is_never_beaten_beyond_its_interval(toy_backends
 
 
 def test_a_variant_that_does_not_apply_is_listed_as_such_and_left_out_of_the_summary(toy_backends):
+    from aitune_testkit.doubles import NotApplicableBackend
+
     from aitune.render import render_markdown
-    from aitune.testing.backends import NotApplicableBackend
 
     strategy = ait.FirstWinsStrategy([NotApplicableBackend(FAST), WrongBackend(FAST)], performance_validation=False)
     report = ait.tune(wrap(strategy), data(2, 4))
@@ -672,7 +674,7 @@ def test_a_variant_that_does_not_apply_is_listed_as_such_and_left_out_of_the_sum
 
 @pytest.mark.parametrize("strategy", [ait.FirstWinsStrategy, ait.MaxThroughputStrategy])
 def test_a_module_no_candidate_applies_to_runs_eager_without_a_failure_line(toy_backends, strategy):
-    from aitune.testing.backends import NotApplicableBackend
+    from aitune_testkit.doubles import NotApplicableBackend
 
     model = wrap(strategy([NotApplicableBackend(FAST)], performance_validation=False))
     report = ait.tune(model, data(2, 4))

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 from aitune_testkit import hostile
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
 from aitune import tree
 from aitune.artifact import verify
 from aitune.cachedir import cache_dir
 from aitune.errors import ArtifactError, ConfigError, InputError, ValidationError
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5))
@@ -94,7 +95,7 @@ def test_a_type_from_a_module_not_imported_is_refused_and_never_imported(saved, 
         from aitune.errors import ArtifactError
         from aitune.plugins import get_manager
         import aitune.testing.backends as tb
-        from aitune.testing.backends import SlowModule
+        from aitune_testkit.doubles import SlowModule
         get_manager().register(tb, name="aitune.testing.backends", distribution="aitune-core")
         for attempt in (
             lambda: ait.load(ait.Module(SlowModule(), "m"), {str(bad)!r}),

@@ -11,12 +11,13 @@ import warnings
 import pytest
 import torch
 from aitune_testkit import unseen
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
 from aitune.errors import HooksChangedError
 from aitune.graph import DimRange, GraphSpec, Sample, infer_graph
 from aitune.testing import assert_matches_eager
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 from aitune.validation import MAX_INTERIOR, interior_sizes
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from aitune_testkit.doubles import MutatingBackend, NaNBackend, WrongBackend
 
 from aitune.backend import Tolerance
 from aitune.graph import Sample, infer_graph
 from aitune.testing import TinyMLP, tiny_samples
-from aitune.testing.backends import MutatingBackend, NaNBackend, ToyBackend, WrongBackend
+from aitune.testing.backends import ToyBackend
 from aitune.validation import DEFAULT_TOLERANCES, validate
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from aitune_testkit import faults, ray_faults
+from aitune_testkit.doubles import SlowModule
 from aitune_testkit.faults import IsolatedToyBackend, RaisingBackend, SegfaultBackend
 
 import aitune.torch as ait
 from aitune.errors import ConfigError
 from aitune.testing import assert_matches_eager
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 from aitune_executor_ray import task
 from aitune_executor_ray.executor import RayExecutor, shared_dir, task_resources

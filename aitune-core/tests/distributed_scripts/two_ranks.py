@@ -11,13 +11,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
 from aitune import hookimpl
 from aitune.plugins import get_manager
 from aitune.testing import assert_matches_eager
 from aitune.testing import backends as toys
-from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))

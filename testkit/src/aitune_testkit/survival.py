@@ -66,7 +66,9 @@ def _data() -> list[torch.Tensor]:
 def _with_fallback(backend: Any, manager: Any, inner: torch.nn.Module | None = None, **tune: Any) -> Outcome:
     """Tune ``backend`` next to a working toy: the faulty candidate fails, tuning goes on."""
     import aitune.torch as ait
-    from aitune.testing.backends import SlowModule, ToyBackend, ToyConfig
+    from aitune.testing.backends import ToyBackend, ToyConfig
+
+    from .doubles import SlowModule
 
     model = ait.Module(
         inner or SlowModule(),
@@ -91,8 +93,8 @@ def _expect(exc_type: type[BaseException], fn: Callable[[], Any]) -> Outcome:
 
 def _infer_fails(manager: Any) -> Outcome:
     import aitune.torch as ait
-    from aitune.testing.backends import SlowModule
 
+    from .doubles import SlowModule
     from .faults import InferFailBackend
 
     model = ait.Module(
@@ -111,8 +113,9 @@ def _oom_profiling(manager: Any) -> Outcome:
 
     import aitune.torch as ait
     from aitune.profiling import ProfilingConfig
-    from aitune.testing.backends import SlowModule, ToyConfig
+    from aitune.testing.backends import ToyConfig
 
+    from .doubles import SlowModule
     from .faults import OutOfMemoryBackend
 
     config = ProfilingConfig(batch_sizes=[2, 4, 16], measurement_stop_strategy=_quick().measurement_stop_strategy)
@@ -186,7 +189,9 @@ def _callable_argument(manager: Any) -> Outcome:
 
 def _grad_inputs(manager: Any) -> Outcome:
     import aitune.torch as ait
-    from aitune.testing.backends import SlowModule, ToyBackend
+    from aitune.testing.backends import ToyBackend
+
+    from .doubles import SlowModule
 
     model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()))
     ait.tune(model, [t.requires_grad_() for t in _data()], manager=manager)
@@ -200,7 +205,8 @@ def _grad_inputs(manager: Any) -> Outcome:
 def _meta_weights(manager: Any) -> Outcome:
     import aitune.torch as ait
     from aitune.errors import InputError
-    from aitune.testing.backends import SlowModule
+
+    from .doubles import SlowModule
 
     model = ait.Module(SlowModule().to("meta"), "m")
     return _expect(InputError, lambda: ait.tune(model, _data(), manager=manager))
@@ -209,7 +215,8 @@ def _meta_weights(manager: Any) -> Outcome:
 def _tune_raises(data: list[Any], manager: Any) -> Outcome:
     import aitune.torch as ait
     from aitune.errors import InputError
-    from aitune.testing.backends import SlowModule
+
+    from .doubles import SlowModule
 
     return _expect(InputError, lambda: ait.tune(ait.Module(SlowModule(), "m"), data, manager=manager))
 
@@ -259,13 +266,13 @@ def scenarios(manager: Any) -> list[tuple[str, str, Callable[[], Outcome]]]:
 
 
 def _slow() -> torch.nn.Module:
-    from aitune.testing.backends import SlowModule
+    from .doubles import SlowModule
 
     return SlowModule()
 
 
 def _toy_nan() -> Any:
-    from aitune.testing.backends import NaNBackend
+    from .doubles import NaNBackend
 
     return NaNBackend()
 
@@ -280,7 +287,9 @@ def _with_env(fn: Callable[..., Outcome], *args: Any, **env: str) -> Outcome:
 
 def _valid_artifact(folder: Path, manager: Any) -> bytes:
     import aitune.torch as ait
-    from aitune.testing.backends import SlowModule, ToyBackend
+    from aitune.testing.backends import ToyBackend
+
+    from .doubles import SlowModule
 
     strategy = ait.OneBackendStrategy(ToyBackend(), profiling_config=_quick()).enable_performance_validation(False)
     model = ait.Module(SlowModule(delay_s=0.0), "m", strategy=strategy)
@@ -364,7 +373,8 @@ def fuzz_batch(
     import aitune.torch as ait
     from aitune.artifact import verify
     from aitune.errors import AituneError
-    from aitune.testing.backends import SlowModule
+
+    from .doubles import SlowModule
 
     valid = _valid_artifact(folder, manager)
     rng = random.Random(seed)
@@ -396,13 +406,14 @@ def run(per_kind: int = 100) -> str:
     from aitune import plugins
     from aitune.testing import backends
 
-    from . import faults
+    from . import doubles, faults
 
     lines = ["| Case | Kind | What the user gets | Survived |", "| --- | --- | --- | --- |"]
     with tempfile.TemporaryDirectory(prefix="aitune-survival-") as tmp, _env(AITUNE_CACHE_DIR=tmp):
         manager = plugins.AituneManager()
         manager.load_entry_points()
         manager.register(backends, name="aitune.testing.backends", distribution="aitune-core")
+        manager.register(doubles, name="aitune_testkit.doubles", distribution="aitune-testkit")
         manager.register(faults, name="aitune_testkit.faults", distribution="aitune-testkit")
         for kind, name, scenario in scenarios(manager):
             try:

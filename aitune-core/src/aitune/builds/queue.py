@@ -1,9 +1,10 @@
 """The builds of one tune, and core's executor plugin (it registers ``local``).
 
 ``local`` (:class:`aitune.builds.isolation.LocalExecutor`) runs each exported build in a worker
-process on this machine when a strategy asks for it. A :class:`BuildSession` holds one ``ait.tune``'s executor and, for an executor that runs
-builds side by side (``concurrent``), every build of the pipeline submitted right after
-recording; the strategies then take the results in their own order.
+process on this machine when a strategy asks for it. A :class:`TuneBuildQueue` holds one
+``ait.tune``'s executor and, for an executor that runs builds side by side (``concurrent``), every
+build of the pipeline submitted right after recording; the strategies then take the results in
+their own order.
 
 Validation and profiling stay in the user's process, one at a time, and profiling waits until no
 build is in flight, because timings taken next to a compiler are worthless.
@@ -64,8 +65,9 @@ class _Ahead:
     handle: BuildHandle
 
 
-class BuildSession:
-    """The builds of one ``ait.tune``: its executor and the builds submitted ahead, by build key."""
+class TuneBuildQueue:
+    """The builds of one ``ait.tune`` (its :class:`~aitune.executor.BuildQueue`): its executor and the
+    builds submitted ahead, by build key."""
 
     def __init__(self, executor: Executor, registry: BackendRegistry | None = None) -> None:
         self.executor = executor
@@ -74,7 +76,7 @@ class BuildSession:
         self._root: Path | None = None
 
     def folder(self) -> Path:
-        """A fresh folder for one build, removed when the session ends."""
+        """A fresh folder for one build, removed when the tune ends."""
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="aitune-builds-"))
         return Path(tempfile.mkdtemp(dir=self._root))
@@ -140,11 +142,11 @@ class BuildSession:
 
 
 @contextlib.contextmanager
-def build_session(
+def build_queue(
     executors: ExecutorRegistry, registry: BackendRegistry, name: str | None = None
-) -> Iterator[BuildSession]:
+) -> Iterator[TuneBuildQueue]:
     """One tune's builds on the executor ``name`` (see :func:`chosen`), closed when the tune ends."""
-    current = BuildSession(executors.create(chosen(name)), registry)
+    current = TuneBuildQueue(executors.create(chosen(name)), registry)
     try:
         yield current
     finally:

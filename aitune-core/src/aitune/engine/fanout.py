@@ -3,7 +3,7 @@
 A strategy builds its candidates one after the other. When the tune's executor runs builds side
 by side (a Ray cluster), waiting for each in turn would waste it, so the builds that run in a
 worker are exported and submitted here, all at once; the strategy's own ``build`` then takes the
-finished result (see :meth:`aitune.builds.queue.BuildSession.take`). FirstWins builds lazily by its
+finished result (see :meth:`aitune.builds.queue.TuneBuildQueue.take`). FirstWins builds lazily by its
 rules, so only its first candidate goes ahead.
 """
 
@@ -29,8 +29,8 @@ logger = logging.getLogger("aitune")
 
 def submit_ahead(recordings: Sequence[recording.ModuleRecording[Module]], run: TuneRun) -> int:
     """Submit every candidate build of every recorded graph; returns how many went ahead."""
-    session = run.session.builds
-    if session is None or not session.executor.concurrent:
+    builds = run.session.builds
+    if builds is None or not builds.executor.concurrent:
         return 0
     from ..cachedir import cache_dir
 
@@ -53,9 +53,9 @@ def submit_ahead(recordings: Sequence[recording.ModuleRecording[Module]], run: T
                 backend = template.clone()
                 if registry.unavailable(backend, device, graph):
                     continue
-                context = BuildContext(graph, graph_rec.samples, device, session.folder(), cache_dir(), module.name)
+                context = BuildContext(graph, graph_rec.samples, device, builds.folder(), cache_dir(), module.name)
                 with torch.no_grad(), recording.bypass():
-                    submitted += session.submit_ahead(backend, module.module, context)
+                    submitted += builds.submit_ahead(backend, module.module, context)
     if submitted:
-        logger.info("%d builds submitted to the %s executor", submitted, session.executor.name)
+        logger.info("%d builds submitted to the %s executor", submitted, builds.executor.name)
     return submitted

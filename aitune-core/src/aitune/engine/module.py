@@ -123,12 +123,12 @@ class Module(torch.nn.Module):
         dispatcher = self._dispatcher
         if dispatcher is not None and not recording.bypassing():
             return dispatcher(args, kwargs)
-        session = recording.active_session()
-        if session is None or recording.bypassing():
+        recorded = recording.active_recording()
+        if recorded is None or recording.bypassing():
             return self.module(*args, **kwargs)
-        before = session.before_call(self, args, kwargs)
+        before = recorded.before_call(self, args, kwargs)
         out = self.module(*args, **kwargs)
-        session.record(self, args, kwargs, out, before)
+        recorded.record(self, args, kwargs, out, before)
         return out
 
     def check_weights(self) -> None:

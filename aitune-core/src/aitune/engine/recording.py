@@ -22,18 +22,18 @@ from ..graph import Sample
 
 
 class _ThreadState(threading.local):
-    """Per thread: the recording session and how deep aitune's own calls are nested. Class-level
+    """Per thread: the recording in progress and how deep aitune's own calls are nested. Class-level
     defaults make each read a plain attribute read (every tuned call asks :func:`bypassing`)."""
 
-    session: RecordingSession[Any] | None = None
+    recording: Recording[Any] | None = None
     bypass = 0
 
 
 _state = _ThreadState()
 
 
-def active_session() -> RecordingSession[Any] | None:
-    return _state.session
+def active_recording() -> Recording[Any] | None:
+    return _state.recording
 
 
 def bypassing() -> bool:
@@ -51,14 +51,14 @@ def bypass() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def recording(max_samples: int) -> Iterator[RecordingSession[Any]]:
-    previous = active_session()
-    session: RecordingSession[Any] = RecordingSession(max_samples)
-    _state.session = session
+def recording(max_samples: int) -> Iterator[Recording[Any]]:
+    previous = active_recording()
+    current: Recording[Any] = Recording(max_samples)
+    _state.recording = current
     try:
-        yield session
+        yield current
     finally:
-        _state.session = previous
+        _state.recording = previous
 
 
 Layout = tuple[int, tuple[str, ...]]
@@ -301,7 +301,7 @@ def _versions(leaves: list[torch.Tensor]) -> tuple[int, ...] | None:
         return None
 
 
-class RecordingSession(Generic[W]):
+class Recording(Generic[W]):
     """Everything wrapped modules saw during one ``ait.tune`` run, in first-call order."""
 
     def __init__(self, max_samples: int) -> None:

@@ -27,7 +27,7 @@ import torch
 
 from .. import __version__, distributed
 from ..backend import Tolerance
-from ..builds.queue import build_session
+from ..builds.queue import build_queue
 from ..errors import AituneError, ConfigError, DistributedTuneError, InputError, PluginError
 from ..plugins import AituneManager, get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
@@ -184,7 +184,7 @@ def tune(
     manager = get_manager() if manager is None else manager
     switch = StaticCacheSwitch.apply(model_or_callable) if static_cache else StaticCacheSwitch([])
     try:
-        with progress, kept, build_session(manager.executors, manager.registry, executor) as builds:
+        with progress, kept, build_queue(manager.executors, manager.registry, executor) as builds:
             report = _tune(
                 manager.session(builds),
                 progress,
@@ -234,7 +234,7 @@ def _kept_as_they_are(obj: Any) -> Iterator[None]:
                 install(module, graphs, report)
 
 
-def _used_a_static_cache(recorded: recording.RecordingSession[Any]) -> bool:
+def _used_a_static_cache(recorded: recording.Recording[Any]) -> bool:
     """A recorded call updated a KV cache in place: ``generate()`` ran on a static cache."""
     graphs = (g for rec in recorded.modules.values() for g in rec.graphs.values())
     return any(g.mutated and g.samples and recording.holds_state(g.samples[0]) for g in graphs)
@@ -374,7 +374,7 @@ def _time_spent(report: TuneReport, progress: TuneProgress) -> None:
 
 def _record(
     model_or_callable: Any, dataset: Iterable[Any], max_samples: int, progress: TuneProgress
-) -> recording.RecordingSession[Module]:
+) -> recording.Recording[Module]:
     """Run the dataset through the model, recording every ait.Module it calls."""
     known = wrapped_modules(model_or_callable)
     if isinstance(model_or_callable, torch.nn.Module) and not known:
@@ -387,11 +387,11 @@ def _record(
         reset(module)
     samples_seen = 0
     first: Any = None
-    with progress.step("recording calls", "recording"), torch.no_grad(), recording.recording(max_samples) as session:
+    with progress.step("recording calls", "recording"), torch.no_grad(), recording.recording(max_samples) as recorded:
         for sample in dataset:
             first = sample if samples_seen == 0 else first
             if samples_seen < END_TO_END_ITEMS:
-                session.items.append(sample)
+                recorded.items.append(sample)
             try:
                 _call(model_or_callable, sample)
             except AituneError:
@@ -401,12 +401,12 @@ def _record(
             samples_seen += 1
     if samples_seen == 0:
         raise InputError("the dataset is empty: give ait.tune at least one input batch")
-    if not session.modules:
+    if not recorded.modules:
         raise InputError(
             "no ait.Module was called while running the dataset through the model: wrap the modules "
             "that the pipeline calls, or check that the dataset reaches them"
         )
-    return session
+    return recorded
 
 
 END_TO_END_ITEMS = 8
@@ -415,12 +415,12 @@ END_TO_END_S = 10.0
 """The end-to-end figure's time budget with ``end_to_end=True``."""
 
 
-def _end_to_end(model_or_callable: Any, session: Any, report: TuneReport, budget_s: float) -> None:
+def _end_to_end(model_or_callable: Any, recorded: Any, report: TuneReport, budget_s: float) -> None:
     """Time the whole call eager against tuned and log it first, with each module's share and figure."""
-    modules = [rec.module for rec in session.modules.values()]
+    modules = [rec.module for rec in recorded.modules.values()]
     if not any(m.state == "tuned" for m in modules):
         return
-    result = end_to_end.measure(lambda item: _call(model_or_callable, item), session.items, modules, budget_s)
+    result = end_to_end.measure(lambda item: _call(model_or_callable, item), recorded.items, modules, budget_s)
     report.end_to_end = result
     figures = {m.name: m for m in report.modules}
     shares = []

@@ -1,14 +1,15 @@
-"""Toy backends with known behaviour, for testing strategies, validation and failure handling.
+"""A toy backend with a scripted speed, for testing strategies, validation and failure handling.
 
-They work on modules with a ``delay_s`` attribute (see :class:`SlowModule`): eager sleeps that
-long per call, so a backend that drops the sleep is really faster and one that doubles it is
-really slower, whatever the machine. Register them with ``register_plugin(aitune.testing.backends)``.
+:class:`ToyBackend` runs a copy of the module with the sleep of every submodule that has a
+``delay_s`` (and ``per_row_s``) attribute scaled by ``config.speed``: a backend that drops the
+sleep is really faster and one that doubles it is really slower, whatever the machine. Register it
+with the ``toy_backends`` fixture of :mod:`aitune.testing.fixtures`, or
+``register_plugin(aitune.testing.backends)``; :func:`register` declares subclasses of it.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,26 +18,7 @@ import torch
 
 from .. import hookimpl
 from ..backend import Backend, BackendConfig, BuildContext, LoadContext
-from ..errors import NotApplicableError
 from ..registry import BackendRegistry, BackendSpec
-
-
-class SlowModule(torch.nn.Module):
-    """A small MLP that sleeps ``delay_s`` (+ ``per_row_s`` per batch row) in every call."""
-
-    def __init__(self, features: int = 8, delay_s: float = 0.002, per_row_s: float = 0.0) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.fc = torch.nn.Linear(features, features)
-        self.delay_s = delay_s
-        self.per_row_s = per_row_s
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        delay = self.delay_s + self.per_row_s * x.shape[0]
-        if delay:
-            time.sleep(delay)
-        y = torch.tanh(self.fc(x))
-        return y if mask is None else y * mask
 
 
 @attrs.frozen(kw_only=True)
@@ -65,9 +47,9 @@ class ToyBackend(Backend):
             raise RuntimeError("toy compiler crashed on purpose")
         self.module = copy.deepcopy(module)
         for sub in self.module.modules():
-            if isinstance(sub, SlowModule):
-                sub.delay_s *= self.config.speed
-                sub.per_row_s *= self.config.speed
+            for name in ("delay_s", "per_row_s"):
+                if name in vars(sub):  # its own: a wrapper forwarding to the module it wraps is skipped
+                    setattr(sub, name, vars(sub)[name] * self.config.speed)
         self.build_info["built_for"] = context.graph.key
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
@@ -90,63 +72,7 @@ class ToyBackend(Backend):
         self.build(module, BuildContext(context.graph, [], context.device, directory, context.cache_dir))
 
 
-class WrongBackend(ToyBackend):
-    """Fast, finite, and wrong by 10% of the output's scale."""
-
-    name = "toy_wrong"
-
-    def transform(self, output: Any, args: tuple[Any, ...]) -> Any:
-        return output + 0.1 * output.abs().max()
-
-
-class NaNBackend(ToyBackend):
-    """Fast, and puts a NaN into the first output element."""
-
-    name = "toy_nan"
-
-    def transform(self, output: Any, args: tuple[Any, ...]) -> Any:
-        output = output.clone()
-        output.view(-1)[0] = float("nan")
-        return output
-
-
-class MutatingBackend(ToyBackend):
-    """Fast and correct, but scribbles on its input tensor."""
-
-    name = "toy_mutating"
-
-    def transform(self, output: Any, args: tuple[Any, ...]) -> Any:
-        args[0].mul_(0)
-        return output
-
-
-class FlatBackend(ToyBackend):
-    """Fast and correct, and returns its outputs as exporting backends do: rebuilt from flat
-    tensors by the graph's recorded output structure, so tests see that types survive it."""
-
-    name = "toy_flat"
-
-    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
-        super().build(module, context)
-        self.graph = context.graph
-
-    def transform(self, output: Any, args: tuple[Any, ...]) -> Any:
-        from .. import tree
-
-        return self.graph.unflatten_outputs([t.clone() for t in tree.flatten(output)[0]])
-
-
-class NotApplicableBackend(ToyBackend):
-    """A variant that never applies (as an attention variant on a model with no attention): its build
-    raises :class:`~aitune.errors.NotApplicableError`."""
-
-    name = "toy_not_applicable"
-
-    def build(self, module: torch.nn.Module, context: BuildContext) -> None:
-        raise NotApplicableError("the toy variant applies to no module, by design")
-
-
-TOY_BACKENDS = (ToyBackend, WrongBackend, NaNBackend, MutatingBackend, FlatBackend, NotApplicableBackend)
+TOY_BACKENDS = (ToyBackend,)
 
 
 def register(registry: BackendRegistry, classes: tuple[type[ToyBackend], ...], module: str) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from ..install import TunedForward
 from ..module import Module
-from ..recording import RecordingSession
+from ..recording import Recording
 from .settings import settings
 from .state import STATE, JitCandidate, ModuleState
 
@@ -67,7 +67,7 @@ def admit(module: torch.nn.Module, name: str, depth: int) -> ModuleState:
         STATE.modules[module] = "skipped"
         return "skipped"
     shadow = twin(module)
-    candidate = JitCandidate(name, depth, shadow, Module(shadow, name), RecordingSession(MAX_SAMPLES), STATE.requests)
+    candidate = JitCandidate(name, depth, shadow, Module(shadow, name), Recording(MAX_SAMPLES), STATE.requests)
     STATE.modules[module] = candidate
     STATE.names[module] = name
     return candidate

@@ -71,7 +71,7 @@ def _decision(module: torch.nn.Module, cand: JitCandidate, outcome: str, **kwarg
 
 
 def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
-    rec = cand.session.modules[id(cand.wrapper)]
+    rec = cand.recording.modules[id(cand.wrapper)]
     graphs = list(rec.graphs.values())
     broken = next((g.error for g in graphs if g.error), None)
     if broken:

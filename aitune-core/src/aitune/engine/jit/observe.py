@@ -41,7 +41,7 @@ def observe(module: torch.nn.Module, cand: JitCandidate, args: Any, kwargs: Any,
                 cand.name,
             )
         return
-    cand.session.record(cand.wrapper, args, kwargs, output)
+    cand.recording.record(cand.wrapper, args, kwargs, output)
     cand.calls += 1
     ready = STATE.requests > cand.since or (not settings.deferred and cand.calls >= settings.min_samples)
     if ready and STATE.tuning.acquire(blocking=False):

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ...plugins import AituneManager
 
 from ..module import Module
-from ..recording import RecordingSession
+from ..recording import Recording
 
 
 @attrs.frozen
@@ -41,13 +41,13 @@ class Decision:
 
 @attrs.define(eq=False)
 class JitCandidate:
-    """A module being recorded: its calls go to ``session`` until it is tuned."""
+    """A module being recorded: its calls go to ``recording`` until it is tuned."""
 
     name: str
     depth: int
     twin: torch.nn.Module
     wrapper: Module
-    session: RecordingSession
+    recording: Recording
     since: int
     """``deferred()`` requests already made when recording started."""
     calls: int = 0
