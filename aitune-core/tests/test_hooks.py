@@ -59,7 +59,7 @@ def test_every_backend_member_is_documented(member):
 )
 def test_every_context_field_is_documented(context, field):
     docs = DOCS.read_text()
-    table = docs[docs.index(f"`aitune.backend.{context.__name__}`") :]
+    table = docs[docs.index(f"`aitune.plugin.{context.__name__}`") :]
     assert f"| `{field}` |" in table.split("\n\n", 2)[1], (
         f"docs/plugins.md does not describe {context.__name__}.{field}"
     )

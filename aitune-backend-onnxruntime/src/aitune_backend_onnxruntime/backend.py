@@ -49,6 +49,7 @@ class ONNXRuntimeBackend(Backend):
     name = "onnxruntime"
     config_class = ONNXRuntimeBackendConfig
     config: ONNXRuntimeBackendConfig
+    builds_static = True  # a dim whose range is one size is exported static (aitune.onnx_export)
 
     def __init__(self, config: ONNXRuntimeBackendConfig | None = None) -> None:
         super().__init__(config)
