@@ -12,7 +12,7 @@ The rules follow the product's strategy guide exactly:
   raises when no backend meets it.
 
 One figure decides everything: the candidate's p50 latency (dispatch cost included) against the
-p50 of eager timed in the same interleaved session, with the interval of the per-window ratios.
+p50 of eager timed in the same interleaved round, with the interval of the per-window ratios.
 Candidates are ranked by it, gated on it, and the report shows it. Beyond the guide: a gap inside
 the measured spread (the lower quartile of per-window speedups does not clear the bar) does not
 count as beating eager, and the report says so. A candidate that raises while profiled fails
@@ -117,7 +117,7 @@ class _GateStrategy(TuneStrategy):
     def _gate(self, tuning: GraphTuning, candidate: Candidate) -> tuple[bool, str, int | None]:
         """Whether ``candidate`` passes the eager gate, why, and the batch size it was judged at.
 
-        The candidate is timed together with eager in one interleaved session, so each candidate
+        The candidate is timed together with eager in one interleaved round, so each candidate
         has its own paired baseline even when FirstWins tries several in turn.
         """
         if not self.with_baseline:
