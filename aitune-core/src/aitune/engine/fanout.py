@@ -4,7 +4,8 @@ A strategy builds its candidates one after the other. When the tune's executor r
 by side (a Ray cluster), waiting for each in turn would waste it, so the builds that run in a
 worker are exported and submitted here, all at once; the strategy's own ``build`` then takes the
 finished result (see :meth:`aitune.builds.queue.BuildSession.take`). FirstWins builds lazily by its
-rules, so only its first candidate goes ahead.
+rules, so only its first candidate goes ahead
+(:meth:`~.strategies.TuneStrategy.builds_ahead`: each strategy says which).
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ from ..backend import BuildContext
 from ..errors import AituneError
 from . import plan, recording
 from .plan import ModulePlan, TuneRun
-from .strategies import FirstWinsStrategy
 
 logger = logging.getLogger("aitune")
 
 
 def submit_ahead(plans: Sequence[ModulePlan], run: TuneRun) -> int:
-    """Submit every candidate build of every recorded graph; returns how many went ahead."""
+    """Submit every build each graph's strategy is sure to ask for; returns how many went ahead."""
     builds = run.session.builds
     if builds is None or not builds.executor.concurrent:
         return 0
@@ -39,10 +39,7 @@ def submit_ahead(plans: Sequence[ModulePlan], run: TuneRun) -> int:
             graph = graph_plan.graph
         except AituneError:
             continue  # the strategy's turn reports it
-        templates = graph_plan.candidates()
-        if isinstance(graph_plan.strategy, FirstWinsStrategy):
-            templates = templates[:1]
-        for template in templates:
+        for template in graph_plan.strategy.builds_ahead(graph_plan.candidates()):
             backend = template.clone()
             if registry.unavailable(backend, device, graph):
                 continue

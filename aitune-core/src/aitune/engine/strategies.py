@@ -90,6 +90,12 @@ class TuneStrategy:
     def candidates(self, default: Sequence[Backend]) -> list[Backend]:
         return list(self.backends) if self.backends is not None else list(default)
 
+    def builds_ahead(self, candidates: Sequence[Backend]) -> list[Backend]:
+        """Of ``candidates``, the ones this strategy builds whatever the others do: when the tune's
+        executor runs builds side by side, these are submitted at once, before :meth:`tune` asks for
+        them. Every one by default; a strategy whose rules stop early names fewer (FirstWins: its first)."""
+        return list(candidates)
+
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
         """Pick the winner for one graph (None means eager), or one per batch range, recording the decision."""
         raise NotImplementedError
@@ -194,6 +200,10 @@ class OneBackendStrategy(_GateStrategy):
 
 class FirstWinsStrategy(_GateStrategy):
     """Backends in priority order; the first that builds, is correct and is faster wins."""
+
+    def builds_ahead(self, candidates: Sequence[Backend]) -> list[Backend]:
+        """Only the first: whether the next one is built at all depends on how the first one fares."""
+        return list(candidates[:1])
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
         reasons = []
