@@ -49,7 +49,7 @@ class TuneRun:
     session: Session
     """The run's hook relay, registries and builds: every build, validation and profile goes through it."""
     device: torch.device
-    defaults: tuple[Backend, ...] = attrs.field(converter=lambda values: _backends(values))
+    defaults: tuple[Backend, ...] = attrs.field(converter=_backends)
     """The default candidates (strategies without their own backend list try these)."""
     options: TuneOptions = attrs.field(factory=TuneOptions)
     """What the user asked for, validated once."""

@@ -176,8 +176,8 @@ def tune(
     try:
         with progress, kept, build_session(manager.executors, manager.registry, options.executor) as builds:
             report = _tune(
-                model_or_callable,
-                dataset,
+                model_or_callable=model_or_callable,
+                dataset=dataset,
                 options=options,
                 session=manager.session(builds),
                 progress=progress,
@@ -229,9 +229,9 @@ def _inference_mode(modules: Sequence[Module], set_eval: bool) -> None:
 
 
 def _tune(
+    *,
     model_or_callable: Any,
     dataset: Iterable[Any],
-    *,
     options: TuneOptions,
     session: Session,
     progress: TuneProgress,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ...backend import Backend
-from ...graph import GraphSpec, Sample, infer_graph
+from ...graph import GraphSpec, Sample
 from ...plugins import get_manager
 from ...profiling import ProfilingConfig
 from ...registry import BackendRegistry
@@ -91,7 +91,8 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
         options=JIT_OPTIONS,
         progress=StoppableProgress(),
     )
-    specs = [infer_graph(g.samples, cand.wrapper._canonicalize.arg_names, None, None, g.outputs) for g in graphs]
+    module_plan = plan_module(run, rec)
+    specs = [g.graph for g in module_plan.graphs]
     key = None
     if settings.remember:
         key = decision_store.decision_key(run, cand.twin, specs, repr(strategy))
@@ -120,7 +121,7 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
     object.__setattr__(cand.wrapper, "strategy", strategy)
     check_stopping()
     report = module_report(cand.wrapper)
-    winners = tune_recorded(run, plan_module(run, rec), report) or []
+    winners = tune_recorded(run, module_plan, report) or []
     if not eager_only(winners):
         names = _install(module, cand, winners, report)
         _remember(run, key, cand, "tuned", report.summary, winners)
