@@ -67,7 +67,7 @@ class TuneRun:
         return self.session.registry
 
 
-@attrs.define(slots=False, eq=False)
+@attrs.define(slots=False, eq=False, kw_only=True)
 class GraphPlan:
     """One recorded graph of one module, planned once for every step of the run: the batch sizes it is
     tuned for, its spec, its strategy and the candidates that strategy tries (each worked out on first use)."""
@@ -139,7 +139,10 @@ class ModulePlan:
 
 def plan_module(run: TuneRun, recording: ModuleRecording[Module]) -> ModulePlan:
     """The plan of one recorded module (the JIT plans one at a time)."""
-    graphs = (GraphPlan(run, recording.module, i, g) for i, g in enumerate(recording.graphs.values()))
+    graphs = (
+        GraphPlan(run=run, module=recording.module, index=i, recorded=g)
+        for i, g in enumerate(recording.graphs.values())
+    )
     return ModulePlan(recording, tuple(graphs))
 
 
