@@ -89,6 +89,44 @@ def test_a_concurrent_executor_gets_every_build_first_and_decides_as_local(threa
     assert_matches_eager(model(x), model.head.module(model.encoder.module(x)))
 
 
+def test_each_strategy_says_which_builds_go_ahead(threads, monkeypatch):
+    """FirstWins sends only its first candidate ahead (the next is built only if the first fails); a
+    strategy of one's own answers ``builds_ahead`` for itself, here: none, so its build waits its turn."""
+    monkeypatch.setenv("AITUNE_BUILD_CACHE", "0")
+    events = []
+    real_submit = executors.ThreadedExecutor.submit
+    monkeypatch.setattr(
+        executors.ThreadedExecutor, "submit", lambda self, r: events.append(r.what) or real_submit(self, r)
+    )
+
+    class NothingAhead(ait.MaxThroughputStrategy):
+        def builds_ahead(self, candidates):
+            return []
+
+        def tune(self, tuning, default_backends):
+            events.append(f"{tuning.module_name} tunes")
+            return super().tune(tuning, default_backends)
+
+    first = ait.FirstWinsStrategy(
+        [IsolatedToyBackend(ToyConfig(speed=0.5)), IsolatedToyBackend(ToyConfig(speed=0.1))],
+        performance_validation=False,
+    )
+    mine = NothingAhead([IsolatedToyBackend(ToyConfig(speed=0.5))], performance_validation=False)
+
+    class Two(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = ait.Module(SlowModule(), "encoder", strategy=first)
+            self.head = ait.Module(SlowModule(), "head", strategy=mine)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.encoder(x))
+
+    report = ait.tune(Two(), [torch.randn(2, 8)], executor="threads")
+    assert [m.status for m in report.modules] == ["tuned", "tuned"]
+    assert events == ["toy_isolated build of encoder", "head tunes", "toy_isolated build of head"]
+
+
 def test_the_executor_comes_from_the_environment_and_unknown_names_say_what_exists(threads, monkeypatch):
     monkeypatch.setenv("AITUNE_EXECUTOR", "threads")
     model = ait.Module(SlowModule(), "m", strategy=ait.OneBackendStrategy(IsolatedToyBackend(), profiling_config=QUICK))

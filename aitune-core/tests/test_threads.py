@@ -55,6 +55,31 @@ def test_one_thread_budget_for_every_candidate(toy_backends) -> None:
         torch.set_num_threads(before)
 
 
+def test_a_refused_tune_changes_nothing_not_even_the_thread_budget(toy_backends) -> None:
+    """Every argument of ait.tune is checked before anything happens: a bad one later in the list
+    leaves the thread count, the data and the module as they were."""
+    import pytest
+
+    from aitune.errors import InputError
+
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2
+    model = ait.Module(torch.nn.Linear(8, 8).eval(), "m")
+    consumed = []
+
+    def data():
+        consumed.append(True)
+        yield torch.randn(2, 8)
+
+    try:
+        with pytest.raises(InputError, match="time_budget must be a number of seconds > 0"):
+            ait.tune(model, data(), threads=wanted, time_budget=-1)
+        assert torch.get_num_threads() == before, "threads were set by a call that was refused"
+        assert not consumed and model.state == "recording"
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_backend_with_variants_is_one_candidate_per_variant(toy_backends, register_plugin) -> None:
     """Backend.default_configs: each listed config is its own default candidate, named by its variant."""
     from aitune.engine.plan import default_backends

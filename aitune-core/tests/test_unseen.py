@@ -267,6 +267,32 @@ def test_a_metric_within_budget_accepts_an_int8_like_candidate_and_a_tighter_one
     assert candidates[0].status == "selected" and 0.95 < candidates[0].metric < 0.99
 
 
+def test_a_modules_own_metric_and_budget_win_over_ait_tunes(unseen_backends):
+    """Each half of the rule on its own: a module's budget spends ait.tune's metric, a module's metric
+    is held to ait.tune's budget."""
+    from aitune import metrics
+
+    def tuned(**module_rule):
+        model = ait.Module(
+            SlowModule(delay_s=0.0),
+            "classifier",
+            strategy=_strategy(unseen.Int8LikeBackend(ToyConfig()), ToyBackend(ToyConfig())),
+            **module_rule,
+        )
+        data = [torch.randn(4, 8), torch.randn(8, 8)]
+        graph = ait.tune(model, data, metric=metrics.relative_accuracy, accuracy_budget=0.01).modules[0].graphs[0]
+        return graph.accuracy_floor, graph.candidates[0]
+
+    floor, int8 = tuned()
+    assert floor == pytest.approx(0.99) and int8.status == "failed", (
+        "ait.tune's rule alone rejects the int8-like candidate"
+    )
+    floor, int8 = tuned(accuracy_budget=0.05)
+    assert floor == pytest.approx(0.95) and int8.status == "selected" and 0.95 < int8.metric < 0.99
+    floor, int8 = tuned(metric=metrics.top1_agreement)
+    assert floor == pytest.approx(0.99) and int8.status == "selected" and int8.metric == 1.0
+
+
 def test_a_budget_needs_a_metric_and_stays_in_range(toy_backends):
     from aitune.errors import InputError
 

@@ -4,31 +4,27 @@ A strategy builds its candidates one after the other. When the tune's executor r
 by side (a Ray cluster), waiting for each in turn would waste it, so the builds that run in a
 worker are exported and submitted here, all at once; the strategy's own ``build`` then takes the
 finished result (see :meth:`aitune.builds.queue.TuneBuildQueue.take`). FirstWins builds lazily by its
-rules, so only its first candidate goes ahead.
+rules, so only its first candidate goes ahead
+(:meth:`~.strategies.TuneStrategy.builds_ahead`: each strategy says which).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..backend import BuildContext
 from ..errors import AituneError
-from . import recording
-from .plan import TuneRun, graph_of, strategy_for
-from .strategies import FirstWinsStrategy
-
-if TYPE_CHECKING:
-    from .module import Module
+from . import plan, recording
+from .plan import ModulePlan, TuneRun
 
 logger = logging.getLogger("aitune")
 
 
-def submit_ahead(recordings: Sequence[recording.ModuleRecording[Module]], run: TuneRun) -> int:
-    """Submit every candidate build of every recorded graph; returns how many went ahead."""
+def submit_ahead(plans: Sequence[ModulePlan], run: TuneRun) -> int:
+    """Submit every build each graph's strategy is sure to ask for; returns how many went ahead."""
     builds = run.session.builds
     if builds is None or not builds.executor.concurrent:
         return 0
@@ -36,26 +32,21 @@ def submit_ahead(recordings: Sequence[recording.ModuleRecording[Module]], run: T
 
     registry, device = run.registry, run.device
     submitted = 0
-    for rec in recordings:
-        module = rec.module
-        for index, graph_rec in enumerate(rec.graphs.values()):
-            if graph_rec.error or graph_rec.eager_reason:
+    for graph_plan in plan.graphs(plans):
+        if graph_plan.not_tuned:
+            continue
+        try:
+            graph = graph_plan.graph
+        except AituneError:
+            continue  # the strategy's turn reports it
+        for template in graph_plan.strategy.builds_ahead(graph_plan.candidates()):
+            backend = template.clone()
+            if registry.unavailable(backend, device, graph):
                 continue
-            try:
-                graph = graph_of(module, graph_rec, run.sizes_for(graph_rec))
-            except AituneError:
-                continue  # the strategy's turn reports it
-            strategy = strategy_for(module, index, graph.key)
-            templates = strategy.candidates(run.defaults)
-            if isinstance(strategy, FirstWinsStrategy):
-                templates = templates[:1]
-            for template in templates:
-                backend = template.clone()
-                if registry.unavailable(backend, device, graph):
-                    continue
-                context = BuildContext(graph, graph_rec.samples, device, builds.folder(), cache_dir(), module.name)
-                with torch.no_grad(), recording.bypass():
-                    submitted += builds.submit_ahead(backend, module.module, context)
+            module, samples = graph_plan.module, graph_plan.recorded.samples
+            context = BuildContext(graph, samples, device, builds.folder(), cache_dir(), module.name)
+            with torch.no_grad(), recording.bypass():
+                submitted += builds.submit_ahead(backend, module.module, context)
     if submitted:
         logger.info("%d builds submitted to the %s executor", submitted, builds.executor.name)
     return submitted

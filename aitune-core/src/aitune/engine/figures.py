@@ -24,7 +24,7 @@ from . import recording
 
 @attrs.frozen
 class Comparison:
-    """A candidate against a baseline (eager, or another candidate) timed in the same session."""
+    """A candidate against a baseline (eager, or another candidate) timed in the same round."""
 
     speedup: float
     """Baseline p50 over candidate p50: the figure candidates are ranked by, gated on and shown with."""
@@ -49,7 +49,7 @@ class Comparison:
 
 
 def compare(candidate: ProfileResult, baseline: ProfileResult | None = None) -> Comparison:
-    """``candidate`` against ``baseline``, or against the eager windows of its own session.
+    """``candidate`` against ``baseline``, or against the eager windows of its own round.
 
     The interval is widened to contain the point figure, so a reader never sees a speedup outside
     the interval printed next to it.
@@ -68,14 +68,14 @@ def compare(candidate: ProfileResult, baseline: ProfileResult | None = None) -> 
 
 @attrs.frozen
 class ProfileOutcome:
-    """What one profiling session gave: every runner's result, or out of memory, or the runner that raised."""
+    """What one profiling round gave: every runner's result, or out of memory, or the runner that raised."""
 
     results: Mapping[str, ProfileResult] | None = None
     out_of_memory: bool = False
     failed_key: str | None = None
     error: Exception | None = None
     baseline_key: str | None = None
-    """The runner the others are paired with (eager), when it ran in the session."""
+    """The runner the others are paired with (eager), when it ran in the round."""
 
 
 class SharedFigures(Protocol):
@@ -86,7 +86,7 @@ class SharedFigures(Protocol):
     """
 
     def profiles(self, step: str, outcome: ProfileOutcome) -> ProfileOutcome:
-        """This process's profiling session in, the one every process decides on out."""
+        """This process's profiling round in, the one every process decides on out."""
         ...
 
     def cost_ms(self, step: str, value: float) -> float:

@@ -6,8 +6,8 @@ report entry as it happens, and observers hear about each candidate as soon as i
 when it fails (at any step), when it has been profiled, or, for a correct candidate the strategy
 never profiled, when the graph's decision is made.
 
-Profiling times the candidates and eager in alternating windows (one interleaved session per
-batch size), so all are measured under the same load; the figures those sessions give (the
+Profiling times the candidates and eager in alternating windows (one interleaved round per
+batch size), so all are measured under the same load; the figures those rounds give (the
 speedup against eager, the dispatch cost) are computed in :mod:`.figures`.
 """
 
@@ -45,6 +45,7 @@ from ..report import (
 from ..session import Session
 from . import recording
 from .figures import Comparison, ProfileOutcome, SharedFigures, compare, measure_dispatch_ms, with_dispatch
+from .options import AccuracyRule
 from .progress import TuneProgress
 
 logger = logging.getLogger("aitune")
@@ -110,6 +111,7 @@ class GraphTuning:
 
     def __init__(
         self,
+        *,
         module_name: str,
         module: torch.nn.Module,
         graph: GraphSpec,
@@ -122,8 +124,7 @@ class GraphTuning:
         shared: SharedFigures | None = None,
         progress: TuneProgress | None = None,
         masked_by: str | None = None,
-        metric: Any = None,
-        accuracy_budget: float | None = None,
+        accuracy: AccuracyRule | None = None,
     ) -> None:
         self.module_name = module_name
         self.module = module
@@ -131,6 +132,7 @@ class GraphTuning:
         self.samples = samples
         self.device = device
         self.session = session
+        """The plugin session every hook call is handed."""
         self.hook = session.hook
         self.registry = session.registry
         self.progress = progress if progress is not None else TuneProgress(False)
@@ -138,11 +140,11 @@ class GraphTuning:
         self.tolerances = tolerances
         self.masked_by = masked_by
         """The input holding the attention mask when only unmasked positions are compared, else None."""
-        self.metric = metric
-        self.accuracy_budget = accuracy_budget
+        self.accuracy = accuracy if accuracy is not None else AccuracyRule()
+        """The user's metric and accuracy budget; without a metric the numeric bound decides."""
         self._eager_outputs: list[Any] | None = None
-        if metric is not None:
-            report.accuracy_floor = 1.0 - (accuracy_budget or 0.0)
+        if self.accuracy.metric is not None:
+            report.accuracy_floor = self.accuracy.floor
         self.report = report
         self.shared = shared
         """Several ranks deciding on shared figures, or None: this process's figures are the ones."""
@@ -215,7 +217,7 @@ class GraphTuning:
             )
         candidate.report.validation = result
         candidate.report.validate_time_s = step.seconds
-        if self.metric is not None and (result.passed or result.closeness_only):
+        if self.accuracy.metric is not None and (result.passed or result.closeness_only):
             reason = self._judge_by_metric(candidate, result)
             if reason is not None:
                 self._fail(candidate, "validate", reason, None)
@@ -231,7 +233,8 @@ class GraphTuning:
         A candidate outside the numeric bound whose outputs have eager's form (an int8 one) is
         accepted when the metric holds, and its report says so.
         """
-        floor = 1.0 - (self.accuracy_budget or 0.0)
+        metric, floor = self.accuracy.metric, self.accuracy.floor
+        assert metric is not None
         values = []
         with torch.no_grad(), recording.bypass():
             if self._eager_outputs is None:  # once per graph, whatever the number of candidates
@@ -240,7 +243,7 @@ class GraphTuning:
             for sample, eager in zip(self.samples, self._eager_outputs):
                 mine = sample.fresh()
                 tuned = candidate.backend.infer(*mine.args, **mine.kwargs)
-                values.append(float(self.metric(tuned, eager, sample)))
+                values.append(float(metric(tuned, eager, sample)))
         value = sum(values) / len(values) if values else 1.0
         candidate.report.metric = value
         if not math.isfinite(value):
@@ -258,8 +261,8 @@ class GraphTuning:
         """Measure candidates (and eager) in alternating windows at each batch size; returns the sizes measured.
 
         Every runner cycles through the recorded samples, batched to the size. Each candidate's
-        result carries the eager windows of its own session (its paired baseline) and the measured
-        dispatch cost. The report keeps one eager result per batch size, from the latest session
+        result carries the eager windows of its own round (its paired baseline) and the measured
+        dispatch cost. The report keeps one eager result per batch size, from the latest round
         (so FirstWins shows the baseline its winner was judged against). A candidate that raises
         while profiled fails (stage ``profile``) and the others go on; an out-of-memory error at
         one batch size ends the sweep and keeps what was measured.
@@ -272,14 +275,14 @@ class GraphTuning:
         measured: list[int] = []
         for batch_size in batch_sizes:
             inputs = self.inputs_at(batch_size)
-            results = self._session(candidates, config, with_eager, batch_size, inputs)
+            results = self._profile_round(candidates, config, with_eager, batch_size, inputs)
             if results is None:
                 break
             if not any(c is not self.eager for c in results):
                 break  # every candidate failed to profile: nothing left to compare
             eager = results.get(self.eager)
             for candidate, result in results.items():
-                if candidate is self.eager:  # the latest session's: the one FirstWins' winner was paired with
+                if candidate is self.eager:  # the latest round's: the one FirstWins' winner was paired with
                     self.report.eager_profiles = [p for p in self.report.eager_profiles if p.batch_size != batch_size]
                     self.report.eager_profiles.append(result)
                     continue
@@ -300,7 +303,7 @@ class GraphTuning:
                 self._complete(candidate)
         return measured
 
-    def _session(
+    def _profile_round(
         self,
         candidates: Sequence[Candidate],
         config: ProfilingConfig,
@@ -308,7 +311,7 @@ class GraphTuning:
         batch_size: int,
         inputs: list[Sample],
     ) -> dict[Candidate, ProfileResult] | None:
-        """One interleaved session at one batch size; None when it ran out of memory."""
+        """One round of interleaved timing windows at one batch size; None when it ran out of memory."""
         while True:
             contenders = ([self.eager] if with_eager else []) + [c for c in candidates if c.ok]
             keys = [f"{c.name}#{i}" for i, c in enumerate(contenders)]
@@ -326,7 +329,7 @@ class GraphTuning:
                 outcome = ProfileOutcome(out_of_memory=True)
             except _RunnerFailed as failed:
                 outcome = ProfileOutcome(failed_key=failed.key, error=failed.error)
-            if step is not None and step.seconds is not None:  # an interleaved session: each runner its share
+            if step is not None and step.seconds is not None:  # an interleaved round: each runner its share
                 for c in contenders:
                     c.report.profile_time_s = (c.report.profile_time_s or 0.0) + step.seconds / len(contenders)
             if self.shared is not None:
@@ -363,7 +366,7 @@ class GraphTuning:
         return self._dispatch_ms
 
     def versus_eager(self, candidate: Candidate, batch_size: int) -> Comparison | None:
-        """``candidate`` against the eager windows of its own profiling session at ``batch_size``."""
+        """``candidate`` against the eager windows of its own profiling round at ``batch_size``."""
         mine = candidate.profile_at(batch_size)
         if mine is None:
             return None

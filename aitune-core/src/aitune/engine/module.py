@@ -11,7 +11,7 @@ weights again: winners that baked the old weights in stop being used (see ``guar
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +19,7 @@ import torch
 from ..graph import DynamicShapes
 from . import recording
 from .guard import RecheckWeights
+from .options import AccuracyRule, Metric, check_budget
 from .recording import Canonicalizer
 
 if TYPE_CHECKING:
@@ -31,21 +32,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aitune")
 
 _INNER = "module"
-Metric = Callable[[Any, Any, Any], float]
-"""``fn(tuned_outputs, eager_outputs, batch) -> float``, 1.0 when the candidate answered as eager did."""
-
-
-def check_budget(budget: float | None) -> float | None:
-    """``budget`` checked: a number in [0, 1] (the metric may fall that far below 1.0), or None."""
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1
-    ):
-        raise ValueError(
-            f"accuracy_budget must be a number in [0, 1] (how far the metric may fall below 1), got {budget!r}"
-        )
-    return None if budget is None else float(budget)
-
-
 COMPARE = ("all", "unmasked")
 """How candidates are compared with eager: every output element, or the unmasked positions only."""
 
@@ -118,6 +104,11 @@ class Module(torch.nn.Module):
     @property
     def state(self) -> str:
         return self._state
+
+    @property
+    def accuracy(self) -> AccuracyRule:
+        """This module's ``metric`` and ``accuracy_budget``: they win over ``ait.tune``'s."""
+        return AccuracyRule(self.metric, self.accuracy_budget)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         dispatcher = self._dispatcher

@@ -1,31 +1,35 @@
-"""What a tune works with, and how one recorded graph of a wrapped module is planned.
+"""What a tune works with, and the plan of a run: each recorded graph of each wrapped module.
 
-A :class:`TuneRun` carries what one ``ait.tune`` (or one JIT decision) was handed: the run's
+A :class:`TuneRun` carries what one ``ait.tune`` (or one JIT decision) works with: the run's
 :class:`~aitune.session.Session` (hook relay, registries, builds), the device, the default
-candidates, the user's settings and where progress shows. It is passed down, never looked up, as
-pytest passes ``config.hook``. The tuner, the fan-out of
-builds ahead and the agreement between ranks all plan a graph the same way (sizes, spec,
-strategy, :class:`GraphTuning`); this module is that one way, below all three.
+candidates, the user's :class:`~.options.TuneOptions` and where progress shows. It is passed
+down, never looked up, as pytest passes ``config.hook``. :func:`modules` plans the run once
+(module, then graph: its batch sizes, spec, strategy and candidates) and every step walks that
+plan: the agreement between ranks, the fan-out of builds ahead, the tuner and the other ranks'
+rebuild of rank 0's winners.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
-from ..backend import Backend, Tolerance
-from ..graph import GraphSpec, Sample, infer_graph
+from ..backend import Backend
+from ..graph import GraphSpec, infer_graph
 from ..registry import BackendRegistry
 from ..report import GraphReport
 from ..session import Session
 from .figures import SharedFigures
 from .graph_tuning import GraphTuning
+from .options import TuneOptions
 from .progress import TuneProgress
+from .recording import GraphRecording, ModuleRecording
 from .strategies import MaxThroughputStrategy, TuneStrategy
 
 if TYPE_CHECKING:
@@ -33,37 +37,26 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aitune")
 
-AITUNE_DEFAULT_BATCH_SIZES = (1, 2)
-"""What ``batch_sizes=None`` means for data of batch-1 items, as in AITune."""
+
+def _backends(values: Iterable[Backend]) -> tuple[Backend, ...]:
+    return tuple(values)
 
 
-def _as_tuple(values: Iterable[Any] | None) -> Any:
-    return tuple(values) if values is not None else None
-
-
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class TuneRun:
     """What one tune works with: handed down from ``ait.tune`` (or the JIT) to every step."""
 
     session: Session
     """The run's hook relay, registries and builds: every build, validation and profile goes through it."""
     device: torch.device
-    defaults: tuple[Backend, ...] = attrs.field(converter=lambda values: _as_tuple(values))
+    defaults: tuple[Backend, ...] = attrs.field(converter=_backends)
     """The default candidates (strategies without their own backend list try these)."""
-    batch_sizes: tuple[int, ...] | None = attrs.field(default=None, converter=lambda values: _as_tuple(values))
-    tolerances: Mapping[str, Tolerance] | None = None
-    batch_one_sizes: tuple[int, ...] | None = AITUNE_DEFAULT_BATCH_SIZES
-    """What ``batch_sizes=None`` means for a graph whose recorded calls all have batch 1."""
-    fail_fast: bool = False
-    dry_run: bool = False
+    options: TuneOptions = attrs.field(factory=TuneOptions)
+    """What the user asked for, validated once."""
     shared: SharedFigures | None = None
     """Ranks deciding on the slowest rank's figures (``rank_decision="slowest"``), else None."""
     progress: TuneProgress = attrs.field(factory=lambda: TuneProgress(False))
     """Where the steps of the run show (always logged)."""
-    metric: Any = None
-    """The user's accuracy metric for every module that names none (see :mod:`aitune.metrics`)."""
-    accuracy_budget: float | None = None
-    """How far the metric may fall below 1.0; with it, quantizing variants join the default candidates."""
 
     @property
     def hook(self) -> Any:
@@ -73,9 +66,96 @@ class TuneRun:
     def registry(self) -> BackendRegistry:
         return self.session.registry
 
-    def sizes_for(self, graph_rec: Any) -> Sequence[int] | None:
-        """The batch sizes one recorded graph is tuned for."""
-        return sizes_for(graph_rec, self.batch_sizes, self.batch_one_sizes)
+
+@attrs.define(slots=False, eq=False, kw_only=True)
+class GraphPlan:
+    """One recorded graph of one module, planned once for every step of the run: the batch sizes it is
+    tuned for, its spec, its strategy and the candidates that strategy tries (each worked out on first use)."""
+
+    run: TuneRun
+    module: Module
+    index: int
+    """Its place among the module's graphs, in the order they were first recorded."""
+    recorded: GraphRecording
+
+    @property
+    def not_tuned(self) -> str | None:
+        """Why this graph is not tuned at all: its calls cannot be tuned (``recorded.error``) or run eager
+        by design (``recorded.eager_reason``); None for a graph to tune."""
+        return self.recorded.error or self.recorded.eager_reason
+
+    @functools.cached_property
+    def sizes(self) -> Sequence[int] | None:
+        """The batch sizes it is tuned for: ``batch_sizes``, or for batch-1 data ``batch_one_sizes``."""
+        options = self.run.options
+        return sizes_for(self.recorded, options.batch_sizes, options.batch_one_sizes)
+
+    @functools.cached_property
+    def graph(self) -> GraphSpec:
+        """Its spec; raises :class:`~aitune.errors.AituneError` when the recorded calls make none (they
+        contradict the module's ``dynamic_shapes``, say)."""
+        return graph_of(self.module, self.recorded, self.sizes)
+
+    @functools.cached_property
+    def strategy(self) -> TuneStrategy:
+        return strategy_for(self.module, self.index, self.graph.key)
+
+    def candidates(self) -> list[Backend]:
+        """The backends its strategy tries, in the strategy's order."""
+        return self.strategy.candidates(self.run.defaults)
+
+    def tuning(self, report: GraphReport) -> GraphTuning:
+        """What its strategy works on, writing into ``report``; the module's tolerances and accuracy rule
+        win over the run's."""
+        module, options = self.module, self.run.options
+        return GraphTuning(
+            module_name=module.name,
+            module=module.module,
+            graph=self.graph,
+            samples=list(self.recorded.samples),
+            device=self.run.device,
+            session=self.run.session,
+            batch_sizes=self.sizes,
+            tolerances=module.tolerances or options.tolerances,
+            report=report,
+            shared=self.run.shared,
+            progress=self.run.progress,
+            masked_by=module.masked_by,
+            accuracy=module.accuracy.over(options.accuracy),
+        )
+
+
+@attrs.frozen
+class ModulePlan:
+    """The plan of one recorded module: one :class:`GraphPlan` per recorded graph, in recorded order."""
+
+    recording: ModuleRecording[Module]
+    graphs: tuple[GraphPlan, ...]
+
+    @property
+    def module(self) -> Module:
+        return self.recording.module
+
+
+def plan_module(run: TuneRun, recording: ModuleRecording[Module]) -> ModulePlan:
+    """The plan of one recorded module (the JIT plans one at a time)."""
+    graphs = (
+        GraphPlan(run=run, module=recording.module, index=i, recorded=g)
+        for i, g in enumerate(recording.graphs.values())
+    )
+    return ModulePlan(recording, tuple(graphs))
+
+
+def modules(run: TuneRun, recordings: Iterable[ModuleRecording[Module]]) -> Iterator[ModulePlan]:
+    """The plan of the run, module by module, in recorded order."""
+    for recording in recordings:
+        yield plan_module(run, recording)
+
+
+def graphs(plans: Iterable[ModulePlan]) -> Iterator[GraphPlan]:
+    """Every graph of every module of ``plans``, in order."""
+    for plan in plans:
+        yield from plan.graphs
 
 
 def weights_device(module: torch.nn.Module) -> torch.device | None:
@@ -119,9 +199,7 @@ def strategy_for(module: Module, index: int, key: str) -> TuneStrategy:
 
 
 def sizes_for(
-    graph_rec: Any,
-    batch_sizes: Sequence[int] | None,
-    batch_one_sizes: Sequence[int] | None = AITUNE_DEFAULT_BATCH_SIZES,
+    graph_rec: Any, batch_sizes: Sequence[int] | None, batch_one_sizes: Sequence[int] | None
 ) -> Sequence[int] | None:
     """The batch sizes one graph is tuned for: ``batch_sizes``, or for batch-1 data ``batch_one_sizes``."""
     if graph_rec.mutated:  # a KV cache has the batch size it was made with: built as recorded
@@ -137,33 +215,6 @@ def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any
     if graph_rec.mutated:
         graph = attrs.evolve(graph, mutated=tuple(graph.inputs[i].path for i in sorted(graph_rec.mutated)))
     return graph
-
-
-def graph_tuning(
-    run: TuneRun,
-    module: Module,
-    graph: GraphSpec,
-    samples: Sequence[Sample],
-    sizes: Sequence[int] | None,
-    graph_report: GraphReport,
-) -> GraphTuning:
-    """What a strategy works on for one graph of ``module``, with the run's hooks and registry."""
-    return GraphTuning(
-        module.name,
-        module.module,
-        graph,
-        list(samples),
-        run.device,
-        run.session,
-        sizes,
-        module.tolerances or run.tolerances,
-        graph_report,
-        run.shared,
-        run.progress,
-        module.masked_by,
-        module.metric or run.metric,
-        module.accuracy_budget if module.accuracy_budget is not None else run.accuracy_budget,
-    )
 
 
 def _batch_one(samples: Sequence[Any]) -> bool:

@@ -8,7 +8,7 @@
    eager module, and installs them. Its report is rank 0's, with its own builds and validation.
 
 With ``rank_decision="slowest"`` step 2 and 3 are one: every rank tunes its own builds in lockstep,
-and each profiling session's figures (and the dispatch cost) are exchanged so that every rank
+and each profiling round's figures (and the dispatch cost) are exchanged so that every rank
 decides on the slowest rank's (:class:`SlowestRank`). Ranks then check that they decided alike.
 
 A failure on any rank in any step fails ``ait.tune`` on every rank with that rank's error, and
@@ -29,9 +29,8 @@ from ..errors import AituneError, BuildError, DistributedTuneError, TuningError,
 from ..registry import BackendRegistry
 from ..report import CandidateReport, GraphReport, ModuleReport, ProfileResult, TuneReport
 from ..text import clip
-from . import recording
 from .install import install
-from .plan import TuneRun, graph_of, graph_tuning, strategy_for
+from .plan import ModulePlan, TuneRun
 from .routes import Winner
 
 if TYPE_CHECKING:
@@ -51,24 +50,25 @@ def _config(registry: BackendRegistry, backend: Backend) -> dict[str, Any]:
         return {"backend": backend.name}
 
 
-def plan(recs: Sequence[recording.ModuleRecording[Module]], run: TuneRun) -> dict[str, Any]:
+def plan(plans: Sequence[ModulePlan], run: TuneRun) -> dict[str, Any]:
     """What this rank would tune, as JSON: modules, graphs (devices by type), strategies, candidates."""
     modules = []
-    for rec in recs:
+    for module_plan in plans:
         graphs: list[dict[str, Any]] = []
-        for index, graph_rec in enumerate(rec.graphs.values()):
-            if graph_rec.error or graph_rec.eager_reason:
-                graphs.append({"eager": graph_rec.error or graph_rec.eager_reason})
+        for graph_plan in module_plan.graphs:
+            if graph_plan.not_tuned:
+                graphs.append({"eager": graph_plan.not_tuned})
                 continue
             try:
-                graph = graph_of(rec.module, graph_rec, run.sizes_for(graph_rec))
+                graph = graph_plan.graph
             except AituneError as exc:
                 graphs.append({"error": str(exc)})
                 continue
-            strategy = strategy_for(rec.module, index, graph.key)
-            candidates = [_config(run.registry, b) for b in strategy.candidates(run.defaults)]
-            graphs.append({"graph": unstructure(graph), "strategy": repr(strategy), "candidates": candidates})
-        modules.append({"module": rec.module.name, "graphs": graphs})
+            candidates = [_config(run.registry, b) for b in graph_plan.candidates()]
+            graphs.append(
+                {"graph": unstructure(graph), "strategy": repr(graph_plan.strategy), "candidates": candidates}
+            )
+        modules.append({"module": module_plan.module.name, "graphs": graphs})
     return {"device": run.device.type, "modules": modules}
 
 
@@ -118,14 +118,14 @@ def _first_difference(a: Any, b: Any, path: str, rank: int) -> str | None:
 def tune_together(
     group: Coordinator,
     tune_all: Callable[[], None],
-    recs: Sequence[recording.ModuleRecording[Module]],
+    plans: Sequence[ModulePlan],
     report: TuneReport,
     run: TuneRun,
 ) -> None:
     """Rank 0 tunes and decides and every other rank installs its winners, or (``run.shared``) every
     rank tunes on the slowest rank's figures. Fills ``report``."""
     if run.shared is not None:
-        return _tune_on_slowest(group, tune_all, recs, report)
+        return _tune_on_slowest(group, tune_all, plans, report)
     decisions: list[tuple[Module, list[Winner], ModuleReport | None]] = []
     try:
         with group.step("tuning on rank 0") as outbox:
@@ -135,11 +135,11 @@ def tune_together(
         decided = TuneReport.from_json(group.inbox[0]["report"])
         with group.step("installing rank 0's winners"):
             if group.rank != 0:
-                for rec, winners, mine in rebuild(group.rank, recs, decided, run):
-                    decisions.append((rec.module, winners, mine))
+                for module_plan, winners, mine in rebuild(group.rank, plans, decided):
+                    decisions.append((module_plan.module, winners, mine))
                     report.modules.append(mine)
     except DistributedTuneError:
-        decisions = _all_eager(recs)
+        decisions = _all_eager(plans)
         raise
     finally:
         _install_all(decisions)
@@ -149,7 +149,7 @@ def tune_together(
 def _tune_on_slowest(
     group: Coordinator,
     tune_all: Callable[[], None],
-    recs: Sequence[recording.ModuleRecording[Module]],
+    plans: Sequence[ModulePlan],
     report: TuneReport,
 ) -> None:
     try:
@@ -166,7 +166,7 @@ def _tune_on_slowest(
                 final=True,
             )
     except DistributedTuneError:
-        _install_all(_all_eager(recs))
+        _install_all(_all_eager(plans))
         raise
     report.environment["distributed"] = {
         "rank": group.rank,
@@ -193,11 +193,11 @@ def _decisions(report: TuneReport) -> list[dict[str, Any]]:
 class SlowestRank:
     """Shared figures of ``rank_decision="slowest"``: each is the slowest rank's, the same on every rank.
 
-    Every profiling session is one step: the ranks exchange their results as JSON, and each
+    Every profiling round is one step: the ranks exchange their results as JSON, and each
     candidate's result becomes the one of the rank where its p50 is highest, paired with that
     rank's eager windows, so its speedup and interval are its slowest rank's. The eager result
     shown is the highest eager p50. A runner that raised on any rank fails on every rank; out of
-    memory on any rank ends the sweep on every rank. Ranks whose sessions timed different
+    memory on any rank ends the sweep on every rank. Ranks whose rounds timed different
     candidates fail together.
     """
 
@@ -256,33 +256,26 @@ def _install_all(decisions: Sequence[tuple[Module, list[Winner], ModuleReport | 
         install(module, winners, mine)
 
 
-def _all_eager(
-    recs: Sequence[recording.ModuleRecording[Module]],
-) -> list[tuple[Module, list[Winner], ModuleReport | None]]:
+def _all_eager(plans: Sequence[ModulePlan]) -> list[tuple[Module, list[Winner], ModuleReport | None]]:
     """Every module running eager, with no report: what a tune the ranks could not finish leaves."""
-    return [(rec.module, [], None) for rec in recs]
+    return [(p.module, [], None) for p in plans]
 
 
 def rebuild(
-    rank: int,
-    recs: Sequence[recording.ModuleRecording[Module]],
-    decided: TuneReport,
-    run: TuneRun,
-) -> Iterator[tuple[recording.ModuleRecording[Module], list[Winner], ModuleReport]]:
+    rank: int, plans: Sequence[ModulePlan], decided: TuneReport
+) -> Iterator[tuple[ModulePlan, list[Winner], ModuleReport]]:
     """Build and check rank 0's winners for each module of this rank, with this rank's report of them."""
-    for rec, chosen in zip(recs, decided.modules):
-        module = rec.module
+    for module_plan, chosen in zip(plans, decided.modules):
         mine = structure(unstructure(chosen), ModuleReport, "report")
         winners: list[Winner] = []
         if mine.status != "failed":
-            for index, (graph_rec, graph_report) in enumerate(zip(rec.graphs.values(), mine.graphs)):
-                if graph_rec.error or graph_rec.eager_reason:
+            for graph_plan, graph_report in zip(module_plan.graphs, mine.graphs):
+                if graph_plan.not_tuned:
                     continue  # runs eager on every rank, as rank 0 reported
-                sizes = run.sizes_for(graph_rec)
-                graph = graph_of(module, graph_rec, sizes)
-                templates = strategy_for(module, index, graph.key).candidates(run.defaults)
-                tuning = graph_tuning(run, module, graph, graph_rec.samples, sizes, GraphReport(graph.key, {}))
-                where = f"{module.name} graph {index}"
+                graph = graph_plan.graph
+                templates = graph_plan.candidates()
+                tuning = graph_plan.tuning(GraphReport(graph.key, {}))
+                where = f"{module_plan.module.name} graph {graph_plan.index}"
                 if graph_report.routes:
                     built: dict[str, Backend] = {}
                     for route in graph_report.routes:
@@ -299,7 +292,7 @@ def rebuild(
                 if selected is not None:
                     backend = _build_winner(tuning, templates, selected, rank, where)
                 winners.append(Winner(graph, backend))
-        yield rec, winners, mine
+        yield module_plan, winners, mine
 
 
 def _selected(graph_report: GraphReport, backend: str, where: str) -> CandidateReport:

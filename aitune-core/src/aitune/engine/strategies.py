@@ -12,7 +12,7 @@ The rules follow the product's strategy guide exactly:
   raises when no backend meets it.
 
 One figure decides everything: the candidate's p50 latency (dispatch cost included) against the
-p50 of eager timed in the same interleaved session, with the interval of the per-window ratios.
+p50 of eager timed in the same interleaved round, with the interval of the per-window ratios.
 Candidates are ranked by it, gated on it, and the report shows it. Beyond the guide: a gap inside
 the measured spread (the lower quartile of per-window speedups does not clear the bar) does not
 count as beating eager, and the report says so. A candidate that raises while profiled fails
@@ -88,6 +88,12 @@ class TuneStrategy:
     def candidates(self, default: Sequence[Backend]) -> list[Backend]:
         return list(self.backends) if self.backends is not None else list(default)
 
+    def builds_ahead(self, candidates: Sequence[Backend]) -> list[Backend]:
+        """Of ``candidates``, the ones this strategy builds whatever the others do: when the tune's
+        executor runs builds side by side, these are submitted at once, before :meth:`tune` asks for
+        them. Every one by default; a strategy whose rules stop early names fewer (FirstWins: its first)."""
+        return list(candidates)
+
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
         """Pick the winner for one graph (None means eager), or one per batch range, recording the decision."""
         raise NotImplementedError
@@ -115,7 +121,7 @@ class _GateStrategy(TuneStrategy):
     def _gate(self, tuning: GraphTuning, candidate: Candidate) -> tuple[bool, str, int | None]:
         """Whether ``candidate`` passes the eager gate, why, and the batch size it was judged at.
 
-        The candidate is timed together with eager in one interleaved session, so each candidate
+        The candidate is timed together with eager in one interleaved round, so each candidate
         has its own paired baseline even when FirstWins tries several in turn.
         """
         if not self.with_baseline:
@@ -192,6 +198,10 @@ class OneBackendStrategy(_GateStrategy):
 
 class FirstWinsStrategy(_GateStrategy):
     """Backends in priority order; the first that builds, is correct and is faster wins."""
+
+    def builds_ahead(self, candidates: Sequence[Backend]) -> list[Backend]:
+        """Only the first: whether the next one is built at all depends on how the first one fares."""
+        return list(candidates[:1])
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
         reasons = []

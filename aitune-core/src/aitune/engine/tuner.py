@@ -32,14 +32,14 @@ from ..errors import AituneError, ConfigError, DistributedTuneError, InputError,
 from ..plugins import AituneManager, get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
-from . import end_to_end, fanout, ranks, recording
+from . import end_to_end, fanout, plan, ranks, recording
 from .generation import StaticCacheSwitch
 from .install import install, reset
-from .module import Module, check_budget, freeze_tuned, wrapped_modules
-from .plan import TuneRun, default_backends, graph_of, graph_tuning, strategy_for, weights_device
+from .module import Module, freeze_tuned, wrapped_modules
+from .options import TuneOptions
+from .plan import ModulePlan, TuneRun, default_backends, strategy_for, weights_device
 from .progress import TuneProgress
 from .routes import Winner, eager_only, winners_of
-from .settings import settings
 
 logger = logging.getLogger("aitune")
 
@@ -146,80 +146,52 @@ def tune(
     ``manager``: the plugin manager whose backends, executors and hooks the tune uses (default: the
     process's, :func:`aitune.plugins.get_manager`).
     """
-    if threads is not None:
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-            raise InputError(f"threads must be an int >= 1, got {threads!r}")
-        torch.set_num_threads(threads)
-        logger.info("thread budget: %d (torch.set_num_threads) for eager and every candidate", threads)
-    budget = check_budget(accuracy_budget)
-    if budget is not None and metric is None:
-        raise InputError(
-            "accuracy_budget needs a metric to spend it on: pass metric=aitune.metrics.top1_agreement (or "
-            "cosine_similarity, relative_accuracy, or a function of your own)"
-        )
-    samples = settings.max_samples if max_samples is None else max_samples
-    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
-        raise InputError(f"max_samples must be an int >= 1, got {samples!r}")
-    if max_num_batches_per_batch_size is not None:
-        raise InputError(
-            "ait.tune(max_num_batches_per_batch_size=...) is not supported: aitune forms each batch size "
-            "from the recorded dataset items; bound how many are recorded with max_samples=N instead"
-        )
-    if ignore_failing_modules is not None:
-        if fail_fast is not None and fail_fast == ignore_failing_modules:
-            raise InputError(
-                f"ait.tune(fail_fast={fail_fast}, ignore_failing_modules={ignore_failing_modules}) contradict "
-                "each other: give only one of them"
-            )
-        fail_fast = not ignore_failing_modules
-    fail = settings.fail_fast if fail_fast is None else fail_fast
-    decide_by = distributed.rank_decision(rank_decision)
-    _inference_mode(wrapped_modules(model_or_callable), set_eval)
-    kept = _kept_as_they_are(model_or_callable) if dry_run else contextlib.nullcontext()
-    if time_budget is not None and (
-        isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)) or not time_budget > 0
-    ):
-        raise InputError(f"time_budget must be a number of seconds > 0, got {time_budget!r}")
-    progress = TuneProgress(settings.show_progress if show_progress is None else show_progress, time_budget)
+    options = TuneOptions.from_arguments(
+        batch_sizes=batch_sizes,
+        device=device,
+        max_samples=max_samples,
+        fail_fast=fail_fast,
+        report_path=report_path,
+        tolerances=tolerances,
+        show_progress=show_progress,
+        ignore_failing_modules=ignore_failing_modules,
+        dry_run=dry_run,
+        max_num_batches_per_batch_size=max_num_batches_per_batch_size,
+        set_eval=set_eval,
+        executor=executor,
+        rank_decision=rank_decision,
+        freeze=freeze,
+        threads=threads,
+        metric=metric,
+        accuracy_budget=accuracy_budget,
+        end_to_end=end_to_end,
+        time_budget=time_budget,
+        static_cache=static_cache,
+    )
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+        logger.info("thread budget: %d (torch.set_num_threads) for eager and every candidate", options.threads)
+    _inference_mode(wrapped_modules(model_or_callable), options.set_eval)
+    kept = _kept_as_they_are(model_or_callable) if options.dry_run else contextlib.nullcontext()
+    progress = TuneProgress(options.show_progress, options.time_budget)
     manager = get_manager() if manager is None else manager
-    switch = StaticCacheSwitch.apply(model_or_callable) if static_cache else StaticCacheSwitch([])
+    switch = StaticCacheSwitch.apply(model_or_callable) if options.static_cache else StaticCacheSwitch([])
     try:
-        with progress, kept, build_queue(manager.executors, manager.registry, executor) as builds:
+        with progress, kept, build_queue(manager.executors, manager.registry, options.executor) as builds:
             report = _tune(
-                manager.session(builds),
-                progress,
-                model_or_callable,
-                dataset,
-                batch_sizes,
-                device,
-                samples,
-                fail,
-                report_path,
-                tolerances,
-                dry_run,
-                decide_by,
-                settings.freeze if freeze is None else freeze,
-                metric,
-                budget,
-                _end_to_end_budget(end_to_end),
-                switch,
+                model_or_callable=model_or_callable,
+                dataset=dataset,
+                options=options,
+                session=manager.session(builds),
+                progress=progress,
+                switch=switch,
             )
     except BaseException:
         switch.restore()
         raise
-    if dry_run:
+    if options.dry_run:
         switch.restore()
     return report
-
-
-def _end_to_end_budget(value: bool | float) -> float:
-    if value is True:
-        return END_TO_END_S
-    if value is False:
-        return 0.0
-    if isinstance(value, (int, float)) and value >= 0:
-        return float(value)
-    raise InputError(f"end_to_end must be True, False or a time budget in seconds >= 0, got {value!r}")
 
 
 @contextlib.contextmanager
@@ -260,46 +232,33 @@ def _inference_mode(modules: Sequence[Module], set_eval: bool) -> None:
 
 
 def _tune(
-    session: Session,
-    progress: TuneProgress,
+    *,
     model_or_callable: Any,
     dataset: Iterable[Any],
-    batch_sizes: Sequence[int] | None,
-    device: str | torch.device | None,
-    max_samples: int,
-    fail_fast: bool,
-    report_path: str | Path | None,
-    tolerances: Mapping[str, Tolerance] | None,
-    dry_run: bool = False,
-    decide_by: str = "rank0",
-    freeze: bool = False,
-    metric: Any = None,
-    accuracy_budget: float | None = None,
-    end_to_end_s: float = 0.0,
-    switch: StaticCacheSwitch | None = None,
+    options: TuneOptions,
+    session: Session,
+    progress: TuneProgress,
+    switch: StaticCacheSwitch,
 ) -> TuneReport:
+    """Record, plan, tune every module and report: ``ait.tune`` once its options are checked."""
     started = time.perf_counter()
     group = distributed.coordinator()  # None in a single process
     with distributed.step(group, "recording") as outbox:
-        recorded = _record(model_or_callable, dataset, max_samples, progress)
-        changes = switch.settle(_used_a_static_cache(recorded) and not dry_run) if switch is not None else []
+        recorded = _record(model_or_callable, dataset, options.max_samples, progress)
+        changes = switch.settle(_used_a_static_cache(recorded) and not options.dry_run)
         modules = [rec.module for rec in recorded.modules.values()]
-        tune_device = torch.device(device) if device is not None else _device_of(modules)
+        tune_device = options.device if options.device is not None else _device_of(modules)
         run = TuneRun(
-            session,
-            tune_device,
-            default_backends(session.registry, tune_device, quantized=accuracy_budget is not None),
-            batch_sizes,
-            tolerances,
-            fail_fast=fail_fast,
-            dry_run=dry_run,
-            shared=ranks.SlowestRank(group) if group is not None and decide_by == "slowest" else None,
+            session=session,
+            device=tune_device,
+            defaults=default_backends(session.registry, tune_device, quantized=options.accuracy.budget is not None),
+            options=options,
+            shared=ranks.SlowestRank(group) if group is not None and options.rank_decision == "slowest" else None,
             progress=progress,
-            metric=metric,
-            accuracy_budget=accuracy_budget,
         )
+        plans = list(plan.modules(run, recorded.modules.values()))
         if group is not None:
-            outbox["plan"] = ranks.plan(list(recorded.modules.values()), run)
+            outbox["plan"] = ranks.plan(plans, run)
     if group is not None:
         ranks.agree(group)
     report = TuneReport(
@@ -309,11 +268,8 @@ def _tune(
         environment=environment(tune_device),
         changes=changes,
     )
-    if report_path is not None:
-        report_path = distributed.per_rank_path(report_path)
-    session.hook.aitune_tune_started(
-        report=report, report_path=Path(report_path) if report_path is not None else None, session=session
-    )
+    report_path = distributed.per_rank_path(options.report_path) if options.report_path is not None else None
+    session.hook.aitune_tune_started(report=report, report_path=report_path, session=session)
     env = report.environment
     logger.info(
         "timing with %s intra-op and %s inter-op threads, OMP_WAIT_POLICY %s",
@@ -323,10 +279,10 @@ def _tune(
     )
 
     def tune_all() -> None:
-        if not dry_run:
-            fanout.submit_ahead(list(recorded.modules.values()), run)
-        for rec in recorded.modules.values():
-            module_report = tune_and_install(run, rec)
+        if not options.dry_run:
+            fanout.submit_ahead(plans, run)
+        for module_plan in plans:
+            module_report = tune_and_install(run, module_plan)
             report.modules.append(module_report)
             logger.info("%s", module_report.summary)
 
@@ -334,17 +290,17 @@ def _tune(
         if group is None:
             tune_all()
         else:
-            ranks.tune_together(group, tune_all, list(recorded.modules.values()), report, run)
+            ranks.tune_together(group, tune_all, plans, report, run)
     except BaseException as exc:
         report.duration_s = time.perf_counter() - started
         _time_spent(report, progress)
         session.hook.aitune_tune_failed(report=report, error=exc, session=session)
         raise
-    if freeze and not dry_run:
+    if options.freeze and not options.dry_run:
         freeze_tuned(model_or_callable, report)
-    if end_to_end_s and not dry_run and group is None:
+    if options.end_to_end_s and not options.dry_run and group is None:
         with progress.step("end to end: eager against tuned", "end to end"):
-            _end_to_end(model_or_callable, recorded, report, end_to_end_s)
+            _end_to_end(model_or_callable, recorded, report, options.end_to_end_s)
     report.environment["load_average_end"] = load_average()
     report.duration_s = time.perf_counter() - started
     _time_spent(report, progress)
@@ -411,8 +367,6 @@ def _record(
 
 END_TO_END_ITEMS = 8
 """Dataset items kept for the end-to-end figure (the first ones)."""
-END_TO_END_S = 10.0
-"""The end-to-end figure's time budget with ``end_to_end=True``."""
 
 
 def _end_to_end(model_or_callable: Any, recorded: Any, report: TuneReport, budget_s: float) -> None:
@@ -472,15 +426,15 @@ ENVIRONMENT_ERRORS: tuple[type[Exception], ...] = (ConfigError, PluginError)
 ``ait.tune`` raises them rather than leaving the module eager, as every module would fail alike."""
 
 
-def tune_and_install(run: TuneRun, rec: recording.ModuleRecording[Module]) -> ModuleReport:
-    """Tune one recorded module (:func:`tune_recorded`) and install its winners; a failed one runs eager."""
-    report = module_report(rec.module)
+def tune_and_install(run: TuneRun, module_plan: ModulePlan) -> ModuleReport:
+    """Tune one planned module (:func:`tune_recorded`) and install its winners; a failed one runs eager."""
+    report = module_report(module_plan.module)
     winners: list[Winner] | None = None
     try:
-        winners = tune_recorded(run, rec, report)
+        winners = tune_recorded(run, module_plan, report)
     finally:  # a failure that propagates leaves the module eager too
         if winners is not None or report.status == ModuleStatus.FAILED:
-            install(rec.module, winners or [], report)
+            install(module_plan.module, winners or [], report)
     return report
 
 
@@ -489,36 +443,36 @@ def module_report(module: Module) -> ModuleReport:
     return ModuleReport(name=module.name, strategy=repr(strategy_for(module, 0, "")))
 
 
-def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module], report: ModuleReport) -> list[Winner] | None:
-    """Tune one recorded module graph by graph into ``report``; the winners to install (also the JIT's entry point).
+def tune_recorded(run: TuneRun, module_plan: ModulePlan, report: ModuleReport) -> list[Winner] | None:
+    """Tune one planned module graph by graph into ``report``; the winners to install (also the JIT's entry point).
 
     Installs nothing: the caller installs what it returns, ``[]`` (eager) when tuning failed and
-    None for ``run.dry_run``, which stops once the graphs are known. A failure warns with a
+    None for a dry run, which stops once the graphs are known. A failure warns with a
     ``RuntimeWarning`` naming the error; with ``fail_fast``, for a ``strict`` module and for an
     error about the environment (:data:`ENVIRONMENT_ERRORS`) it is raised, ``report`` saying FAILED.
     """
-    fail_fast = run.fail_fast
-    module = rec.module
+    fail_fast, dry_run = run.options.fail_fast, run.options.dry_run
+    module = module_plan.module
     winners: list[Winner] = []
     try:
-        for index, graph_rec in enumerate(rec.graphs.values()):
-            if graph_rec.error:
-                raise InputError(f"{module.name}: a recorded call cannot be tuned: {graph_rec.error}")
-            if graph_rec.eager_reason:  # calls like these run eager; the other graphs still tune
-                reason = f"runs eager: {graph_rec.eager_reason}"
-                digest = hashlib.sha256(graph_rec.eager_reason.encode()).hexdigest()[:12]
+        for graph_plan in module_plan.graphs:
+            recorded = graph_plan.recorded
+            if recorded.error:
+                raise InputError(f"{module.name}: a recorded call cannot be tuned: {recorded.error}")
+            if recorded.eager_reason:  # calls like these run eager; the other graphs still tune
+                reason = f"runs eager: {recorded.eager_reason}"
+                digest = hashlib.sha256(recorded.eager_reason.encode()).hexdigest()[:12]
                 report.graphs.append(
                     GraphReport(graph_key=f"eager-{digest}", graph={}, decision="torch_eager", reason=reason)
                 )
                 continue
-            sizes = run.sizes_for(graph_rec)
-            graph = graph_of(module, graph_rec, sizes)
-            strategy = strategy_for(module, index, graph.key)
+            graph = graph_plan.graph
+            strategy = graph_plan.strategy
             graph_report = GraphReport(graph_key=graph.key, graph=_graph_json(graph))
             report.graphs.append(graph_report)
-            if run.dry_run:
+            if dry_run:
                 continue
-            tuning = graph_tuning(run, module, graph, graph_rec.samples, sizes, graph_report)
+            tuning = graph_plan.tuning(graph_report)
             try:
                 decision = strategy.tune(tuning, run.defaults)
             except Exception:
@@ -541,7 +495,7 @@ def tune_recorded(run: TuneRun, rec: recording.ModuleRecording[Module], report: 
             stacklevel=3,
         )
         return []
-    if run.dry_run:
+    if dry_run:
         report.status = ModuleStatus.DRY_RUN
         report.summary = f"{module.name}: dry run, {len(report.graphs)} graph(s), nothing built"
         return None

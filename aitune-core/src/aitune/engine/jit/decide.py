@@ -18,14 +18,15 @@ from typing import Any
 import torch
 
 from ...backend import Backend
-from ...graph import GraphSpec, Sample, infer_graph
+from ...graph import GraphSpec, Sample
 from ...profiling import ProfilingConfig
 from ...registry import BackendRegistry
 from ...report import ModuleReport
 from ...session import Session
 from .. import recording
 from ..install import install
-from ..plan import TuneRun, default_backends, weights_device
+from ..options import TuneOptions
+from ..plan import TuneRun, default_backends, plan_module, weights_device
 from ..progress import Step, TuneProgress
 from ..routes import Winner, eager_only
 from ..strategies import FirstWinsStrategy, TuneStrategy
@@ -36,6 +37,10 @@ from .sharing import measuring_strategy
 from .state import STATE, Decision, JitCandidate, check_stopping
 
 logger = logging.getLogger("aitune")
+
+JIT_OPTIONS = TuneOptions(batch_one_sizes=None)
+"""What every JIT decision runs with: ``ait.tune``'s plain options, tuning each graph for the batch
+sizes it was called with (batch-1 calls are not widened to AITune's default sizes)."""
 
 
 def tune_candidate(module: torch.nn.Module, cand: JitCandidate) -> None:
@@ -82,8 +87,15 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
     manager = source()
     device = weights_device(cand.twin) or torch.device("cpu")
     strategy, candidates = _strategy(device, manager.registry)
-    run = TuneRun(manager.session(), device, candidates, batch_one_sizes=None, progress=StoppableProgress())
-    specs = [infer_graph(g.samples, cand.wrapper._canonicalize.arg_names, None, None, g.outputs) for g in graphs]
+    run = TuneRun(
+        session=manager.session(),
+        device=device,
+        defaults=candidates,
+        options=JIT_OPTIONS,
+        progress=StoppableProgress(),
+    )
+    module_plan = plan_module(run, rec)
+    specs = [g.graph for g in module_plan.graphs]
     key = None
     if settings.remember:
         key = decision_store.decision_key(run, cand.twin, specs, repr(strategy))
@@ -112,7 +124,7 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
     object.__setattr__(cand.wrapper, "strategy", strategy)
     check_stopping()
     report = module_report(cand.wrapper)
-    winners = tune_recorded(run, rec, report) or []
+    winners = tune_recorded(run, module_plan, report) or []
     if not eager_only(winners):
         names = _install(module, cand, winners, report)
         _remember(run, key, cand, "tuned", report.summary, winners)
