@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 import torch
+from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
 from aitune import hookimpl
 from aitune.backend import BuildContext
 from aitune.profiling import summarize
 from aitune.registry import BackendRegistry
-from aitune.testing.backends import SlowModule, ToyBackend, register
+from aitune.testing.backends import ToyBackend, register
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 pytestmark = pytest.mark.busy
