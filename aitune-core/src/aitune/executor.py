@@ -78,8 +78,9 @@ class Executor(abc.ABC):
     """Runs build jobs somewhere: a worker process here, a task on a cluster."""
 
     name: ClassVar[str] = ""
-    concurrent: ClassVar[bool] = False
-    """True when submitted builds run side by side, so submitting them all ahead pays off."""
+    concurrent: bool = False
+    """True when submitted builds run side by side (with each other and with the user's process),
+    so submitting them all ahead pays off; an executor may decide it per instance."""
 
     @abc.abstractmethod
     def submit(self, request: BuildRequest) -> BuildHandle:
@@ -110,6 +111,9 @@ class BuildQueue(Protocol):
 
     def wait_idle(self) -> None:
         """Wait until no build submitted ahead is running (before anything is timed)."""
+
+    def pending(self) -> bool:
+        """Whether builds submitted ahead are not taken yet (some may still run)."""
 
     def folder(self) -> Path:
         """A fresh folder for one build, removed when the run ends."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..backend import BuildContext
+from ..builds import isolation
 from ..errors import AituneError
 from . import recording
 from .plan import TuneRun, graph_of, strategy_for
@@ -51,10 +52,15 @@ def submit_ahead(recordings: Sequence[recording.ModuleRecording[Module]], run: T
                 templates = templates[:1]
             for template in templates:
                 backend = template.clone()
-                if registry.unavailable(backend, device, graph):
-                    continue
+                if not isolation.isolated(backend) or registry.unavailable(backend, device, graph):
+                    continue  # built in this process when its turn comes
                 context = BuildContext(graph, graph_rec.samples, device, session.folder(), cache_dir(), module.name)
-                with torch.no_grad(), recording.bypass():
+                label = f"{module.name}: {backend.name}" + (f" ({backend.variant()})" if backend.variant() else "")
+                with (
+                    run.progress.step(f"{label}: export for a build ahead", "export", [label]),
+                    torch.no_grad(),
+                    recording.bypass(),
+                ):
                     submitted += session.submit_ahead(backend, module.module, context)
     if submitted:
         logger.info("%d builds submitted to the %s executor", submitted, session.executor.name)
