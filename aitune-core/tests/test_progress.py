@@ -184,3 +184,19 @@ def test_a_profiling_session_charges_each_contender_its_share(fake_clock):
         "m: b": {"profile": 2.0},
         "m: torch_eager": {"profile": 2.0},
     }
+
+
+def test_a_cached_build_counts_as_build_not_as_the_export_it_was_made_with(toy_backends, fake_clock):
+    exporting = type(
+        "Exporting", (ExportingBackend,), {"name": "toy", "BUILD_S": 5.0, "EXPORT_S": 2.0, "clock": fake_clock}
+    )
+    data = [torch.randn(2, 8), torch.randn(4, 8)]
+    module = SlowModule(delay_s=0.0).eval()
+    reports = []
+    for _ in range(2):
+        strategy = ait.OneBackendStrategy(exporting(ToyConfig()), performance_validation=False)
+        reports.append(ait.tune(ait.Module(module, "m", strategy=strategy), data, end_to_end=False))
+    first, again = (r.time_by_candidate["m: toy"] for r in reports)
+    assert first["export"] == 2.0 and first["build"] == 3.0
+    assert reports[1].modules[0].graphs[0].candidates[0].from_cache, "the second tune loads the first one's build"
+    assert "export" not in again and "export" not in reports[1].time_spent

@@ -507,8 +507,9 @@ class GraphTuning:
 
     def _charge_build(self, candidate: Candidate, seconds: float) -> None:
         """Split a build step's seconds into the export, the wait for a build that ran elsewhere,
-        and the build itself, as the backend (``export_s``) and the isolation (``wait_s``) state them."""
-        info = candidate.backend.build_info
+        and the build itself, as the backend (``export_s``) and the isolation (``wait_s``) state them.
+        A build-cache hit only loaded: its stored figures are those of the build that made it."""
+        info = {} if candidate.backend.build_info.get("from_cache") else candidate.backend.build_info
         export = _within(info.get(EXPORT_S), seconds)
         waiting = _within(info.get(WAIT_S), seconds - export)
         who = self.who(candidate)
