@@ -165,3 +165,33 @@ def test_local_builds_beside_the_tune_go_ahead_and_profiling_waits_for_them(thre
     assert ahead.build_info["built_ahead"] and ahead.build_info["worker_s"] > 0
     assert report.time_spent["export"] > 0, "exports made for the builds ahead count as export"
     assert "encoder: toy_isolated" in report.time_by_candidate
+
+
+def test_a_build_running_beside_the_tune_is_stopped_when_nobody_will_take_it(threads, tmp_path):
+    """A tune that ends early (an error, Ctrl-C) cancels the builds still running: their workers are
+    killed at once, and closing the executor does not wait for a build to finish."""
+    import time
+
+    from aitune_testkit import faults
+
+    from aitune.backend import BuildContext
+    from aitune.builds import isolation
+    from aitune.executor import BuildRequest, WorkerBuildError
+    from aitune.graph import Sample, infer_graph
+
+    samples = [Sample((torch.randn(2, 8),))]
+    context = BuildContext(infer_graph(samples, ("x",)), samples, torch.device("cpu"), tmp_path, tmp_path / "c", "m")
+    backend = faults.HangBackend()
+    (tmp_path / "exported").mkdir()
+    notes = backend.export(SlowModule(), context, tmp_path / "exported")
+    local = isolation.LocalExecutor(workers=1)
+    handle = local.submit(BuildRequest(backend, notes, context, tmp_path))
+    for _ in range(1200):  # the worker process starts (it never finishes on its own)
+        if handle._proc is not None:
+            break
+        time.sleep(0.05)
+    handle.cancel()
+    with pytest.raises(WorkerBuildError, match="SIGKILL|killed|signal"):
+        handle.result()
+    local.close()
+    assert handle._proc.poll() is not None, "the worker is gone"

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -281,13 +282,24 @@ def folders(folder: Path) -> dict[str, str]:
     }
 
 
-def run_worker(backend: Backend, notes: dict[str, Any], context: BuildContext, folder: Path) -> dict[str, Any]:
+def run_worker(
+    backend: Backend,
+    notes: dict[str, Any],
+    context: BuildContext,
+    folder: Path,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> dict[str, Any]:
     """Run ``build_exported`` for ``backend`` in a worker; returns the payload's metadata or raises."""
-    return run_job(worker_job(backend, notes, context, folder), folder)
+    return run_job(worker_job(backend, notes, context, folder), folder, started)
 
 
-def run_job(job: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """Run one job (see :func:`worker_job`) in ``python -m aitune.builds.worker`` under its time limit."""
+def run_job(
+    job: dict[str, Any], folder: Path, started: Callable[[subprocess.Popen[bytes]], None] | None = None
+) -> dict[str, Any]:
+    """Run one job (see :func:`worker_job`) in ``python -m aitune.builds.worker`` under its time limit.
+
+    ``started`` gets the worker process as soon as it runs, so whoever waits in another thread can
+    stop it (:func:`stop`)."""
     limit, cap, what = float(job["timeout_s"]), job.get("memory_mb"), job["what"]
     result, log = Path(job["result"]), folder / "worker.log"
     job_path = folder / "job.json"
@@ -301,6 +313,8 @@ def run_job(job: dict[str, Any], folder: Path) -> dict[str, Any]:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a timeout stops the worker and its children
         )
+        if started is not None:
+            started(proc)
         try:
             code = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -319,9 +333,14 @@ def run_job(job: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
+    stop(proc)
+    proc.wait()
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a worker and its children (its process group), without waiting for it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _outcome(what: str, code: int, result: Path, log: Path, cap: int | None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,7 +37,7 @@ import torch
 from .. import hookimpl
 from ..backend import EXPORT_S, WAIT_S, Backend, BuildContext, LoadContext
 from ..errors import ConfigError
-from ..executor import BuildHandle, BuildRequest, Executor, WorkerBuildError, run_worker
+from ..executor import BuildHandle, BuildRequest, Executor, WorkerBuildError, run_worker, stop
 from ..session import Session
 
 logger = logging.getLogger("aitune")
@@ -141,24 +142,38 @@ class _Deferred(BuildHandle):
 class _Background(BuildHandle):
     """A build running in a worker process started from one of the executor's threads."""
 
-    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor, run: Callable[[], dict[str, Any]]) -> None:
-        self.future = pool.submit(self._timed, run)
+    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor, request: BuildRequest) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cancelled = False
+        self.future = pool.submit(self._run, request)
 
-    def _timed(self, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    def _run(self, request: BuildRequest) -> dict[str, Any]:
         start = time.perf_counter()
         try:
-            return run()
+            return run_worker(request.backend, request.notes, request.context, request.folder, self._started)
         finally:
             self.worker_s = time.perf_counter() - start  # the build's own time, not the wait for it
 
+    def _started(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        if self._cancelled:  # cancelled while the worker was starting
+            stop(proc)
+
     def result(self) -> dict[str, Any]:
-        return self.future.result()
+        try:
+            return self.future.result()
+        except BaseException:  # Ctrl-C while waiting: take the worker down with us
+            self.cancel()
+            raise
 
     def wait(self) -> None:
         concurrent.futures.wait([self.future])
 
     def cancel(self) -> None:
-        self.future.cancel()  # one not started yet; a running one finishes under its time limit
+        """Drop a build not started yet; stop a running one's worker (nobody will take its result)."""
+        self._cancelled = True
+        if not self.future.cancel() and self._proc is not None:
+            stop(self._proc)
 
 
 def background_workers() -> int:
@@ -202,12 +217,9 @@ class LocalExecutor(Executor):
         )
 
     def submit(self, request: BuildRequest) -> BuildHandle:
-        def run() -> dict[str, Any]:
-            return run_worker(request.backend, request.notes, request.context, request.folder)
-
         if self._pool is None:
-            return _Deferred(run)
-        return _Background(self._pool, run)
+            return _Deferred(lambda: run_worker(request.backend, request.notes, request.context, request.folder))
+        return _Background(self._pool, request)
 
     def close(self) -> None:
         if self._pool is not None:
