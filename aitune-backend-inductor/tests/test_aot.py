@@ -63,6 +63,7 @@ def test_exports_the_graph_range_with_batch_min_one(built) -> None:
     assert (graph.batch.min, graph.batch.max) == (1, 8)
     assert backend.build_info["exported_dims"] == {"batch": [1, 8]}
     assert backend.build_info["traced_at"] == {"batch": 2}
+    assert backend.build_info["export_s"] > 0, "the report's time breakdown counts the export apart from the compile"
 
 
 def test_dynamic_batch_and_structure_match_eager(built) -> None:

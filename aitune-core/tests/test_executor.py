@@ -145,6 +145,92 @@ def test_asking_for_a_first_party_executor_that_is_missing_names_its_distributio
 
 def test_local_executor_is_the_default_and_describes_this_machine(aitune_manager, monkeypatch):
     monkeypatch.delenv("AITUNE_EXECUTOR", raising=False)
+    monkeypatch.setenv("AITUNE_BUILD_WORKERS", "0")
     assert executor.chosen() == "local"
     local = aitune_manager.executors.create("local")
-    assert not local.concurrent and local.describe()["CPU"] >= 1
+    assert not local.concurrent and local.describe()["CPU"] >= 1 and local.describe()["beside the tune"] == 0
+
+
+@pytest.mark.parametrize(
+    ("cores", "threads", "workers"),
+    [(2, 1, 1), (1, 1, 0), (2, 2, 0), (8, 2, 2), (64, 1, 2), (16, 8, 1)],
+)
+def test_local_builds_run_beside_the_tune_on_the_cores_its_threads_leave(monkeypatch, cores, threads, workers):
+    from aitune.builds import isolation
+
+    monkeypatch.delenv("AITUNE_BUILD_WORKERS", raising=False)
+    monkeypatch.setattr(isolation.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(isolation.torch, "get_num_threads", lambda: threads)
+    local = isolation.LocalExecutor()
+    try:
+        assert (local.workers, local.concurrent) == (workers, workers > 0)
+    finally:
+        local.close()
+
+
+def test_build_workers_come_from_the_environment_and_a_bad_value_says_what_to_set(monkeypatch):
+    from aitune.builds import isolation
+
+    monkeypatch.setenv("AITUNE_BUILD_WORKERS", "3")
+    assert isolation.background_workers() == 3
+    monkeypatch.setenv("AITUNE_BUILD_WORKERS", "two")
+    with pytest.raises(ConfigError, match="AITUNE_BUILD_WORKERS='two' is not a whole number"):
+        isolation.background_workers()
+
+
+def test_local_builds_beside_the_tune_go_ahead_and_profiling_waits_for_them(threads, register_plugin, monkeypatch):
+    """With a spare core, the isolated builds of the pipeline are exported and started right after
+    recording, profiling starts only once none is running, and the decisions are those of builds
+    made one at a time."""
+    from aitune.builds import isolation
+
+    monkeypatch.setenv("AITUNE_BUILD_CACHE", "0")
+    data = [torch.randn(2, 8), torch.randn(4, 8)]
+    monkeypatch.setenv("AITUNE_BUILD_WORKERS", "0")
+    one_at_a_time = ait.tune(Pipeline(), data, end_to_end=False)
+    monkeypatch.setenv("AITUNE_BUILD_WORKERS", "1")
+    submitted = []
+    real_submit = isolation.LocalExecutor.submit
+    monkeypatch.setattr(
+        isolation.LocalExecutor, "submit", lambda self, r: submitted.append(r.what) or real_submit(self, r)
+    )
+    watch = register_plugin(WatchProfiling())
+    report = ait.tune(Pipeline(), data, end_to_end=False)
+    assert watch.in_flight and not any(watch.in_flight), "profiling started only once no build was running"
+    assert _decisions(report) == _decisions(one_at_a_time)
+    assert submitted[:2] == ["toy_isolated build of encoder", "fault_raise build of encoder"]
+    assert "toy_isolated build of head" in submitted[2:], "the next module's isolated build went ahead too"
+    ahead = next(c for c in report.modules[0].graphs[0].candidates if c.backend == "toy_isolated")
+    assert ahead.build_info["built_ahead"] and ahead.build_info["worker_s"] > 0
+    assert report.time_spent["export"] > 0, "exports made for the builds ahead count as export"
+    assert "encoder: toy_isolated" in report.time_by_candidate
+
+
+def test_a_build_running_beside_the_tune_is_stopped_when_nobody_will_take_it(threads, tmp_path):
+    """A tune that ends early (an error, Ctrl-C) cancels the builds still running: their workers are
+    killed at once, and closing the executor does not wait for a build to finish."""
+    import time
+
+    from aitune_testkit import faults
+
+    from aitune.backend import BuildContext
+    from aitune.builds import isolation
+    from aitune.executor import BuildRequest, WorkerBuildError
+    from aitune.graph import Sample, infer_graph
+
+    samples = [Sample((torch.randn(2, 8),))]
+    context = BuildContext(infer_graph(samples, ("x",)), samples, torch.device("cpu"), tmp_path, tmp_path / "c", "m")
+    backend = faults.HangBackend()
+    (tmp_path / "exported").mkdir()
+    notes = backend.export(SlowModule(), context, tmp_path / "exported")
+    local = isolation.LocalExecutor(workers=1)
+    handle = local.submit(BuildRequest(backend, notes, context, tmp_path))
+    for _ in range(1200):  # the worker process starts (it never finishes on its own)
+        if handle._proc is not None:
+            break
+        time.sleep(0.05)
+    handle.cancel()
+    with pytest.raises(WorkerBuildError, match="SIGKILL|killed|signal"):
+        handle.result()
+    local.close()
+    assert handle._proc.poll() is not None, "the worker is gone"

@@ -266,10 +266,10 @@ def test_worker_never_receives_a_pickle(fault_backends, tmp_path, monkeypatch):
     seen = {}
     real = isolation.run_worker
 
-    def spy(backend, notes, context, folder):
+    def spy(backend, notes, context, folder, *started):
         import json
 
-        result = real(backend, notes, context, folder)
+        result = real(backend, notes, context, folder, *started)
         seen["job"] = json.loads((folder / "job.json").read_text())
         seen["files"] = sorted(p.name for p in (folder / "exported").iterdir())
         return result

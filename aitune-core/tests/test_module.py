@@ -267,3 +267,58 @@ def test_call_keys_tell_device_types_dtypes_and_ranks_apart():
     leaves: list[torch.Tensor] = []
     tree.call_key(([x, {"m": x[0]}], {"k": x}), leaves)
     assert [t.shape for t in leaves] == [(2, 3), (3,), (2, 3)]
+
+
+def test_a_shape_is_checked_against_the_tuned_ranges_once_and_out_of_range_still_runs_eager(toy_backends, monkeypatch):
+    from aitune.engine import dispatch
+
+    model = ait.Module(SlowModule(), "m", strategy=fast())
+    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], end_to_end=False)
+    [(_, backend)] = model.tuned_graphs
+    checked = []
+    real_fits = dispatch.ShapeCheck.fits
+    monkeypatch.setattr(dispatch.ShapeCheck, "fits", lambda self, leaves: checked.append(1) or real_fits(self, leaves))
+    before = backend.calls
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(3, 8))
+        assert (len(checked), backend.calls) == (1, before + 3), "one check for the shape, then remembered"
+        with pytest.warns(RuntimeWarning, match="outside what was tuned"):
+            model(torch.randn(9, 8))
+        model(torch.randn(9, 8))
+        assert backend.calls == before + 3, "an out-of-range shape runs eager every time, remembered or not"
+    monkeypatch.setattr(dispatch, "MAX_SHAPES", 2)
+    with torch.no_grad():
+        model(torch.randn(2, 8))  # a third shape: the remembered ones are dropped, none grows without bound
+    (_, _, _, fitted) = next(iter(model._dispatcher._table.values()))
+    assert list(fitted) == [(torch.Size([2, 8]),)]
+
+
+def test_a_tuned_call_skips_torchs_call_path_yet_hooks_on_the_wrapper_and_global_hooks_still_run(
+    toy_backends, monkeypatch
+):
+    model = ait.Module(SlowModule(), "m", strategy=fast())
+    ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], end_to_end=False)
+    [(_, backend)] = model.tuned_graphs
+    slow_path = []
+    real_call_impl = torch.nn.Module._call_impl
+    monkeypatch.setattr(
+        torch.nn.Module, "_call_impl", lambda self, *a, **k: slow_path.append(self) or real_call_impl(self, *a, **k)
+    )
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        model(x)
+        assert model not in slow_path and backend.calls, "no hooks anywhere: straight to the dispatcher"
+        seen = []
+        handle = model.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+        out = model(x)
+        handle.remove()
+        glob = torch.nn.modules.module.register_module_forward_hook(
+            lambda module, args, out: seen.append("global") if module is model else None
+        )
+        try:
+            model(x)
+        finally:
+            glob.remove()
+    assert seen == [out.shape, "global"] and slow_path.count(model) == 2, "a hook takes torch's path, which runs it"
+    assert_matches_eager(out, model.module(x))

@@ -136,3 +136,68 @@ def test_first_wins_keeps_the_users_order_under_a_budget(toy_backends, fake_cloc
 def test_a_time_budget_must_be_positive_seconds(toy_backends, budget):
     with pytest.raises(InputError, match="time_budget must be a number of seconds > 0"):
         ait.tune(ait.Module(SlowModule(), "m"), [torch.randn(2, 8)], time_budget=budget)
+
+
+class ExportingBackend(PricedBackend):
+    """A priced toy whose build exports first: ``EXPORT_S`` of its ``BUILD_S`` seconds, as it states."""
+
+    EXPORT_S = 0.0
+
+    def build(self, module, context):
+        super().build(module, context)
+        if self.EXPORT_S:
+            self.build_info["export_s"] = self.EXPORT_S
+
+
+def test_the_report_breaks_tune_time_down_by_phase_and_candidate_and_the_parts_add_up(toy_backends, fake_clock):
+    exporting = type(
+        "Exporting", (ExportingBackend,), {"name": "toy_export", "BUILD_S": 5.0, "EXPORT_S": 2.0, "clock": fake_clock}
+    )
+    compiling = type("Compiling", (ExportingBackend,), {"name": "toy_compile", "BUILD_S": 4.0, "clock": fake_clock})
+    strategy = ait.MaxThroughputStrategy(
+        [exporting(ToyConfig()), compiling(ToyConfig())], performance_validation=False, per_batch_size=False
+    )
+    model = ait.Module(SlowModule(delay_s=0.0).eval(), "m", strategy=strategy)
+    report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], end_to_end=False)
+    spent, by = report.time_spent, report.time_by_candidate
+    assert (spent["export"], spent["build"]) == (2.0, 7.0), "the stated export is taken out of the build"
+    assert by["m: toy_export"]["export"] == 2.0 and by["m: toy_export"]["build"] == 3.0
+    assert by["m: toy_compile"]["build"] == 4.0 and "export" not in by["m: toy_compile"]
+    assert {"validate", "profile"} <= set(by["m: toy_export"]) and set(by) == {"m: toy_export", "m: toy_compile"}
+    for stage in ("export", "build", "validate", "profile"):
+        assert sum(s.get(stage, 0.0) for s in by.values()) == pytest.approx(spent[stage]), stage
+    assert sum(spent.values()) == pytest.approx(report.duration_s, abs=0.01), "the phases add up to the total"
+    assert report.duration_s == pytest.approx(9.0), "the scripted clock moved only in the builds"
+    text = render_markdown(report)
+    assert (
+        "| time by candidate | m: toy_export 5.0 s (export 2.0, build 3.0); m: toy_compile 4.0 s (build 4.0) |" in text
+    )
+
+
+def test_a_profiling_session_charges_each_contender_its_share(fake_clock):
+    tracker = progress.TuneProgress(False)
+    with tracker.step("m: profile a, b, eager", "profile", ["m: a", "m: b", "m: torch_eager"]):
+        fake_clock.now += 6.0
+    tracker.charge("m: a", "export", 1.5)
+    assert dict(tracker.spent) == {"profile": 6.0, "export": 1.5}
+    assert {who: dict(s) for who, s in tracker.by_candidate.items()} == {
+        "m: a": {"profile": 2.0, "export": 1.5},
+        "m: b": {"profile": 2.0},
+        "m: torch_eager": {"profile": 2.0},
+    }
+
+
+def test_a_cached_build_counts_as_build_not_as_the_export_it_was_made_with(toy_backends, fake_clock):
+    exporting = type(
+        "Exporting", (ExportingBackend,), {"name": "toy", "BUILD_S": 5.0, "EXPORT_S": 2.0, "clock": fake_clock}
+    )
+    data = [torch.randn(2, 8), torch.randn(4, 8)]
+    module = SlowModule(delay_s=0.0).eval()
+    reports = []
+    for _ in range(2):
+        strategy = ait.OneBackendStrategy(exporting(ToyConfig()), performance_validation=False)
+        reports.append(ait.tune(ait.Module(module, "m", strategy=strategy), data, end_to_end=False))
+    first, again = (r.time_by_candidate["m: toy"] for r in reports)
+    assert first["export"] == 2.0 and first["build"] == 3.0
+    assert reports[1].modules[0].graphs[0].candidates[0].from_cache, "the second tune loads the first one's build"
+    assert "export" not in again and "export" not in reports[1].time_spent

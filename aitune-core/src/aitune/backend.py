@@ -124,6 +124,12 @@ def payload_file(directory: Path, name: Any) -> Path:
     return Path(directory).joinpath(*path.parts)
 
 
+EXPORT_S = "export_s"
+"""``build_info`` key: seconds of the build spent exporting the module (0 when another candidate's export was reused)."""
+WAIT_S = "wait_s"
+"""``build_info`` key: seconds of the build spent waiting for a build that ran elsewhere (submitted ahead)."""
+
+
 class Backend(abc.ABC):
     """One way to run a module for one graph.
 
@@ -131,7 +137,9 @@ class Backend(abc.ABC):
     ``devices``, and implement ``build``, ``infer``, ``save`` and ``load``; the plugin's
     ``BackendSpec`` takes these three from the class. ``build`` must leave the module it is given unchanged: copy
     it first if a transformation works in place. ``build_info`` is for JSON-able facts the backend
-    wants in the tuning report (graph breaks, providers, whether a load compiled anything).
+    wants in the tuning report (graph breaks, providers, whether a load compiled anything); a build
+    that exports first states the export's seconds under :data:`EXPORT_S`, which the report's time
+    breakdown counts as export rather than build.
     """
 
     name: ClassVar[str] = ""

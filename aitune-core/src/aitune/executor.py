@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -80,8 +80,9 @@ class Executor(abc.ABC):
     """Runs build jobs somewhere: a worker process here, a task on a cluster."""
 
     name: ClassVar[str] = ""
-    concurrent: ClassVar[bool] = False
-    """True when submitted builds run side by side, so submitting them all ahead pays off."""
+    concurrent: bool = False
+    """True when submitted builds run side by side (with each other and with the user's process),
+    so submitting them all ahead pays off; an executor may decide it per instance."""
 
     @abc.abstractmethod
     def submit(self, request: BuildRequest) -> BuildHandle:
@@ -112,6 +113,9 @@ class BuildQueue(Protocol):
 
     def wait_idle(self) -> None:
         """Wait until no build submitted ahead is running (before anything is timed)."""
+
+    def pending(self) -> bool:
+        """Whether builds submitted ahead are not taken yet (some may still run)."""
 
     def folder(self) -> Path:
         """A fresh folder for one build, removed when the run ends."""
@@ -312,13 +316,24 @@ def folders(folder: Path) -> dict[str, str]:
     }
 
 
-def run_worker(backend: Backend, notes: dict[str, Any], context: BuildContext, folder: Path) -> dict[str, Any]:
+def run_worker(
+    backend: Backend,
+    notes: dict[str, Any],
+    context: BuildContext,
+    folder: Path,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> dict[str, Any]:
     """Run ``build_exported`` for ``backend`` in a worker; returns the payload's metadata or raises."""
-    return run_job(worker_job(backend, notes, context, folder), folder)
+    return run_job(worker_job(backend, notes, context, folder), folder, started)
 
 
-def run_job(job: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """Run one job (see :func:`worker_job`) in ``python -m aitune.builds.worker`` under its time limit."""
+def run_job(
+    job: dict[str, Any], folder: Path, started: Callable[[subprocess.Popen[bytes]], None] | None = None
+) -> dict[str, Any]:
+    """Run one job (see :func:`worker_job`) in ``python -m aitune.builds.worker`` under its time limit.
+
+    ``started`` gets the worker process as soon as it runs, so whoever waits in another thread can
+    stop it (:func:`stop`)."""
     limit, cap, what = float(job["timeout_s"]), job.get("memory_mb"), job["what"]
     result, log = Path(job["result"]), folder / "worker.log"
     job_path = folder / "job.json"
@@ -332,6 +347,8 @@ def run_job(job: dict[str, Any], folder: Path) -> dict[str, Any]:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a timeout stops the worker and its children
         )
+        if started is not None:
+            started(proc)
         try:
             code = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -350,9 +367,14 @@ def run_job(job: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
+    stop(proc)
+    proc.wait()
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a worker and its children (its process group), without waiting for it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _outcome(what: str, code: int, result: Path, log: Path, cap: int | None) -> dict[str, Any]:

@@ -21,7 +21,8 @@ The groups:
   :class:`BuildContext` and :class:`LoadContext` its ``build`` and ``load`` get, its
   :class:`Tolerance` and the dtype defaults ``DEFAULT_TOLERANCES``, and the helpers
   ``exported_file`` and ``payload_file`` (file names from notes and metadata, checked),
-  ``machine_cores`` and ``torch_allows_tf32``;
+  ``machine_cores`` and ``torch_allows_tf32``; ``EXPORT_S``, the ``build_info`` key under which a
+  backend states its export's seconds (the report's time breakdown);
 * the graph a backend builds for: :class:`GraphSpec` (with its :class:`TensorSpec` inputs and
   their :class:`DimRange` dynamic sizes), a recorded call :class:`Sample`, ``resize`` (a sample at
   another batch size), :class:`FlatModule` (the module called with flat tensors), and ``tree``
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 from . import hookimpl, tree
 from .backend import (
+    EXPORT_S,
     Backend,
     BackendConfig,
     BuildContext,
@@ -82,6 +84,7 @@ from .validation import DEFAULT_TOLERANCES
 
 __all__ = [  # grouped in the docstring above
     "DEFAULT_TOLERANCES",
+    "EXPORT_S",
     "MODEL_FILE",
     "ArtifactError",
     "Backend",

@@ -263,8 +263,14 @@ class TuneReport:
     """Set by ``ait.tune`` after installing the winners (``end_to_end=False``, dry runs and ranks of a
     distributed job have none)."""
     time_spent: dict[str, float] = attrs.field(factory=dict)
-    """Where the time went: seconds per stage (``recording``, ``build``, ``validate``, ``profile``,
-    ``end to end``, and ``other`` for the rest of ``duration_s``)."""
+    """Where the time went: seconds per stage (``recording``, ``export``, ``build``, ``validate``,
+    ``profile``, ``waiting``, ``end to end``, and ``other`` for the rest of ``duration_s``): they add
+    up to ``duration_s``."""
+    time_by_candidate: dict[str, dict[str, float]] = attrs.field(factory=dict)
+    """The per-candidate stages of ``time_spent`` (``export``, ``build``, ``validate``, ``profile``,
+    ``waiting``) by whom they were spent on: ``module: backend (variant)``, ``module: torch_eager``
+    (its share of each profiling session) and ``builds ahead`` (profiling waiting for builds of
+    other graphs). For each of those stages the entries add up to its ``time_spent``."""
     time_budget: float | None = None
     """``ait.tune(time_budget=...)``, seconds; candidates not built in it are ``skipped``."""
     changes: list[str] = attrs.field(factory=list)

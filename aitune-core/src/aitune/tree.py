@@ -353,18 +353,18 @@ def call_key(obj: Any, leaves: list[torch.Tensor]) -> Any:
     if isinstance(obj, (tuple, list)):
         parts = []
         for v in obj:
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, torch.Tensor):  # tensor_key, inlined: a call per leaf costs a tenth of a microsecond
                 leaves.append(v)
-                parts.append(tensor_key(v))
+                parts.append((v.dtype, v.ndim, "cpu" if v.is_cpu else "cuda" if v.is_cuda else v.device.type))
             else:
                 parts.append(call_key(v, leaves))
         return (type(obj), tuple(parts))
     if isinstance(obj, dict):
         items = []
         for k, v in obj.items():
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, torch.Tensor):  # tensor_key, inlined
                 leaves.append(v)
-                items.append((k, tensor_key(v)))
+                items.append((k, (v.dtype, v.ndim, "cpu" if v.is_cpu else "cuda" if v.is_cuda else v.device.type)))
             else:
                 items.append((k, call_key(v, leaves)))
         return (type(obj), tuple(items))

@@ -22,8 +22,10 @@ validated as any build; the worker's failure stays in ``build_info``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,9 +35,9 @@ from typing import Any
 import torch
 
 from .. import hookimpl
-from ..backend import Backend, BuildContext, LoadContext
+from ..backend import EXPORT_S, WAIT_S, Backend, BuildContext, LoadContext
 from ..errors import ConfigError
-from ..executor import BuildHandle, BuildRequest, Executor, WorkerBuildError, run_worker
+from ..executor import BuildHandle, BuildRequest, Executor, WorkerBuildError, run_worker, stop
 from ..session import Session
 
 logger = logging.getLogger("aitune")
@@ -72,6 +74,7 @@ def build_isolated(
     queue = session.builds
     ahead = queue.take(backend, module, context) if queue is not None else None
     start = time.perf_counter()
+    export_s = 0.0
     if ahead is not None:
         request, handle = ahead
     else:
@@ -80,6 +83,7 @@ def build_isolated(
         notes = backend.export(module, context, folder / "exported")
         if notes is None:
             return None
+        export_s = time.perf_counter() - start
         start = time.perf_counter()
         request = BuildRequest(backend, notes, context, folder)
         handle = (queue.executor if queue is not None else LocalExecutor()).submit(request)
@@ -89,7 +93,8 @@ def build_isolated(
         if not backend.retry_in_process or exc.cause in ("timeout", "memory"):
             raise  # a hang or a memory blow-up would do the same here, in the user's process
         return _in_process(backend, module, context, exc)
-    worker_s = handle.worker_s if handle.worker_s is not None else time.perf_counter() - start
+    waited_s = time.perf_counter() - start
+    worker_s = handle.worker_s if handle.worker_s is not None else waited_s
     load_context = LoadContext(context.graph, context.device, metadata, context.cache_dir, context.module_name)
     loaded: Backend = session.hook.aitune_deserialize(
         backend=backend, module=module, directory=request.folder / "payload", context=load_context, session=session
@@ -105,6 +110,9 @@ def build_isolated(
         loaded.build_info["executor"] = queue.executor.name
     if ahead is not None:
         loaded.build_info["built_ahead"] = True  # build_time_s is then the wait for it, not the build
+        loaded.build_info[WAIT_S] = round(waited_s, 3)  # its export and build ran before: this is the wait
+    else:
+        loaded.build_info[EXPORT_S] = round(export_s, 3)
     return loaded
 
 
@@ -131,14 +139,97 @@ class _Deferred(BuildHandle):
         return self._run()
 
 
+class _Background(BuildHandle):
+    """A build running in a worker process started from one of the executor's threads."""
+
+    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor, request: BuildRequest) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cancelled = False
+        self.future = pool.submit(self._run, request)
+
+    def _run(self, request: BuildRequest) -> dict[str, Any]:
+        start = time.perf_counter()
+        try:
+            return run_worker(request.backend, request.notes, request.context, request.folder, self._started)
+        finally:
+            self.worker_s = time.perf_counter() - start  # the build's own time, not the wait for it
+
+    def _started(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        if self._cancelled:  # cancelled while the worker was starting
+            stop(proc)
+
+    def result(self) -> dict[str, Any]:
+        try:
+            return self.future.result()
+        except BaseException:  # Ctrl-C while waiting: take the worker down with us
+            self.cancel()
+            raise
+
+    def wait(self) -> None:
+        concurrent.futures.wait([self.future])
+
+    def cancel(self) -> None:
+        """Drop a build not started yet; stop a running one's worker (nobody will take its result)."""
+        self._cancelled = True
+        if not self.future.cancel() and self._proc is not None:
+            stop(self._proc)
+
+
+def background_workers() -> int:
+    """How many builds the local executor runs beside the user's process: ``AITUNE_BUILD_WORKERS``,
+    else the cores the tune's threads leave free (2 cores at one thread: 1), at most
+    :data:`MAX_BACKGROUND`; 0 builds each one when the strategy asks for it, in the foreground."""
+    value = os.environ.get("AITUNE_BUILD_WORKERS", "").strip()
+    if value:
+        if not value.isdigit():
+            raise ConfigError(
+                f"AITUNE_BUILD_WORKERS={value!r} is not a whole number >= 0: set how many builds may run beside "
+                "the tune (0: one at a time, when asked for), or unset it"
+            )
+        return int(value)
+    spare = (os.cpu_count() or 1) // max(torch.get_num_threads(), 1) - 1
+    return min(max(spare, 0), MAX_BACKGROUND)
+
+
+MAX_BACKGROUND = 2
+"""The default's cap on builds beside the tune: each compiler build takes gigabytes of memory."""
+
+
 class LocalExecutor(Executor):
-    """Each build in a worker process on this machine, when the strategy asks for it."""
+    """Each build in a worker process on this machine.
+
+    With spare cores (:func:`background_workers`) the executor is ``concurrent``: every isolated
+    build is exported and started right after recording, up to that many at once, while the
+    tune builds the other candidates in its own process; profiling waits until they are done.
+    Without, each build runs when the strategy asks for it.
+    """
 
     name = "local"
 
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = background_workers() if workers is None else workers
+        self.concurrent = self.workers > 0
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="aitune-build")
+            if self.workers > 0
+            else None
+        )
+
     def submit(self, request: BuildRequest) -> BuildHandle:
-        return _Deferred(lambda: run_worker(request.backend, request.notes, request.context, request.folder))
+        if self._pool is None:
+            return _Deferred(lambda: run_worker(request.backend, request.notes, request.context, request.folder))
+        return _Background(self._pool, request)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
-        return {"where": "worker processes on this machine", "CPU": os.cpu_count(), "GPU": torch.cuda.device_count()}
+        return {
+            "where": "worker processes on this machine",
+            "CPU": os.cpu_count(),
+            "GPU": torch.cuda.device_count(),
+            "beside the tune": background_workers(),
+        }

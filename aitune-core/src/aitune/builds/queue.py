@@ -1,10 +1,10 @@
 """The builds of one tune, and core's executor plugin (it registers ``local``).
 
 ``local`` (:class:`aitune.builds.isolation.LocalExecutor`) runs each exported build in a worker
-process on this machine when a strategy asks for it. A :class:`TuneBuildQueue` holds one
-``ait.tune``'s executor and, for an executor that runs builds side by side (``concurrent``), every
-build of the pipeline submitted right after recording; the strategies then take the results in
-their own order.
+process on this machine: beside the tune where the tune's threads leave cores spare, else when a
+strategy asks for it. A :class:`TuneBuildQueue` holds one ``ait.tune``'s executor and, for an executor that runs
+builds side by side (``concurrent``), every build of the pipeline submitted right after
+recording; the strategies then take the results in their own order.
 
 Validation and profiling stay in the user's process, one at a time, and profiling waits until no
 build is in flight, because timings taken next to a compiler are worthless.
@@ -51,7 +51,7 @@ def aitune_register_executors(registry: ExecutorRegistrar) -> None:
         ExecutorSpec(
             name=DEFAULT,
             executor_class="aitune.builds.isolation:LocalExecutor",
-            description="worker processes on this machine, one build at a time",
+            description="worker processes on this machine, beside the tune where cores are spare",
         )
     )
 
@@ -128,6 +128,10 @@ class TuneBuildQueue:
         """Wait until no build submitted ahead is running (before profiling)."""
         for ahead in self._ahead.values():
             ahead.handle.wait()
+
+    def pending(self) -> bool:
+        """Whether builds submitted ahead are not taken yet (some may still run)."""
+        return bool(self._ahead)
 
     def close(self) -> None:
         for ahead in self._ahead.values():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -35,11 +36,18 @@ logger = logging.getLogger("aitune")
 
 Runner = Callable[..., Any]
 _call_key = tree.call_key  # bound once: read on every call
+_shape = operator.attrgetter("shape")
 _NO_KWARGS = tree.call_key({}, [])
 """The key of an empty kwargs dict, built once: most calls pass none."""
-_Entry = tuple["Layout | None", list[tuple["ShapeCheck", Runner]], bool]
-"""Per call key: the layout to rearrange calls to (None: as made), the candidate graphs, and
-whether the call can be described to a backend at all."""
+_NO_ARGS = tree.call_key((), [])
+"""The key of no positional arguments, built once: a call by keyword (as BERT's) passes none."""
+_Entry = tuple["Layout | None", list[tuple["ShapeCheck", Runner]], bool, dict[tuple[torch.Size, ...], "Runner | None"]]
+"""Per call key: the layout to rearrange calls to (None: as made), the candidate graphs, whether
+the call can be described to a backend at all, and the runner each set of input shapes seen so
+far fits (None: none fits), so a shape is checked against the graphs' ranges once."""
+MAX_SHAPES = 1024
+"""Input shapes remembered per call key (a server sees one per batch size and sequence length)."""
+_NOT_SEEN: Any = object()
 
 
 class Route(NamedTuple):
@@ -162,14 +170,14 @@ class Dispatcher:
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         leaves: list[torch.Tensor] = []
-        key = (_call_key(args, leaves), _call_key(kwargs, leaves) if kwargs else _NO_KWARGS)
+        key = (_call_key(args, leaves) if args else _NO_ARGS, _call_key(kwargs, leaves) if kwargs else _NO_KWARGS)
         blocked = self.guard.blocked(leaves)
         if blocked is not None:
             return self._blocked(blocked, args, kwargs)
         entry = self._table.get(key)
         if entry is None:
             entry = self._resolve(key, args, kwargs)
-        layout, candidates, describable = entry
+        layout, candidates, describable, fitted = entry
         if not describable:  # a value no backend can take (a cache object, a callable): eager by design
             _note(self.name, None, "its inputs hold a value no backend can take")
             return self.eager(*args, **kwargs)
@@ -181,26 +189,46 @@ class Dispatcher:
                 return self._fallback([], leaves, args, kwargs)
             leaves = []
             tree.call_key((c_args, c_kwargs), leaves)
-        for check, runner in candidates:
-            if check.fits(leaves):
-                if runner is self.eager:  # a range or graph where eager won: nothing to fall back from
-                    _note(self.name, None)
-                    return runner(*args, **kwargs)
-                try:
-                    out = runner(*c_args, **c_kwargs)
-                except Exception as exc:
-                    if self.strict:
-                        raise
-                    logger.debug("%s: tuned backend failed", self.name, exc_info=True)
-                    return self._eager_because(
-                        f"the tuned backend raised {type(exc).__name__}: {exc}; tune again or load with "
-                        "another backend if this persists",
-                        args,
-                        kwargs,
-                    )
-                _note(self.name, runner)
-                return out
-        return self._fallback(candidates, leaves, args, kwargs)
+        shapes = tuple(map(_shape, leaves))  # map and attrgetter run in C: no frame per leaf
+        runner = fitted.get(shapes, _NOT_SEEN)  # one lookup: another thread may clear the dict between two
+        if runner is _NOT_SEEN:
+            runner = self._fit(candidates, leaves, fitted, shapes)
+        if runner is None:
+            return self._fallback(candidates, leaves, args, kwargs)
+        if runner is self.eager:  # a range or graph where eager won: nothing to fall back from
+            if _observed.get() is not None:
+                _note(self.name, None)
+            return runner(*args, **kwargs)
+        try:
+            out = runner(*c_args, **c_kwargs)
+        except Exception as exc:
+            if self.strict:
+                raise
+            logger.debug("%s: tuned backend failed", self.name, exc_info=True)
+            return self._eager_because(
+                f"the tuned backend raised {type(exc).__name__}: {exc}; tune again or load with "
+                "another backend if this persists",
+                args,
+                kwargs,
+            )
+        if _observed.get() is not None:
+            _note(self.name, runner)
+        return out
+
+    @staticmethod
+    def _fit(
+        candidates: list[tuple[ShapeCheck, Runner]],
+        leaves: list[torch.Tensor],
+        fitted: dict[tuple[torch.Size, ...], Runner | None],
+        shapes: tuple[torch.Size, ...],
+    ) -> Runner | None:
+        """The runner of the first graph whose shape ranges these inputs fit (None: none), remembered
+        for their shapes: the ranges depend on nothing else."""
+        runner = next((r for check, r in candidates if check.fits(leaves)), None)
+        if len(fitted) >= MAX_SHAPES:
+            fitted.clear()
+        fitted[shapes] = runner
+        return runner
 
     def _blocked(self, blocked: tuple[str, type[Exception]], args: Any, kwargs: Any) -> Any:
         reason, error = blocked
@@ -228,11 +256,11 @@ class Dispatcher:
 
     def _resolve(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
         """The graphs a call of this key may fit, and the form (layout) to call them in."""
-        entry: _Entry = (None, [], True)
+        entry: _Entry = (None, [], True, {})
         try:
             tree.flatten((args, kwargs))
         except UnsupportedValueError:
-            entry = (None, [], False)
+            entry = (None, [], False, {})
         except Exception:  # not describable for another reason: eager handles it, with the usual warning
             pass
         else:
@@ -247,7 +275,7 @@ class Dispatcher:
                     matching = [(c, r) for c, r in self.routes if _layout(c.graph) == layout]
                     matching = [(c, r) for c, r in matching if _same_structure(c.graph, structure, leaves)]
                     same = layout == layout_of(args, kwargs)
-                    entry = (None if same else layout, matching, True)
+                    entry = (None if same else layout, matching, True, {})
                     break
         if len(self._table) >= self.MAX_KEYS:
             self._table.clear()

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from ..backend import BuildContext
+from ..builds import isolation
 from ..errors import AituneError
 from . import plan, recording
 from .plan import ModulePlan, TuneRun
@@ -41,11 +42,16 @@ def submit_ahead(plans: Sequence[ModulePlan], run: TuneRun) -> int:
             continue  # the strategy's turn reports it
         for template in graph_plan.strategy.builds_ahead(graph_plan.candidates()):
             backend = template.clone()
-            if registry.unavailable(backend, device, graph):
-                continue
+            if not isolation.isolated(backend) or registry.unavailable(backend, device, graph):
+                continue  # built in this process when its turn comes
             module, samples = graph_plan.module, graph_plan.recorded.samples
             context = BuildContext(graph, samples, device, builds.folder(), cache_dir(), module.name)
-            with torch.no_grad(), recording.bypass():
+            label = f"{module.name}: {backend.name}" + (f" ({backend.variant()})" if backend.variant() else "")
+            with (
+                run.progress.step(f"{label}: export for a build ahead", "export", [label]),
+                torch.no_grad(),
+                recording.bypass(),
+            ):
                 submitted += builds.submit_ahead(backend, module.module, context)
     if submitted:
         logger.info("%d builds submitted to the %s executor", submitted, builds.executor.name)

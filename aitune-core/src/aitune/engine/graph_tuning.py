@@ -28,7 +28,7 @@ import attrs
 import torch
 
 from .. import state
-from ..backend import Backend, BuildContext, Tolerance
+from ..backend import EXPORT_S, WAIT_S, Backend, BuildContext, Tolerance
 from ..builtin.eager import TorchEagerBackend
 from ..errors import ConfigError, NotApplicableError, SerializationError
 from ..graph import BATCH, DimRange, GraphSpec, Sample, assemble
@@ -181,7 +181,7 @@ class GraphTuning:
         what = f"{self.module_name}: build {_label(candidate)}"
         step = None
         try:
-            with self.progress.step(what, "build") as step, torch.no_grad(), recording.bypass():
+            with self.progress.step(what) as step, torch.no_grad(), recording.bypass():
                 built = self.hook.aitune_build(
                     backend=backend, module=self.module, context=self._context(workdir), session=self.session
                 )
@@ -197,6 +197,8 @@ class GraphTuning:
             return self._fail(candidate, "build", f"{type(exc).__name__}: {exc}", exc)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+            if step is not None and step.seconds is not None:
+                self._charge_build(candidate, step.seconds)
         candidate.report.build_time_s = step.seconds
         candidate.report.build_info = dict(candidate.backend.build_info)
         candidate.report.from_cache = bool(candidate.backend.build_info.get("from_cache", False))
@@ -205,7 +207,11 @@ class GraphTuning:
     def validate(self, candidate: Candidate) -> bool:
         """Compare with eager on every sample; a failure marks the candidate failed."""
         what = f"{self.module_name}: validate {_label(candidate)}"
-        with self.progress.step(what, "validate") as step, torch.no_grad(), recording.bypass():
+        with (
+            self.progress.step(what, "validate", [self.who(candidate)]) as step,
+            torch.no_grad(),
+            recording.bypass(),
+        ):
             result = self.hook.aitune_validate(
                 backend=candidate.backend,
                 reference=self.module,
@@ -268,6 +274,7 @@ class GraphTuning:
         one batch size ends the sweep and keeps what was measured.
         """
         self.max_noise = config.max_noise
+        self._wait_for_builds()
         if not self._noise_checked and batch_sizes:
             self._noise_checked = True
             self._check_noise(config, batch_sizes[0])
@@ -320,7 +327,7 @@ class GraphTuning:
             what = f"{self.module_name}: profile {', '.join(_label(c) for c in contenders)} at batch {batch_size}"
             step = None
             try:
-                with self.progress.step(what, "profile") as step, recording.bypass():
+                with self.progress.step(what, "profile", [self.who(c) for c in contenders]) as step, recording.bypass():
                     results = self.hook.aitune_profile(
                         runners=calls, batch_size=batch_size, config=config, device=self.device, session=self.session
                     )
@@ -353,6 +360,14 @@ class GraphTuning:
                 continue
             assert outcome.results is not None
             return {c: outcome.results[k] for k, c in zip(keys, contenders)}
+
+    def _wait_for_builds(self) -> None:
+        """Nothing is timed next to a compiler: wait until no build submitted ahead is running."""
+        builds = self.session.builds
+        if builds is None or not builds.pending():
+            return
+        with self.progress.step(f"{self.module_name}: wait for the builds submitted ahead", "waiting", [BUILDS_AHEAD]):
+            builds.wait_idle()
 
     def dispatch_cost_ms(self, config: ProfilingConfig) -> float:
         """What a call through ``ait.Module`` adds to a tuned backend (measured once per graph)."""
@@ -519,6 +534,22 @@ class GraphTuning:
 
     # -- helpers ----------------------------------------------------------------------------
 
+    def who(self, candidate: Candidate) -> str:
+        """Whom the report's time breakdown charges ``candidate``'s seconds to: ``module: backend (variant)``."""
+        return f"{self.module_name}: {_label(candidate)}"
+
+    def _charge_build(self, candidate: Candidate, seconds: float) -> None:
+        """Split a build step's seconds into the export, the wait for a build that ran elsewhere,
+        and the build itself, as the backend (``export_s``) and the isolation (``wait_s``) state them.
+        A build-cache hit only loaded: its stored figures are those of the build that made it."""
+        info = {} if candidate.backend.build_info.get("from_cache") else candidate.backend.build_info
+        export = _within(info.get(EXPORT_S), seconds)
+        waiting = _within(info.get(WAIT_S), seconds - export)
+        who = self.who(candidate)
+        for stage, part in (("export", export), ("waiting", waiting), ("build", seconds - export - waiting)):
+            if part or stage == "build":
+                self.progress.charge(who, stage, part)
+
     def _context(self, workdir: Path) -> BuildContext:
         from ..cachedir import cache_dir
 
@@ -588,11 +619,21 @@ def _static_label(batch_size: int | None) -> str | None:
     return f"static batch {batch_size}" if batch_size is not None else None
 
 
+def _within(value: Any, most: float) -> float:
+    """A stated number of seconds, kept between 0 and ``most`` (0 when not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0.0
+    return min(max(float(value), 0.0), max(most, 0.0))
+
+
 def _label(candidate: Candidate) -> str:
     """``onnxruntime (torchscript export)``: the backend and, when it has several, its variant."""
     variant = candidate.report.variant
     return f"{candidate.name} ({variant})" if variant else candidate.name
 
+
+BUILDS_AHEAD = "builds ahead"
+"""Whom the time breakdown charges the wait for builds of other graphs still running before profiling."""
 
 NOISY_SPREAD = 0.2
 """Eager's p90 this far above its p50 before profiling makes the tuner warn about the machine."""

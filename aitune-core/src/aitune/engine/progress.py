@@ -4,8 +4,10 @@ Every step (recording, each candidate's build, validation, profiling) logs its s
 through the ``aitune`` logger, and a step still running after :data:`HEARTBEAT_S` logs a line every
 :data:`HEARTBEAT_S` seconds (a 5-minute compiler build is never silent), so piping to a file or
 running under CI tells what happens as it happens. In a terminal the same steps show live as rich
-progress lines with their elapsed time. The seconds each step took add up per stage: the report's
-"where the time went". ``time_budget`` bounds a tune: once it is spent no further candidate is built.
+progress lines with their elapsed time. The seconds each step took add up per stage and per
+candidate (:meth:`TuneProgress.charge`): the report's "where the time went", by phase (export,
+build, validate, profile, waiting...) and by candidate. ``time_budget`` bounds a tune: once it is
+spent no further candidate is built.
 
 Every duration is read from :data:`clock`, so tests script time instead of sleeping.
 """
@@ -18,7 +20,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 logger = logging.getLogger("aitune")
@@ -80,7 +82,10 @@ class TuneProgress:
         self.heartbeat_s = heartbeat_s
         self.started = clock()
         self.spent: dict[str, float] = collections.defaultdict(float)
-        """Seconds per stage (``recording``, ``build``, ``validate``, ``profile``...), summed over steps."""
+        """Seconds per stage (``recording``, ``export``, ``build``, ``validate``, ``profile``, ``waiting``...)."""
+        self.by_candidate: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+        """The same seconds by whom they were spent on (``module: backend (variant)``), then by stage:
+        for every stage charged per candidate, the candidates' seconds add up to the stage's."""
         self._live: Any = None
 
     def __enter__(self) -> TuneProgress:
@@ -113,9 +118,19 @@ class TuneProgress:
             "ait.tune(time_budget=...) to try it"
         )
 
+    def charge(self, who: str, stage: str, seconds: float) -> None:
+        """Count ``seconds`` of ``stage`` as spent on ``who`` (a candidate, or what else the time went to)."""
+        self.spent[stage] += seconds
+        self.by_candidate[who][stage] += seconds
+
     @contextlib.contextmanager
-    def step(self, description: str, stage: str | None = None) -> Iterator[Step]:
-        """Run one step: logged at its start and end, a heartbeat while it runs, its seconds added to ``stage``."""
+    def step(self, description: str, stage: str | None = None, charge_to: Sequence[str] = ()) -> Iterator[Step]:
+        """Run one step: logged at its start and end, a heartbeat while it runs, its seconds added to ``stage``.
+
+        ``charge_to`` shares the seconds out equally among those it names (the contenders of one
+        interleaved profiling session); with ``stage`` None the caller charges them itself
+        (a build splits its seconds into export, waiting and build).
+        """
         step = Step(description, stage)
         task = self._live.add_task(description, total=1) if self._live is not None else None
         logger.info("%s ...", description)
@@ -130,7 +145,10 @@ class TuneProgress:
         finally:
             stop.set()
             step.seconds = clock() - step.started
-            if stage is not None:
+            if stage is not None and charge_to:
+                for who in charge_to:
+                    self.charge(who, stage, step.seconds / len(charge_to))
+            elif stage is not None:
                 self.spent[stage] += step.seconds
             if task is not None:
                 mark = "[green]✓[/]" if ok else "[red]✗[/]"

@@ -299,6 +299,8 @@ def _tune(
     if options.freeze and not options.dry_run:
         freeze_tuned(model_or_callable, report)
     if options.end_to_end_s and not options.dry_run and group is None:
+        if session.builds is not None:  # a build submitted ahead that no strategy took: not next to the timing
+            session.builds.wait_idle()
         with progress.step("end to end: eager against tuned", "end to end"):
             _end_to_end(model_or_callable, recorded, report, options.end_to_end_s)
     report.environment["load_average_end"] = load_average()
@@ -311,11 +313,17 @@ def _tune(
 
 
 def _time_spent(report: TuneReport, progress: TuneProgress) -> None:
-    """Where the time went: seconds per stage, ``other`` for the rest of the run (on the same clock)."""
+    """Where the time went: seconds per stage, ``other`` for the rest of the run, and the per-candidate
+    stages by candidate; the duration is read from the same clock, so the stages add up to it."""
     spent = {stage: round(seconds, 3) for stage, seconds in progress.spent.items()}
     total = progress.elapsed()
+    report.duration_s = total
     spent["other"] = round(max(total - sum(progress.spent.values()), 0.0), 3)
     report.time_spent = spent
+    report.time_by_candidate = {
+        who: {stage: round(seconds, 3) for stage, seconds in stages.items()}
+        for who, stages in progress.by_candidate.items()
+    }
     report.time_budget = progress.time_budget
     if progress.time_budget is not None:
         skipped = [c for m in report.modules for g in m.graphs for c in g.candidates if c.status == "skipped"]

@@ -97,6 +97,7 @@ def headline(report: TuneReport) -> list[tuple[str, str]]:
         ("started", report.started_at),
         ("duration", f"{report.duration_s:.1f} s" if report.duration_s else ""),
         ("time spent", time_spent(report)),
+        ("time by candidate", time_by_candidate(report)),
         ("device", report.device),
         ("machine", str(env.get("gpu") or env.get("cpu", ""))),
         ("torch", str(env.get("torch", ""))),
@@ -116,6 +117,16 @@ def time_spent(report: TuneReport) -> str:
         skipped = sum(c.status == "skipped" for m in report.modules for g in m.graphs for c in g.candidates)
         text += f" (time budget {report.time_budget:g} s" + (f", {skipped} candidate(s) skipped)" if skipped else ")")
     return text
+
+
+def time_by_candidate(report: TuneReport) -> str:
+    """``m: onnxruntime 9.2 s (export 3.1, build 2.0, validate 1.1, profile 3.0); ...`` largest first."""
+    totals = sorted(report.time_by_candidate.items(), key=lambda kv: -sum(kv[1].values()))
+    parts = []
+    for who, stages in totals:
+        inside = ", ".join(f"{stage} {s:.1f}" for stage, s in stages.items() if s >= 0.05)
+        parts.append(f"{who} {sum(stages.values()):.1f} s" + (f" ({inside})" if inside else ""))
+    return "; ".join(parts)
 
 
 def failures(report: TuneReport) -> str:

@@ -64,9 +64,9 @@ class StoppableProgress(TuneProgress):
         super().__init__(False)
 
     @contextlib.contextmanager
-    def step(self, description: str, stage: str | None = None) -> Iterator[Step]:
+    def step(self, description: str, stage: str | None = None, charge_to: Sequence[str] = ()) -> Iterator[Step]:
         check_stopping()
-        with super().step(description, stage) as step:
+        with super().step(description, stage, charge_to) as step:
             yield step
 
 
