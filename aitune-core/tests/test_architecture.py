@@ -191,6 +191,22 @@ def test_the_manager_is_looked_up_only_at_entry_points():
     assert not stray, f"get_manager() below an entry point (hand the session down instead): {sorted(stray)}"
 
 
+def test_no_module_imports_a_private_name_of_another():
+    """A name with a leading underscore is its module's own: another module that needs it gets a public one."""
+    sources = [*ROOT.glob("aitune-*/src"), ROOT / "testkit" / "src", *ROOT.glob("examples/*/src")]
+    found = []
+    for path in (p for src in sources for p in src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or (node.module or "").startswith("aitune")):
+                continue
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+    assert not found, f"private names imported from another module: {found}"
+
+
 PLUGIN_API = {
     "aitune.plugin",
     # what it re-exports from

@@ -191,9 +191,9 @@ class ExecutorRegistry:
         return missing_requirements(self.spec(name).requirements)
 
     def executor_class(self, name: str) -> type[Executor]:
-        from .registry import _import_path
+        from .registry import import_path
 
-        cls = _import_path(self.spec(name).executor_class)
+        cls = import_path(self.spec(name).executor_class)
         if not (isinstance(cls, type) and issubclass(cls, Executor)):
             raise PluginError(f"{self.spec(name).executor_class} is not an aitune Executor class")
         return cls

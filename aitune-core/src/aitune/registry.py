@@ -44,7 +44,8 @@ NAME_RULE = r"^[a-z][a-z0-9_\-]*$"
 """A backend name: lower case, starting with a letter; digits, ``_`` and ``-`` after that."""
 
 
-def _import_path(path: str) -> Any:
+def import_path(path: str) -> Any:
+    """The object a registered spec names as ``package.module:Name`` (never a path read from a file)."""
     module, _, attr = path.partition(":")
     if not module or not attr:
         raise PluginError(f"{path!r} is not a 'package.module:Name' path")
@@ -238,10 +239,10 @@ class BackendRegistry:
             raise BackendUnavailableError(f"backend {name!r} cannot run on {device}: {reason}")
 
     def backend_class(self, name: str) -> type[Backend]:
-        return _import_path(self.spec(name).backend_class)
+        return import_path(self.spec(name).backend_class)
 
     def config_class(self, name: str) -> type:
-        return _import_path(self.spec(name).config_class)
+        return import_path(self.spec(name).config_class)
 
     def public_names(self) -> dict[str, str]:
         """Every public class name a plugin exports, mapped to its dotted path."""
@@ -251,7 +252,7 @@ class BackendRegistry:
         return out
 
     def resolve(self, public_name: str) -> Any:
-        return _import_path(self.public_names()[public_name])
+        return import_path(self.public_names()[public_name])
 
     def config_to_json(self, config: Any, backend: str | None = None) -> dict[str, Any]:
         """A backend config as a JSON object tagged with its backend name.
@@ -324,7 +325,7 @@ def _complete(spec: BackendSpec, distribution: str) -> BackendSpec:
     """``spec`` with name, config class and devices from its Backend class; a disagreement is refused."""
     where = f"{distribution} declares {spec.backend_class!r}"
     try:
-        cls = _import_path(spec.backend_class)
+        cls = import_path(spec.backend_class)
     except Exception as exc:
         raise PluginError(
             f"{where}, which cannot be imported ({type(exc).__name__}: {exc}); a Backend's module must import "
@@ -341,7 +342,7 @@ def _complete(spec: BackendSpec, distribution: str) -> BackendSpec:
     problems = []
     if spec.name and spec.name != cls.name:
         problems.append(f"name {spec.name!r} in the spec, {cls.name!r} on the class")
-    if spec.config_class and _import_path(spec.config_class) is not config:
+    if spec.config_class and import_path(spec.config_class) is not config:
         problems.append(f"config {spec.config_class!r} in the spec, {config.__qualname__} on the class")
     if spec.devices and own_devices and set(spec.devices) != set(cls.devices):
         problems.append(f"devices {list(spec.devices)} in the spec, {list(cls.devices)} on the class")

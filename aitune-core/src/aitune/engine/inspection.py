@@ -17,7 +17,7 @@ import torch
 from .. import tree
 from ..errors import InputError
 from .module import Module
-from .tuner import _call
+from .tuner import call_with_item
 
 
 @attrs.define
@@ -140,7 +140,7 @@ def inspect(
     samples = list(dataset)
     if not samples:
         raise InputError("the dataset is empty: give ait.inspect at least one input batch")
-    run = inference_function or (lambda o, s: _call(o, s))
+    run = inference_function or (lambda o, s: call_with_item(o, s))
     with torch.no_grad():
         run(obj, samples[0])  # warm-up (lazy init, allocator), before any hook is timing
     infos: dict[str, ModuleInfo] = {}

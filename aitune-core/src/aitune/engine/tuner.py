@@ -44,7 +44,7 @@ from .routes import Winner, eager_only, winners_of
 logger = logging.getLogger("aitune")
 
 
-def _call(fn: Callable[..., Any], sample: Any) -> Any:
+def call_with_item(fn: Callable[..., Any], sample: Any) -> Any:
     """Call ``fn`` with a dataset item: a tensor, a tuple, a dict, or ``(args, kwargs)``."""
     if (
         isinstance(sample, tuple)
@@ -357,7 +357,7 @@ def _record(
             if samples_seen < END_TO_END_ITEMS:
                 recorded.items.append(sample)
             try:
-                _call(model_or_callable, sample)
+                call_with_item(model_or_callable, sample)
             except AituneError:
                 raise
             except Exception as exc:
@@ -382,7 +382,7 @@ def _end_to_end(model_or_callable: Any, recorded: Any, report: TuneReport, budge
     modules = [rec.module for rec in recorded.modules.values()]
     if not any(m.state == "tuned" for m in modules):
         return
-    result = end_to_end.measure(lambda item: _call(model_or_callable, item), recorded.items, modules, budget_s)
+    result = end_to_end.measure(lambda item: call_with_item(model_or_callable, item), recorded.items, modules, budget_s)
     report.end_to_end = result
     figures = {m.name: m for m in report.modules}
     shares = []
