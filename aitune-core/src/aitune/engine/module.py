@@ -59,6 +59,7 @@ class Module(torch.nn.Module):
         module: torch.nn.Module,
         name: str | None = None,
         strategy: TuneStrategy | None = None,
+        *,
         strategies: Sequence[TuneStrategy] | Mapping[int | str, TuneStrategy] | None = None,
         dynamic_shapes: DynamicShapes | None = None,
         strict: bool = False,
