@@ -19,7 +19,7 @@ import torch
 from ..graph import DynamicShapes
 from . import recording
 from .guard import RecheckWeights
-from .options import Metric, check_budget
+from .options import AccuracyRule, Metric, check_budget
 from .recording import Canonicalizer
 
 if TYPE_CHECKING:
@@ -108,6 +108,11 @@ class Module(torch.nn.Module):
     @property
     def state(self) -> str:
         return self._state
+
+    @property
+    def accuracy(self) -> AccuracyRule:
+        """This module's ``metric`` and ``accuracy_budget``: they win over ``ait.tune``'s."""
+        return AccuracyRule(self.metric, self.accuracy_budget)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """A tuned call goes straight to the dispatcher when ``nn.Module.__call__`` would add nothing
