@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import pytest
 import torch
 
@@ -53,6 +54,35 @@ def test_runners_alternate_and_get_their_steps():
     assert results["a"].steps == results["b"].steps == 6
     timed = order[2:]  # after one warm-up call each
     assert timed == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3, "windows alternate in rotated order"
+
+
+class ScriptedClock:
+    """Says how long a runner's call took: the figure of the name it returns (no timing race)."""
+
+    def __init__(self, ms):
+        self.ms = ms
+
+    def measure(self, fn, device):
+        return self.ms[fn()]
+
+
+def test_a_runner_clearly_behind_stops_being_timed_and_keeps_a_paired_figure():
+    ms = {"eager": 10.0, "fast": 5.0, "close": 6.0, "slow": 9.0}
+    runners = {name: (lambda name=name: name) for name in ms}
+    stop = NumStepsMeasuringStopStrategy(num_steps=60, warmup=0, window=10)
+    config = ProfilingConfig(measurement_stop_strategy=stop, measuring_strategy=ScriptedClock(ms), extend_s=0.0)
+    results = profile_runners(runners, 1, config, torch.device("cpu"))
+    steps = {name: r.steps for name, r in results.items()}
+    # 9 ms is more than 1.25 x fast's slowest window (5 ms) after three windows: no more of it is timed;
+    # eager, the first runner, is slower still but every candidate is paired with it, so it runs to the end
+    assert steps == {"eager": 60, "fast": 60, "close": 60, "slow": 30}
+    slow = attrs.evolve(results["slow"], baseline_p50_ms=10.0, baseline_window_p50_ms=results["eager"].window_p50_ms)
+    assert compare(slow).speedup == pytest.approx(10.0 / 9.0), "its figure is the windows it has, paired"
+
+    everyone = attrs.evolve(config, behind=None)
+    assert {r.steps for r in profile_runners(runners, 1, everyone, torch.device("cpu")).values()} == {60}
+    with pytest.raises(ValueError):
+        ProfilingConfig(behind=1.0)
 
 
 def test_cpu_timer_measures_a_sleep():

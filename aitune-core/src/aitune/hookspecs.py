@@ -117,8 +117,9 @@ def aitune_profile(
 ) -> Mapping[str, ProfileResult] | None:
     """Measure every runner (a call on prepared inputs of ``batch_size``) and return its figures.
 
-    The runners are measured in alternating windows so machine drift hits them alike. Return None
-    to leave profiling to the next implementation. Stops at the first non-None result.
+    The runners are measured in alternating windows so machine drift hits them alike; the first
+    is the baseline the others are paired with (eager, when profiled). Return None to leave
+    profiling to the next implementation. Stops at the first non-None result.
     """
 
 

@@ -116,6 +116,10 @@ class CvMeasuringStopStrategy:
         return mean > 0 and statistics.pstdev(medians) / mean <= self.max_cv
 
 
+BEHIND_WINDOWS = 3
+"""How many whole windows a runner and the one it is behind both have before it may stop being timed."""
+
+
 @attrs.frozen
 class ProfilingConfig:
     """How candidates are profiled.
@@ -139,6 +143,12 @@ class ProfilingConfig:
     dispatch_cost_ms: float | None = attrs.field(default=None)
     max_noise: float = attrs.field(default=MAX_NOISE, validator=attrs.validators.gt(0.0))
     extend_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(0.0))
+    behind: float | None = attrs.field(default=1.25, validator=attrs.validators.optional(attrs.validators.gt(1.0)))
+    """A runner (not the first, which the others are paired with) whose fastest of at least
+    :data:`BEHIND_WINDOWS` windows is this many times slower than another runner's slowest stops
+    being timed: no window of it came near, so more of them would not change the decision. Its
+    figure comes from the windows it has, paired with the baseline's windows of the same rounds.
+    None times every runner to the end."""
 
 
 def _percentile(sorted_ms: Sequence[float], q: float) -> float:
@@ -181,7 +191,9 @@ def profile_runners(
     config: ProfilingConfig,
     device: torch.device,
 ) -> dict[str, ProfileResult]:
-    """Time each runner in alternating, rotated windows until its stop strategy is satisfied.
+    """Time each runner in alternating, rotated windows until its stop strategy is satisfied, or
+    until it is clearly behind another (``config.behind``; never the first runner, the baseline the
+    others are paired with).
 
     A runner with a ``prepare`` attribute (one that restores inputs a call updates in place) has
     it called before each call, outside the timed region.
@@ -212,14 +224,32 @@ def profile_runners(
                     if capped and len(times[name]) >= stop.max_steps:
                         break
 
-        while pending := [n for n in names if not stop.done(times[n])]:
+        timed = list(names)
+        while pending := [n for n in timed if not stop.done(times[n])]:
             one_round(pending, capped=True)
+            behind = clearly_behind(times, names, stop.window, config.behind)
+            timed = [n for n in timed if n not in behind]
         deadline = time.perf_counter() + config.extend_s
         while config.extend_s > 0 and time.perf_counter() < deadline:
-            if all(window_spread(times[n], stop.window) <= config.max_noise / 2 for n in names):
+            if all(window_spread(times[n], stop.window) <= config.max_noise / 2 for n in timed):
                 break
-            one_round(names, capped=False)  # one more window each, still interleaved
+            one_round(timed, capped=False)  # one more window each, still interleaved
     return {n: summarize(times[n], batch_size, stop.window) for n in names}
+
+
+def clearly_behind(
+    times_ms: Mapping[str, Sequence[float]], names: Sequence[str], window: int, ratio: float | None
+) -> set[str]:
+    """The runners after the first whose fastest whole window is ``ratio`` times another's slowest
+    (both with at least :data:`BEHIND_WINDOWS` whole windows); none when ``ratio`` is None."""
+    if ratio is None:
+        return set()
+    medians = {n: window_medians(times_ms[n][: len(times_ms[n]) // window * window], window) for n in names}
+    ready = {n: m for n, m in medians.items() if len(m) >= BEHIND_WINDOWS}
+    if len(ready) < 2:
+        return set()
+    leader_slowest = min(max(m) for m in ready.values())
+    return {n for n in names[1:] if n in ready and min(ready[n]) > ratio * leader_slowest}
 
 
 def window_spread(times_ms: Sequence[float], window: int) -> float:
