@@ -35,9 +35,20 @@ def main(argv: list[str]) -> None:
         for g in report.modules[0].graphs
     ]
     spent = {k: round(v, 1) for k, v in report.time_spent.items()}
+    steps = {
+        f"{c.backend} ({c.variant})" if c.variant else c.backend: {p.batch_size: p.steps for p in c.profiles}
+        for g in report.modules[0].graphs
+        for c in g.candidates
+    }
     print(
         json.dumps(
-            {"wall_s": round(wall, 1), "duration_s": round(report.duration_s, 1), "pick": picked, "time_spent": spent}
+            {
+                "wall_s": round(wall, 1),
+                "duration_s": round(report.duration_s, 1),
+                "pick": picked,
+                "time_spent": spent,
+                "steps": steps,
+            }
         )
     )
 
