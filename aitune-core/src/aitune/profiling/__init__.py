@@ -116,6 +116,11 @@ class CvMeasuringStopStrategy:
         return mean > 0 and statistics.pstdev(medians) / mean <= self.max_cv
 
 
+def _above_one(_: Any, attribute: Any, value: float | None) -> None:
+    if value is not None and not value > 1.0:
+        raise ValueError(f"ProfilingConfig.{attribute.name} must be a ratio above 1 (or None), got {value!r}")
+
+
 BEHIND_WINDOWS = 3
 """How many whole windows a runner and the one it is behind both have before it may stop being timed."""
 
@@ -143,7 +148,7 @@ class ProfilingConfig:
     dispatch_cost_ms: float | None = attrs.field(default=None)
     max_noise: float = attrs.field(default=MAX_NOISE, validator=attrs.validators.gt(0.0))
     extend_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(0.0))
-    behind: float | None = attrs.field(default=1.25, validator=attrs.validators.optional(attrs.validators.gt(1.0)))
+    behind: float | None = attrs.field(default=1.25, validator=_above_one)
     """A runner (not the first, which the others are paired with) whose fastest of at least
     :data:`BEHIND_WINDOWS` windows is this many times slower than another runner's slowest stops
     being timed: no window of it came near, so more of them would not change the decision. Its
