@@ -2,15 +2,17 @@
 end cleanly, never abort ("terminate called without an active exception").
 
 A daemon thread that is inside a native call when the interpreter finalizes is stopped when it
-takes the GIL back, unwinding through C++ frames that may not unwind: the abort. The script lets
-the tuner get into validation and profiling (each call a few matrix products), then returns.
+takes the GIL back, unwinding through C++ frames that may not unwind: the abort. The script waits
+until the tuner has timed some calls of the candidate (each call a few matrix products), then
+returns while profiling goes on: profiling is long (a thousand steps a runner, no early stop for a
+runner behind), so the script cannot return after the tuner finished, however fast the machine.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
+import threading
 from typing import Any
 
 import torch
@@ -20,7 +22,10 @@ import aitune.torch.jit.enable  # noqa: F401
 from aitune.engine.jit.sharing import measuring_strategy
 from aitune.plugins import get_manager
 from aitune.torch import FirstWinsStrategy, jit
-from aitune.torch.task.profiling import ProfilingConfig
+from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
+
+TIMED_CALLS = 20
+"""Calls of the candidate to wait for: validation's few, then profiling's."""
 
 
 def native_work() -> None:
@@ -31,9 +36,14 @@ def native_work() -> None:
 
 class NativeCalls(toy.ToyBackend):
     name = "toy"
+    calls = 0
+    timing = threading.Event()
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         native_work()
+        NativeCalls.calls += 1
+        if NativeCalls.calls >= TIMED_CALLS:
+            NativeCalls.timing.set()
         return super().infer(*args, **kwargs)
 
 
@@ -48,7 +58,11 @@ class Encoder(torch.nn.Module):
 
 
 get_manager().register(toy, name="aitune.testing.backends", distribution="aitune-core")
-profiling = ProfilingConfig(measuring_strategy=measuring_strategy())
+profiling = ProfilingConfig(
+    measuring_strategy=measuring_strategy(),
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=1000),
+    behind=None,
+)
 jit.config.strategy = FirstWinsStrategy([NativeCalls()], profiling, performance_validation=True)
 jit.config.min_parameters = 0
 jit.config.min_samples = 2
@@ -58,5 +72,5 @@ model = Encoder().eval()
 with torch.no_grad():
     for _ in range(3):
         model(torch.randn(3, 16))
-time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0)  # the tuner is timing calls now
+NativeCalls.timing.wait(timeout=float(sys.argv[1]) if len(sys.argv) > 1 else 60.0)  # the tuner is timing calls now
 print(json.dumps({"status": jit.status(), "mode": jit.config.mode}))
