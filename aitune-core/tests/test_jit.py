@@ -387,3 +387,63 @@ def test_a_remembered_decision_others_may_write_is_removed_and_tuned_again(
     assert outcomes() == [("Block", "tuned", False)] and builds.count == 2, "the entry was used"
     [decision] = (_isolated_cache / "jit").rglob("decision.json")
     assert decision.parent.stat().st_mode & 0o777 == 0o700
+
+
+class Accumulate(torch.nn.Module):
+    """Adds its output into a tensor the caller passes by keyword: a graph that updates an input in
+    place, as a KV cache's decode step does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, *, total: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.fc(x))
+        total.add_(y)
+        return y
+
+
+def test_a_graph_that_updates_an_input_goes_to_backends_that_write_it_back(jit_on: None, builds: Builds) -> None:
+    """The JIT's hooks see a call after it ran; the input it updates in place (here a keyword
+    argument) is still found, so a backend that would not write it back is never built for it, and
+    the decision is keyed by it: a remembered one is reused and the caller's tensor stays updated."""
+    from aitune.engine.jit import decision_store
+
+    torch.manual_seed(0)
+    model = Accumulate().eval()
+
+    def calls() -> None:
+        with torch.no_grad():
+            for batch in (2, 3, 2, 3):
+                x, total = torch.randn(batch, 8), torch.randn(batch, 8)
+                expected_total = total.clone()
+                with bypass():
+                    expected = model(x, total=expected_total)
+                assert_matches_eager(model(x, total=total), expected)
+                assert_matches_eager(total, expected_total)
+
+    keys: list[tuple[str, str]] = []
+    real_key = decision_store.decision_key
+
+    def spy(run: Any, module: Any, graphs: Any, strategy: str) -> str:
+        import attrs
+
+        key = real_key(run, module, graphs, strategy)
+        if [g.mutated for g in graphs] == [("total",)]:
+            keys.append((key, real_key(run, module, [attrs.evolve(g, mutated=()) for g in graphs], strategy)))
+        return key
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decision_store, "decision_key", spy)
+        calls()
+        decision = jit.decisions()[0]
+        assert (decision.name, decision.outcome) == ("Accumulate", "descended")
+        assert "updates inputs in place (total, as" in decision.reason
+        # the one build is its child's, which updates nothing
+        assert outcomes()[1:] == [("Accumulate.fc", "tuned", False)] and builds.count == 1
+        jit.disable()
+        jit.enable()
+        calls()
+        assert outcomes() == [("Accumulate", "descended", True), ("Accumulate.fc", "tuned", True)]
+        assert builds.count == 1, "both reused: the key is the same in a new run"
+    assert len(keys) == 2 and keys[0] == keys[1] and keys[0][0] != keys[0][1], "the updated input is in the key"

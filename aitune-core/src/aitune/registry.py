@@ -227,7 +227,7 @@ class BackendRegistry:
                 f" and {len(graph.mutated) - 3} more" if len(graph.mutated) > 3 else ""
             )
             return (
-                f"the module updates inputs in place ({shown}: a static KV cache) and this backend does not write "
+                f"the module updates inputs in place ({shown}, as a static KV cache does) and this backend does not write "
                 "updates back to its inputs (Backend.mutates_inputs is False)"
             )
         return backend.unsupported_reason(graph, device)

@@ -398,3 +398,19 @@ class Recording(Generic[W]):
                 if graph.shapes.count(seen) > 1:
                     graph.samples[i], graph.outputs[i], graph.shapes[i] = sample, _detach(output), shapes
                     break
+
+
+def find_updates(graph: GraphRecording, forward: Callable[..., Any]) -> None:
+    """Note which inputs ``graph``'s calls update in place by running ``forward`` (the module's own)
+    once more on a copy of its first sample: for a recorder that sees a call only after it ran (the
+    JIT's forward hook sees keyword arguments then, not before), so no version was read before it."""
+    if graph.mutated or not graph.samples or graph.error or graph.eager_reason:
+        return
+    sample = graph.samples[0].fresh()
+    leaves = sample.tensors()
+    versions = _versions(leaves)
+    before = Before(versions, _detach((sample.args, sample.kwargs)) if versions is None else None)
+    with bypass(), torch.no_grad():
+        forward(*sample.args, **sample.kwargs)
+    changed = _changed(before, sample.args, sample.kwargs)
+    graph.mutated.update(i for i, t in enumerate(leaves) if id(t) in changed)

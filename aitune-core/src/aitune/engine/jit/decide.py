@@ -94,6 +94,8 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
         options=JIT_OPTIONS,
         progress=StoppableProgress(),
     )
+    for g in graphs:  # the hooks saw each call after it ran: which inputs it updates is found by running it
+        recording.find_updates(g, cand.twin)
     module_plan = plan_module(run, rec)
     specs = [g.graph for g in module_plan.graphs]
     key = None
