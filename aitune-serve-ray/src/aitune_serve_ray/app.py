@@ -12,7 +12,7 @@ import time
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import attrs
 import torch
@@ -78,6 +78,15 @@ def _weight(items: Sequence[_Item]) -> int:
     return sum(item.weight for item in items)
 
 
+class _BatchSettings(Protocol):
+    """What a ``@serve.batch`` method offers besides its call (Ray documents both setters; its type
+    hints give the decorated method only its call)."""
+
+    def set_max_batch_size(self, new_max_batch_size: int) -> None: ...
+
+    def set_batch_wait_timeout_s(self, new_batch_wait_timeout_s: float) -> None: ...
+
+
 @serve.deployment(max_ongoing_requests=64)
 class TunedModel:
     """One replica: ``factory()`` loaded with the artifact, answering ``POST /`` (tensors in, tensors
@@ -108,8 +117,9 @@ class TunedModel:
         self.metrics = Metrics()
         self.runner = BatchRunner(model, self.plan, self.specs, on_call=self.metrics.call)
         self.max_body_bytes = max_body_bytes
-        self._batched.set_max_batch_size(self.plan.max_batch_size)
-        self._batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        batch_settings = cast(_BatchSettings, self._batched)
+        batch_settings.set_max_batch_size(self.plan.max_batch_size)
+        batch_settings.set_batch_wait_timeout_s(batch_wait_timeout_s)
         logger.info(
             "serving %s: inputs %s, tuned batch sizes %s, %d threads",
             artifact,

@@ -9,8 +9,8 @@ from typing import Any
 
 from .batching import Call
 
-SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-QUEUE_MS_BOUNDARIES = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
+SIZE_BOUNDARIES: list[float] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+QUEUE_MS_BOUNDARIES: list[float] = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
 KEPT = 10_000
 """Batch sizes kept for the snapshot (the newest); the exported histogram counts them all."""
 
@@ -26,13 +26,18 @@ class Metrics:
     def __init__(self) -> None:
         from ray.serve.metrics import Counter, Histogram
 
+        # ray.serve.metrics annotates tag_keys as Tuple[str] (one key); it takes several, as ray.util.metrics says
         self._batches = Counter(
-            "aitune_serve_batches", "Model calls per tuned module and the backend that served it", ("module", "backend")
+            "aitune_serve_batches",
+            "Model calls per tuned module and the backend that served it",
+            ("module", "backend"),  # type: ignore[arg-type]
         )
         self._sizes = Histogram("aitune_serve_batch_size", "Rows per model call, padding included", SIZE_BOUNDARIES)
         self._padding = Counter("aitune_serve_padding_rows", "Rows added to reach a tuned batch size")
         self._fallbacks = Counter(
-            "aitune_serve_eager_fallbacks", "Calls a tuned module ran eager, by reason", ("module", "reason")
+            "aitune_serve_eager_fallbacks",
+            "Calls a tuned module ran eager, by reason",
+            ("module", "reason"),  # type: ignore[arg-type]
         )
         self._queue = Histogram(
             "aitune_serve_queue_ms", "Milliseconds a request waited before its batch ran", QUEUE_MS_BOUNDARIES
