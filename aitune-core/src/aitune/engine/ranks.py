@@ -117,6 +117,7 @@ def _first_difference(a: Any, b: Any, path: str, rank: int) -> str | None:
 
 def tune_together(
     group: Coordinator,
+    *,
     tune_all: Callable[[], None],
     plans: Sequence[ModulePlan],
     report: TuneReport,
@@ -283,14 +284,16 @@ def rebuild(
                         if route.backend != "torch_eager":
                             if route.backend not in built:
                                 routed = _selected(graph_report, route.backend, where)
-                                built[route.backend] = _build_winner(tuning, templates, routed, rank, where)
+                                built[route.backend] = _build_winner(
+                                    tuning, templates=templates, selected=routed, rank=rank, where=where
+                                )
                             backend = built[route.backend]
                         winners.append(Winner(narrow(graph, route.batch_min, route.batch_max), backend))
                     continue
                 selected = next((c for c in graph_report.candidates if c.status == "selected"), None)
                 backend = tuning.eager.backend
                 if selected is not None:
-                    backend = _build_winner(tuning, templates, selected, rank, where)
+                    backend = _build_winner(tuning, templates=templates, selected=selected, rank=rank, where=where)
                 winners.append(Winner(graph, backend))
         yield module_plan, winners, mine
 
@@ -303,7 +306,7 @@ def _selected(graph_report: GraphReport, backend: str, where: str) -> CandidateR
 
 
 def _build_winner(
-    tuning: GraphTuning, templates: Sequence[Backend], selected: CandidateReport, rank: int, where: str
+    tuning: GraphTuning, *, templates: Sequence[Backend], selected: CandidateReport, rank: int, where: str
 ) -> Backend:
     """Build rank 0's choice here and check it against this rank's eager module; record both."""
     template = next((t for t in templates if _config(tuning.registry, t) == selected.config), None)

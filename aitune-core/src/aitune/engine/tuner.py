@@ -290,7 +290,7 @@ def _tune(
         if group is None:
             tune_all()
         else:
-            ranks.tune_together(group, tune_all, plans, report, run)
+            ranks.tune_together(group, tune_all=tune_all, plans=plans, report=report, run=run)
     except BaseException as exc:
         report.duration_s = time.perf_counter() - started
         _time_spent(report, progress)

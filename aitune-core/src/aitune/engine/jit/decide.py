@@ -199,7 +199,7 @@ def _remember(
     winners: Sequence[tuple[GraphSpec, Backend]] = (),
 ) -> None:
     if key is not None:
-        decision_store.save(run, key, cand.name, outcome, reason, winners)
+        decision_store.save(run, key, name=cand.name, outcome=outcome, reason=reason, winners=winners)
 
 
 def _descend(module: torch.nn.Module, cand: JitCandidate, why: str, from_cache: bool = False) -> Decision:

@@ -104,7 +104,13 @@ def forget(key: str) -> None:
 
 
 def save(
-    run: TuneRun, key: str, name: str, outcome: str, reason: str, winners: Sequence[tuple[GraphSpec, Backend]] = ()
+    run: TuneRun,
+    key: str,
+    *,
+    name: str,
+    outcome: str,
+    reason: str,
+    winners: Sequence[tuple[GraphSpec, Backend]] = (),
 ) -> bool:
     """Write one decision atomically; returns False (and stores nothing) when a winner cannot be saved."""
     entry = _entry(key)
