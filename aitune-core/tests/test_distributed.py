@@ -93,6 +93,16 @@ def test_with_rank_decision_slowest_a_candidate_correct_on_one_rank_only_fails_b
         assert "while rank 1 was tuning on every rank" in outcome["nothing_to_time"]
 
 
+def test_every_rank_serves_a_static_route_with_its_own_build_for_that_size(outcomes):
+    _, _, (zero, one) = outcomes
+    static = [route for route in zero["static"]["routes"] if route[1]]
+    assert static == [["toy_faster_static", True, 2, 2], ["toy_faster_static", True, 4, 4]], zero["static"]
+    assert one["static"]["routes"] == zero["static"]["routes"]
+    # one build per static route, pinned to its size, then the dynamic build of the whole range
+    assert zero["static"]["pinned"] == one["static"]["pinned"] == [2, 4, None]
+    assert all(one["static"]["validated_here"]), "rank 1 checked each build against its own eager module"
+
+
 def test_rank_decision_is_checked(monkeypatch):
     assert distributed.rank_decision() == "rank0"
     monkeypatch.setenv("AITUNE_RANK_DECISION", "Slowest")

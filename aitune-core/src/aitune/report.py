@@ -165,6 +165,9 @@ class CandidateReport:
     then shown as "not measured: noise ±N%", never as a number (None: no speed-up)."""
     variant: str | None = None
     """Which of the backend's variants this candidate is (``"torchscript export"``), when it has several."""
+    static_batch: int | None = None
+    """The one batch size this build was made for (``MaxThroughputStrategy(static_shapes=True)``), else None:
+    what the other ranks rebuild a static route from."""
     metric: float | None = None
     """The user's metric (``ait.tune(metric=...)``) over the recorded calls, 1.0 meaning eager's answers."""
 

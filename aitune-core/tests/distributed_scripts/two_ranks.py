@@ -62,6 +62,32 @@ def single(strategy: ait.MaxThroughputStrategy) -> ait.Module:
     return ait.Module(SlowModule(), "single", strategy=strategy)
 
 
+class FasterStatic(ToyBackend):
+    """Builds static: built for one batch size it drops the module's sleep and serves that size alone."""
+
+    name = "toy_faster_static"
+    builds_static = True
+
+    def build(self, module, context):
+        super().build(module, context)
+        batch = context.graph.batch
+        self.pinned = batch.min if batch is not None and batch.min == batch.max else None
+        for sub in self.module.modules() if self.pinned is not None else ():
+            if "delay_s" in vars(sub):
+                sub.delay_s = sub.per_row_s = 0.0
+
+    def infer(self, *args, **kwargs):
+        if self.pinned is not None and args[0].shape[0] != self.pinned:
+            raise RuntimeError(f"built for batch {self.pinned} alone, called with {args[0].shape[0]}")
+        return super().infer(*args, **kwargs)
+
+
+class StaticToys:
+    @hookimpl
+    def aitune_register_backends(self, registry):
+        toys.register(registry, (FasterStatic,), __name__)
+
+
 class InjectedFailure:
     @hookimpl(tryfirst=True)
     def aitune_build(self, backend, module, context):
@@ -148,6 +174,24 @@ def main() -> None:
         outcome["nothing_to_time"] = None
     except Exception as exc:
         outcome["nothing_to_time"] = f"{type(exc).__name__}: {exc}"
+
+    # 7. static-shape builds: rank 0 keeps one per batch size, and every rank builds each for its size alone
+    manager.register(StaticToys(), name="static-toys")
+    strategy = ait.MaxThroughputStrategy([FasterStatic(ToyConfig(speed=0.5))], QUICK, static_shapes=True)
+    model = single(strategy)
+    report = ait.tune(model, data)
+    with torch.no_grad():
+        for x in data:  # each size served by its own static build (any other size would raise)
+            assert_matches_eager(model(x), model.module(x))
+    outcome["static"] = {
+        "routes": [[r.backend, r.static, r.batch_min, r.batch_max] for r in report.modules[0].graphs[0].routes],
+        "pinned": [getattr(b, "pinned", None) for _, b in model.tuned_graphs],
+        "validated_here": [
+            c.validation is not None and c.validation.passed
+            for c in report.modules[0].graphs[0].candidates
+            if c.status == "selected"
+        ],
+    }
 
     (out / f"outcome-{rank}.json").write_text(json.dumps(outcome))
     dist.destroy_process_group()

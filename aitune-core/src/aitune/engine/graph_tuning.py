@@ -168,7 +168,9 @@ class GraphTuning:
             config = {"backend": backend.name}
         variant = ", ".join(filter(None, [backend.variant(), _static_label(self.static_batch)])) or None
         candidate = Candidate(
-            backend, CandidateReport(backend.name, config, variant=variant), static_batch=self.static_batch
+            backend,
+            CandidateReport(backend.name, config, variant=variant, static_batch=self.static_batch),
+            static_batch=self.static_batch,
         )
         self.report.candidates.append(candidate.report)
         self.built.append(candidate)

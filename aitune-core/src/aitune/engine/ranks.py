@@ -278,16 +278,21 @@ def rebuild(
                 tuning = graph_plan.tuning(GraphReport(graph.key, {}))
                 where = f"{module_plan.module.name} graph {graph_plan.index}"
                 if graph_report.routes:
-                    built: dict[str, Backend] = {}
+                    built: dict[tuple[str, int | None], Backend] = {}
                     for route in graph_report.routes:
                         backend = tuning.eager.backend
                         if route.backend != "torch_eager":
-                            if route.backend not in built:
-                                routed = _selected(graph_report, route.backend, where)
-                                built[route.backend] = _build_winner(
-                                    tuning, templates=templates, selected=routed, rank=rank, where=where
+                            static = route.batch_min if route.static else None
+                            if (route.backend, static) not in built:
+                                routed = _selected(graph_report, route.backend, static, where)
+                                built[route.backend, static] = _build_winner(
+                                    tuning if static is None else tuning.pinned(static),
+                                    templates=templates,
+                                    selected=routed,
+                                    rank=rank,
+                                    where=where,
                                 )
-                            backend = built[route.backend]
+                            backend = built[route.backend, static]
                         winners.append(Winner(narrow(graph, route.batch_min, route.batch_max), backend))
                     continue
                 selected = next((c for c in graph_report.candidates if c.status == "selected"), None)
@@ -298,11 +303,13 @@ def rebuild(
         yield module_plan, winners, mine
 
 
-def _selected(graph_report: GraphReport, backend: str, where: str) -> CandidateReport:
+def _selected(graph_report: GraphReport, backend: str, static_batch: int | None, where: str) -> CandidateReport:
+    """Rank 0's selected ``backend`` candidate: its build for ``static_batch`` alone, or (None) its dynamic one."""
     for candidate in graph_report.candidates:
-        if candidate.backend == backend and candidate.status == "selected":
+        if candidate.backend == backend and candidate.static_batch == static_batch and candidate.status == "selected":
             return candidate
-    raise TuningError(f"{where}: rank 0's report routes to {backend} but selected no such candidate")
+    which = f"{backend} built for batch {static_batch}" if static_batch is not None else backend
+    raise TuningError(f"{where}: rank 0's report routes to {which} but selected no such candidate")
 
 
 def _build_winner(
