@@ -57,7 +57,11 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
             process.kill()
             process.wait()
     shutil.rmtree(temp, ignore_errors=True)
-    assert process.returncode == 0, (tmp_path / "serve.log").read_text()[-3000:]
+    output = (tmp_path / "serve.log").read_text()
+    assert process.returncode == 0, output[-3000:]
+    # Ctrl-C may land while serve.run is still returning (the first requests are answered before it
+    # does): it is noted there and acted on, never lost
+    assert "stopping: taking the application down" in output, output[-3000:]
 
 
 def test_a_factory_that_does_not_import_is_a_usage_error(artifact):

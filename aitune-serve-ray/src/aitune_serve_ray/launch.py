@@ -1,11 +1,12 @@
-"""``aitune serve``: start Ray (a local instance, or join ``--address``), serve, and wait for Ctrl-C."""
+"""``aitune serve``: start Ray (a local instance, or join ``--address``), serve, and wait for Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +48,36 @@ def start(
 
 
 def serve_until_interrupted(factory: str, artifact: str | Path, **options: Any) -> None:
-    """:func:`start`, then block until Ctrl-C, then take the application down (a local Ray stops
-    with this process; on a cluster the application is deleted)."""
+    """:func:`start`, then block until Ctrl-C or SIGTERM, then take the application down (a local Ray
+    stops with this process; on a cluster the application is deleted).
+
+    The signals set a flag instead of raising ``KeyboardInterrupt`` inside whatever Ray is doing
+    (a CI run once saw the process keep serving for three minutes after a Ctrl-C sent while
+    ``serve.run`` was still returning). A signal during start-up stops the server once it is up; a
+    second one exits at once.
+    """
     from ray import serve
 
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            os._exit(128 + signum)
+        stop.set()
+
+    handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    previous = {signum: signal.signal(signum, on_signal) for signum in handled}
     try:
         url = start(factory, artifact, **options)
-        print(f"serving {artifact} at {url} (POST tensors, GET the inputs and batch sizes); Ctrl-C stops", flush=True)
-        while True:
-            time.sleep(1)
-    except KeyboardInterrupt:
+        if not stop.is_set():
+            print(
+                f"serving {artifact} at {url} (POST tensors, GET the inputs and batch sizes); Ctrl-C stops", flush=True
+            )
+        while not stop.wait(1.0):
+            pass
+        print("stopping: taking the application down (Ctrl-C again exits at once)", flush=True)
         with contextlib.suppress(Exception):  # stopping anyway: a Serve that never started has nothing to delete
             serve.delete(APP)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
