@@ -63,12 +63,15 @@ class Candidate:
     error: BaseException | None = None
     reported: bool = False
     """Observers have heard its result (``aitune_candidate_result`` fires once per candidate)."""
-    static_batch: int | None = None
-    """The one batch size it was built for (static shapes, see :meth:`GraphTuning.pinned`), else None."""
 
     @property
     def name(self) -> str:
         return self.backend.name
+
+    @property
+    def static_batch(self) -> int | None:
+        """The one batch size it was built for (static shapes, see :meth:`GraphTuning.pinned`), else None."""
+        return self.report.static_batch
 
     @property
     def ok(self) -> bool:
@@ -168,9 +171,7 @@ class GraphTuning:
             config = {"backend": backend.name}
         variant = ", ".join(filter(None, [backend.variant(), _static_label(self.static_batch)])) or None
         candidate = Candidate(
-            backend,
-            CandidateReport(backend.name, config, variant=variant, static_batch=self.static_batch),
-            static_batch=self.static_batch,
+            backend, CandidateReport(backend.name, config, variant=variant, static_batch=self.static_batch)
         )
         self.report.candidates.append(candidate.report)
         self.built.append(candidate)
