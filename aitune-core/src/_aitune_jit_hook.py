@@ -2,15 +2,16 @@
 
 The .pth line checks the variable itself, so with it unset no module is even imported (and
 pytest, which rewrites every module of a plugin's distribution, never sees this one loaded).
-``AITUNE_JIT=0`` (or ``false``, ``no``, ``off``) leaves JIT tuning off.
+``AITUNE_JIT=0`` (or ``false``, ``no``, ``off``) leaves JIT tuning off; a spelling aitune's one
+switch parser does not know leaves it off too, with the message on stderr.
 """
 
-import os
+import sys
 
-if os.environ.get("AITUNE_JIT", "").strip().lower() in {"1", "true", "yes", "on"}:
-    try:
+try:
+    from aitune.envvars import switch
+
+    if switch("AITUNE_JIT", False):
         import aitune.torch.jit.enable  # noqa: F401
-    except Exception as exc:  # a broken install must not stop every Python program from starting
-        import sys
-
-        print(f"aitune: AITUNE_JIT is set but JIT tuning could not start: {type(exc).__name__}: {exc}", file=sys.stderr)
+except Exception as exc:  # a broken install or a misspelt switch must not stop every Python program from starting
+    print(f"aitune: AITUNE_JIT is set but JIT tuning could not start: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -223,6 +223,7 @@ PLUGIN_API = {
     "aitune.report",
     "aitune.converter",
     "aitune.cachedir",
+    "aitune.envvars",
     "aitune.distributed",
     "aitune.traced_branches",
     "aitune.state",

@@ -179,6 +179,41 @@ def test_a_cache_structure_from_a_file_cannot_hide_a_method_or_name_the_meta_dev
     assert rebuilt.is_sliding is False and rebuilt.device == torch.device("cpu"), "plain class values may be set"
 
 
+def test_a_cache_structure_from_a_file_holds_static_layers_only() -> None:
+    """A ``StaticCache`` whose file names a ``DynamicLayer`` (a layer that grows, which no payload can
+    hold) is refused before anything is made, as :func:`aitune.state.describe` refuses it from a call."""
+    pytest.importorskip("transformers")
+    import transformers.cache_utils  # noqa: F401  (the type must be loaded: files never import)
+
+    from aitune import tree
+    from aitune.errors import InputError
+
+    def cache(layer_type: str) -> dict:
+        layer = {
+            "kind": "state",
+            "type": f"transformers.cache_utils:{layer_type}",
+            "attrs": {},
+            "keys": [],
+            "items": [],
+        }
+        layers = {"kind": "list", "items": [layer]}
+        return {
+            "kind": "state",
+            "type": "transformers.cache_utils:StaticCache",
+            "attrs": {},
+            "keys": ["layers"],
+            "items": [layers],
+        }
+
+    tree.check_types(cache("StaticLayer"))
+    assert type(tree.unflatten(cache("StaticLayer"), []).layers[0]).__name__ == "StaticLayer"
+    for layer_type in ("DynamicLayer", "DynamicSlidingWindowLayer"):
+        with pytest.raises(InputError, match=f"a cache layer is a {layer_type}"):
+            tree.check_types(cache(layer_type))
+        with pytest.raises(InputError, match=f"a cache layer is a {layer_type}"):
+            tree.unflatten(cache(layer_type), [])
+
+
 def test_a_sliding_window_step_counter_is_data_not_structure() -> None:
     """A sliding-window layer counts its tokens in a Python int that grows every step: it is a 0-d
     tensor leaf, so every decode step has one key and one structure, and each sample keeps its value."""

@@ -19,6 +19,7 @@ import pluggy
 
 from . import hookspecs
 from .converter import Converter
+from .envvars import switch
 from .errors import PluginError, PluginLoadError
 from .executor import BuildQueue, ExecutorRegistrar, ExecutorRegistry
 from .registry import BackendRegistrar, BackendRegistry
@@ -46,7 +47,7 @@ def _env_list(name: str) -> set[str] | None:
 
 
 def strict_plugins() -> bool:
-    return os.environ.get("AITUNE_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes", "on"}
+    return switch("AITUNE_STRICT_PLUGINS", False)
 
 
 class AituneManager:

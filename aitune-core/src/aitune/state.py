@@ -50,6 +50,16 @@ def is_cache(cls: type) -> bool:
     return any(base.__module__ == "transformers.cache_utils" and base.__name__ in CACHE_BASES for base in cls.__mro__)
 
 
+def check_layer_type(cls: type) -> None:
+    """A ValueError when ``cls`` is a cache layer that is not static: a structure from a file may
+    name only the layers :func:`describe` accepts (a ``DynamicLayer`` grows, so no payload holds it)."""
+    is_layer = any(
+        base.__module__ == "transformers.cache_utils" and base.__name__ == "CacheLayerMixin" for base in cls.__mro__
+    )
+    if is_layer and cls.__name__ not in STATIC_LAYERS:
+        raise ValueError(f"a cache layer is a {cls.__name__}; only {sorted(STATIC_LAYERS)} layers are described")
+
+
 PAIRED = ("self_attention_cache", "cross_attention_cache")
 """An encoder-decoder cache (Whisper, T5): a cache for the decoder's own attention and one for the
 encoder's outputs, each described as a cache of its own."""

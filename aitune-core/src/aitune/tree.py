@@ -201,6 +201,7 @@ def check_types(structure: dict[str, Any]) -> None:
             _checked(kind, str(structure["type"]))
         if kind == "state":
             cls = _checked(kind, str(structure["type"]))
+            state.check_layer_type(cls)
             for key, value in dict(structure["attrs"]).items():
                 state.attribute_name(cls, key)
                 state.attribute_value(value)
@@ -272,7 +273,9 @@ def _unflatten(node: dict[str, Any], it: Any) -> Any:
         return pytree.SUPPORTED_NODES[cls].unflatten_fn([_unflatten(n, it) for n in node["items"]], node["context"])
     if kind == "state":
         try:
-            obj = state.bare(_checked(kind, node["type"]), dict(node["attrs"]))
+            cls = _checked(kind, node["type"])
+            state.check_layer_type(cls)
+            obj = state.bare(cls, dict(node["attrs"]))
             names = [state.child_name(type(obj), key) for key in node["keys"]]
         except ValueError as exc:
             raise InputError(f"{node['type']}: {exc}; the structure is corrupt") from None

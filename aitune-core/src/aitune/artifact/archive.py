@@ -7,7 +7,11 @@ escape (absolute, ``..``, backslashes), duplicates, members missing from or not 
 differs from ``expected_sha256``.
 
 The file is opened once (:func:`open_once`): the pin, the signature and every read go through that
-one open, so replacing the file at its path after the check changes nothing that is read.
+one open, so replacing the file at its path after the check changes nothing that is read. A file
+whose whole-file hash vouches for it (a pin, a detached signature) is copied into a private unnamed
+file while it is hashed, so the bytes hashed are the bytes parsed even if someone still holds a
+descriptor that writes the original. The signature inside the file (:mod:`.seal`) needs no copy:
+it covers the digest list, and every member is checked against that list on the bytes used.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import IO, Any, TypeVar
 
 from ..cachedir import file_sha256
 from ..errors import ArtifactError, ArtifactIntegrityError
+from . import seal
 
 T = TypeVar("T")
 
@@ -36,6 +41,8 @@ REPORT = "report.json"
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 _CHUNK = 1 << 20
 _SAFE = re.compile(r"^[A-Za-z0-9._\-]+$")
+FILE_MODE = 0o644
+"""The most a file aitune saves is opened to: its owner writes it, others read it."""
 
 
 def check_member_name(name: str) -> None:
@@ -86,13 +93,18 @@ class Writer:
         self.digests[name] = hashlib.sha256(data).hexdigest()
         self.zip.writestr(name, data)
 
-    def commit(self) -> None:
-        sums = "".join(f"{digest}  {name}\n" for name, digest in sorted(self.digests.items()))
+    def commit(self, sign: Callable[[bytes], bytes] | None = None) -> None:
+        """Write the digest list, then (with ``sign``) the signature over it (:mod:`.seal`), and
+        rename the file into place, readable by others and writable by its owner alone (0644 at
+        most, whatever the umask: a file others may write could be rewritten in place)."""
+        sums = "".join(f"{digest}  {name}\n" for name, digest in sorted(self.digests.items())).encode()
         self.zip.writestr(SUMS, sums)
+        if sign is not None:
+            self.zip.writestr(seal.MEMBER, sign(sums))
         self.zip.close()
         with open(self.tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.chmod(self.tmp, 0o666 & ~umask())  # mkstemp made it 0600; a saved file gets the usual mode
+        os.chmod(self.tmp, FILE_MODE & ~umask())  # mkstemp made it 0600; a saved file gets the usual mode
         os.replace(self.tmp, self.target)
 
     def abort(self) -> None:
@@ -105,10 +117,12 @@ class Writer:
 class Reader:
     """An opened, structurally checked archive whose members are verified as they are read."""
 
-    def __init__(self, path: Path, expected_sha256: str | None = None) -> None:
+    def __init__(self, path: Path, expected_sha256: str | None = None, *, private: bool = False) -> None:
+        """``private``: copy the file into a private unnamed file while hashing it (see :func:`open_once`),
+        as a detached signature over the whole file is checked; a pin always does."""
         self.path = path
         self.verified = False
-        self.file = open_once(path)
+        self.file, self._sha256 = open_once(path, private=private or expected_sha256 is not None)
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         try:
             self._open(expected_sha256)
@@ -154,7 +168,10 @@ class Reader:
         if SUMS not in self.infos:
             raise ArtifactError(f"{path} has no {SUMS} member: it is not an aitune artifact or it is truncated")
         self.digests = self._read_sums()
-        listed, present = set(self.digests), set(self.infos) - {SUMS}
+        self.seal = self._read_seal()
+        # the signature is not in the list it signs; a list that names it anyway was re-summed by a
+        # hand that did not sign it, and the signature over it no longer checks
+        listed, present = set(self.digests) - {seal.MEMBER}, set(self.infos) - {SUMS, seal.MEMBER}
         if listed != present:
             extra, missing = sorted(present - listed), sorted(listed - present)
             raise ArtifactError(
@@ -189,12 +206,23 @@ class Reader:
         if end > getattr(self.zip, "start_dir", size):
             raise ArtifactError(f"{self.path}: the last member runs into the directory; the file is corrupt or hostile")
 
+    def _read_seal(self) -> bytes | None:
+        """The signature inside the file (:mod:`.seal`), as read once; None when it has none."""
+        info = self.infos.get(seal.MEMBER)
+        if info is None:
+            return None
+        if info.file_size > seal.MAX_BYTES:
+            raise ArtifactError(f"{self.path}: the signature member is implausibly large ({info.file_size} bytes)")
+        return self._raw(seal.MEMBER)
+
     def _read_sums(self) -> dict[str, str]:
         info = self.infos[SUMS]
         if info.file_size > MAX_MANIFEST_BYTES:
             raise ArtifactError(f"{self.path}: the digest list is implausibly large ({info.file_size} bytes)")
+        self.sums = self._raw(SUMS)
+        """The digest list's bytes as read: what a signature inside the file is checked over."""
         try:
-            text = self._raw(SUMS).decode("utf-8")
+            text = self.sums.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ArtifactError(f"{self.path}: the digest list is not text") from exc
         out: dict[str, str] = {}
@@ -278,7 +306,9 @@ class Reader:
             raise ArtifactError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
 
     def sha256(self) -> str:
-        """SHA-256 of the whole file as this reader opened it."""
+        """SHA-256 of the whole file as this reader opened it (computed while copying, where it was copied)."""
+        if self._sha256 is not None:
+            return self._sha256
         digest = hashlib.sha256()
         self.file.seek(0)
         for block in iter(lambda: self.file.read(_CHUNK), b""):
@@ -318,11 +348,15 @@ class Reader:
             self._scratch.cleanup()
 
 
-def open_once(path: Path) -> IO[bytes]:
-    """The artifact's one open: every check and every read of a :class:`Reader` goes through it.
+def open_once(path: Path, *, private: bool = False) -> tuple[IO[bytes], str | None]:
+    """The artifact's one open, which every check and read of a :class:`Reader` goes through, and
+    the whole file's SHA-256 when it was copied (else None).
 
-    A file that someone else could change in place (another user's, or writable by group or
-    others) is first copied into a private unnamed file, so its bytes cannot change under the checks.
+    The file is copied into a private unnamed file, hashed on the way, when its whole-file hash
+    vouches for it (``private``: a pin or a detached signature) or when someone else could change it
+    in place (:func:`_others_may_write`). Before a byte is copied, a file that is not the user's
+    alone must not be sparse (a few blocks claiming gigabytes), and every file must fit the
+    temporary folder.
     """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a planted FIFO must not block
@@ -333,24 +367,50 @@ def open_once(path: Path) -> IO[bytes]:
     if not stat.S_ISREG(info.st_mode):
         file.close()
         raise ArtifactError(f"no artifact at {path}: it is not a regular file")
-    if not _others_may_write(info):
-        return file
+    foreign = _others_may_write(info)
+    if not (private or foreign):
+        return file, None
     with file:
+        _check_before_copy(path, info, foreign)
         copy = tempfile.TemporaryFile(prefix="aitune-artifact-")  # noqa: SIM115 (the reader closes it)
-        shutil.copyfileobj(file, copy, _CHUNK)
+        digest = hashlib.sha256()
+        for block in iter(lambda: file.read(_CHUNK), b""):
+            digest.update(block)
+            copy.write(block)
+    copy.flush()
     copy.seek(0)
-    return copy
+    return copy, digest.hexdigest()
+
+
+def _check_before_copy(path: Path, info: os.stat_result, foreign: bool) -> None:
+    """Refuse, before copying, a file that would cost more than it holds or more than the disk has."""
+    blocks = getattr(info, "st_blocks", None)
+    if foreign and blocks is not None and blocks * 512 < info.st_size // 2:
+        raise ArtifactError(
+            f"{path} claims {info.st_size} bytes but holds {blocks * 512} on disk (a sparse file), and it is not yours "
+            "alone; aitune writes no sparse artifacts: copy it to a file of your own (cp --sparse=never) if you trust it"
+        )
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    if info.st_size > free:
+        raise ArtifactError(
+            f"{path} ({info.st_size} bytes) is read from a private copy, and the temporary folder "
+            f"{tempfile.gettempdir()} has {free} bytes free; point TMPDIR at a folder with room"
+        )
 
 
 def _others_may_write(info: os.stat_result) -> bool:
+    """Someone else could change the file in place: another user owns it, group or others may write
+    it, or it has another name (a hard link), perhaps in a folder others write."""
     if not hasattr(os, "getuid"):  # no POSIX owners: the file's ACL decides
         return False
-    return info.st_uid not in (os.getuid(), 0) or bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+    return (
+        info.st_uid not in (os.getuid(), 0) or bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) or info.st_nlink > 1
+    )
 
 
 @contextmanager
-def open_artifact(path: Path, expected_sha256: str | None = None) -> Iterator[Reader]:
-    reader = Reader(path, expected_sha256)
+def open_artifact(path: Path, expected_sha256: str | None = None, *, private: bool = False) -> Iterator[Reader]:
+    reader = Reader(path, expected_sha256, private=private)
     try:
         yield reader
     finally:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ArtifactError, ConfigError
 from ..text import clip
-from .archive import umask
+from .archive import FILE_MODE, umask
 
 SUFFIX = ".sig"
 
@@ -70,7 +70,7 @@ def sign(
     os.close(fd)
     try:
         config.sign(artifact, Path(tmp))
-        os.chmod(tmp, 0o666 & ~umask())  # a signature is public: the usual mode, not mkstemp's 0600
+        os.chmod(tmp, FILE_MODE & ~umask())  # a signature is public, writable by its owner alone: 0644 at most
         os.replace(tmp, out)
     except Exception as exc:
         raise ArtifactError(f"{artifact} could not be signed with {key}: {type(exc).__name__}: {exc}") from exc

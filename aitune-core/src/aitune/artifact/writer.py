@@ -7,14 +7,17 @@ import importlib.metadata
 import json
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import __version__, payload
+from ..cachedir import make_folders
 from ..converter import unstructure
 from ..engine.module import named_wrapped_modules
+from ..envvars import check_switches
 from ..errors import ArtifactError, InputError, SerializationError
 from ..plugins import AituneManager, get_manager
 from ..registry import BackendRegistry
@@ -74,13 +77,16 @@ def save(
     """Write every ``ait.Module`` reachable from ``obj`` to one ``.ait`` file; returns its path.
 
     The file is written beside ``path`` and renamed into place, so an interrupted save leaves
-    any previous artifact intact. It is signed as it is written, ``<path>.sig`` beside it: with
-    ``signing_key`` (a private key, PEM; checked by ``ait.load(..., trusted_keys=[public key])``),
-    else with the user's own key (:mod:`aitune.artifact.ownkey`), which ``ait.load`` trusts by
-    default, so what a user saves loads back for that user with no flag. ``sign=False`` (or
-    ``AITUNE_OWN_KEY=0``) writes no signature. ``manager``: the plugin manager whose backends
-    write the payloads (default: the process's, :func:`aitune.plugins.get_manager`).
+    any previous artifact intact; it is 0644 at most and a missing folder is made 0700, whatever the
+    umask. It is signed as it is written, inside the file (:mod:`aitune.artifact.seal`), with the
+    user's own key (:mod:`aitune.artifact.ownkey`), which ``ait.load`` trusts by default: what a user
+    saves loads back for that user with no flag, wherever the one file is copied. ``signing_key`` (a
+    private key, PEM) also writes the detached model-signing bundle ``<path>.sig`` beside it, checked
+    by ``ait.load(..., trusted_keys=[public key])``. ``sign=False`` (or ``AITUNE_OWN_KEY=0``) signs
+    with neither. ``manager``: the plugin manager whose backends write the payloads (default: the
+    process's, :func:`aitune.plugins.get_manager`).
     """
+    check_switches()
     if signing_key is not None and not sign:
         raise InputError("signing_key and sign=False contradict each other: pass one of them")
     path = Path(path)
@@ -99,7 +105,9 @@ def save(
         if module.stale_reason is not None:
             raise ArtifactError(f"{module.name} cannot be saved: {module.stale_reason}")
     session = (get_manager() if manager is None else manager).session()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(path.parent, "artifact")
+    native = any(b.native_payload for m in modules for _, b in m.tuned_graphs)
+    seal_with = _own_seal(path, sign, native=native and signing_key is None)
     devices = [spec.device for m in modules for g, _ in m.tuned_graphs for spec in g.inputs]
     manifest = Manifest(
         format_version=FORMAT_VERSION,
@@ -151,32 +159,38 @@ def save(
                     modules=reports,
                 )
                 writer.add_bytes(REPORT, json.dumps(run.to_json(), default=str).encode())
-            writer.commit()
+            writer.commit(seal_with)
     except BaseException:
         writer.abort()
         raise
-    _sign(path, signing_key, sign, native=any(b.native_payload for m in modules for _, b in m.tuned_graphs))
+    from .signing import sign as sign_detached
+    from .signing import signature_path
+
+    if signing_key is not None:
+        sign_detached(path, signing_key)
+    else:
+        signature_path(path).unlink(missing_ok=True)  # it signed the file this save replaced
     return path
 
 
-def _sign(path: Path, key: str | Path | None, wanted: bool, native: bool) -> None:
-    """Sign the saved file with ``key``, else the user's own key; a stale signature beside it is removed."""
-    from . import ownkey
-    from .signing import sign, signature_path
+def _own_seal(path: Path, wanted: bool, *, native: bool) -> Callable[[bytes], bytes] | None:
+    """What signs the digest list inside the file: the user's own key, unless signing is off or the key
+    cannot be used; saving native code unsigned (when signing was wanted) warns, since ``ait.load``
+    will then refuse it without a pin, a trusted key or ``trust_native_code=True``."""
+    from . import ownkey, seal
 
+    if not wanted:
+        return None
     why = ownkey.off_reason()
-    if key is None and wanted and why is None:
-        own = ownkey.get_or_create()
-        key = own.private if own is not None else None
-        why = "your own key cannot be used (see the warning before this one)"
-    if key is not None:
-        sign(path, key)
-        return
-    signature_path(path).unlink(missing_ok=True)  # it signed the file this save replaced
-    if native and wanted:
+    own = ownkey.get_or_create() if why is None else None
+    if own is not None:
+        key = own.private_pem
+        return lambda sums: seal.make(sums, key)
+    if native:
         warnings.warn(
-            f"{path} holds native code and was saved unsigned ({why}), so ait.load refuses it without a pin, a "
-            "trusted key or trust_native_code=True",
+            f"{path} holds native code and is saved unsigned ({why or 'your own key cannot be used: see the warning before this one'}), "
+            "so ait.load refuses it without a pin, a trusted key or trust_native_code=True",
             RuntimeWarning,
             stacklevel=3,
         )
+    return None

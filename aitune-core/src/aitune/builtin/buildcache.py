@@ -30,6 +30,7 @@ from .. import __version__, hookimpl, payload
 from ..backend import Backend, BuildContext, LoadContext
 from ..cachedir import checked_entry, make_private, private_folder
 from ..converter import unstructure
+from ..envvars import switch
 from ..errors import SerializationError
 from ..module_code import module_digest
 from ..registry import BackendRegistry
@@ -40,7 +41,7 @@ logger = logging.getLogger("aitune")
 
 
 def enabled() -> bool:
-    return os.environ.get("AITUNE_BUILD_CACHE", "1").strip().lower() not in {"0", "false", "no", "off"}
+    return switch("AITUNE_BUILD_CACHE", True)
 
 
 def builds_dir() -> Path:

@@ -85,14 +85,7 @@ def from_env(variable: str, parse: Callable[[str, str], Any]) -> dict[str, Any]:
 
 
 # Reading an environment variable's text (after strip); the value is then checked as any assignment.
-
-
-def parse_bool(variable: str, raw: str) -> bool:
-    if raw.lower() in {"1", "true", "yes", "on"}:
-        return True
-    if raw.lower() in {"0", "false", "no", "off"}:
-        return False
-    raise ValueError(f"{variable}={raw!r} is not a boolean; use 1 or 0")
+# Switches are read by aitune.envvars.parse_bool, the one boolean parser.
 
 
 def parse_int(variable: str, raw: str) -> int:

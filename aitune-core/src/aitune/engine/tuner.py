@@ -28,6 +28,7 @@ import torch
 from .. import __version__, distributed
 from ..backend import Tolerance
 from ..builds.queue import build_queue
+from ..envvars import check_switches
 from ..errors import AituneError, ConfigError, DistributedTuneError, InputError, PluginError
 from ..plugins import AituneManager, get_manager
 from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
@@ -146,6 +147,7 @@ def tune(
     ``manager``: the plugin manager whose backends, executors and hooks the tune uses (default: the
     process's, :func:`aitune.plugins.get_manager`).
     """
+    check_switches()
     options = TuneOptions.from_arguments(
         batch_sizes=batch_sizes,
         device=device,

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import attrs
 
+from ...envvars import parse_bool
 from ..settings import (
     Settings,
     as_float,
@@ -25,7 +26,6 @@ from ..settings import (
     int_at_least,
     names,
     one_of,
-    parse_bool,
     parse_float,
     parse_int,
     parse_names,
