@@ -206,7 +206,11 @@ def verify(
     ctx: typer.Context,
     artifact: Path = typer.Argument(..., help="The .ait file."),
     sha256: str | None = typer.Option(None, "--sha256", help="Expected SHA-256 of the whole file."),
-    key: list[Path] = typer.Option([], "--key", help="A public key (PEM) you trust; the signature is ARTIFACT.sig."),
+    key: list[Path] = typer.Option(
+        [],
+        "--key",
+        help="A public key (PEM) you trust; checked against the signature inside the file, else ARTIFACT.sig.",
+    ),
     signature: Path | None = typer.Option(None, "--signature", help="The signature, if not beside the artifact."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
@@ -560,7 +564,11 @@ def serve(
         None, "--threads", min=1, help="Torch threads per replica; default: what the artifact was tuned with."
     ),
     sha256: str | None = typer.Option(None, "--sha256", help="Expected SHA-256 of the artifact (pins it)."),
-    key: list[Path] = typer.Option([], "--key", help="A public key (PEM) you trust; the signature is ARTIFACT.sig."),
+    key: list[Path] = typer.Option(
+        [],
+        "--key",
+        help="A public key (PEM) you trust; checked against the signature inside the file, else ARTIFACT.sig.",
+    ),
     trust_native_code: bool = typer.Option(False, "--trust-native-code", help="Run native payloads unverified."),
 ) -> None:
     """Serve a tuned artifact over HTTP on Ray Serve, batched within the batch sizes it was tuned for."""
