@@ -224,6 +224,7 @@ PLUGIN_API = {
     "aitune.converter",
     "aitune.cachedir",
     "aitune.envvars",
+    "aitune.files",
     "aitune.distributed",
     "aitune.traced_branches",
     "aitune.state",

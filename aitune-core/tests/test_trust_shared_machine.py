@@ -90,8 +90,15 @@ def test_what_aitune_writes_is_private_whatever_the_umask(native, tmp_path, monk
     monkeypatch.setenv("AITUNE_CONFIG_DIR", str(config_dir))
     monkeypatch.setenv("AITUNE_CACHE_DIR", str(cache))
     (tmp_path / "home").mkdir(mode=0o755)
-    path = ait.save(_tuned(), tmp_path / "out" / "run-1" / "model.ait")
+    model = _tuned()
+    path = ait.save(model, tmp_path / "out" / "run-1" / "model.ait")
     assert _mode(path) == 0o644, "another account could rewrite the artifact in place"
+    strategy = ait.OneBackendStrategy(hostile.NativeToyBackend(ToyConfig()), profiling_config=QUICK)
+    again = ait.Module(SlowModule(delay_s=0.0), "m", strategy=strategy.enable_performance_validation(False))
+    ait.tune(again, DATA, report_path=tmp_path / "reports" / "run.json")
+    written = sorted((tmp_path / "reports").iterdir())
+    assert written and all(_mode(f) == 0o644 for f in written), [(f.name, oct(_mode(f))) for f in written]
+    assert _mode(tmp_path / "reports") == 0o700
     for folder in (tmp_path / "out", tmp_path / "out" / "run-1", config_dir.parent, config_dir, cache.parent, cache):
         assert _mode(folder) == 0o700, f"{folder} is {_mode(folder):o}"
     assert _mode(config_dir / "signing" / "key.pem") == 0o600

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .envvars import cache_base
 from .errors import ConfigError
+from .files import make_folders, uid
 
 _CHUNK = 1 << 20
 
@@ -48,55 +49,9 @@ def cache_dir() -> Path:
     return folders[-1]
 
 
-def make_folders(folder: Path, what: str) -> None:
-    """``folder`` and its missing parents, each made 0700 whatever the umask (``mkdir -p`` would make
-    the parents 0777 under umask 000). A missing parent is made only inside a folder of this user's:
-    in one another account owns, aitune refuses rather than leave a folder there that leads to its
-    files. An existing folder above it that another account owns (not root) could be renamed under
-    aitune's feet, so it draws a warning (the owner and mode checks below it still hold)."""
-    folder = Path(os.path.abspath(folder))
-    missing = []
-    existing = folder
-    while not os.path.lexists(existing) and existing != existing.parent:
-        missing.append(existing)
-        existing = existing.parent
-    _warn_foreign_parents(existing if missing else folder.parent, what)  # the folder itself is checked by its user
-    if len(missing) > 1 and hasattr(os, "getuid") and os.stat(existing).st_uid != _uid():
-        raise ConfigError(
-            f"the aitune {what} folder {folder} does not exist and its parent {missing[-1]} would be made inside "
-            f"{existing}, which belongs to another account; create {missing[-2].parent} yourself (mode 700), or "
-            f"choose a {what} folder under one of your own"
-        )
-    for part in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            part.mkdir(mode=0o700)
-
-
-def _warn_foreign_parents(folder: Path, what: str) -> None:
-    """Warn when a folder at or above ``folder`` belongs to another account than this user or root:
-    its owner can rename what is in it (Python's default filter shows it once per folder)."""
-    if not hasattr(os, "getuid"):
-        return
-    for parent in (folder, *folder.parents):
-        try:
-            owner = os.stat(parent).st_uid
-        except OSError:
-            continue
-        if owner in (_uid(), 0):
-            continue
-        warnings.warn(
-            f"the aitune {what} folder lies inside {parent}, which belongs to user id {owner}, not to you ({_uid()}): "
-            f"that account can move aitune's folders away and put its own in their place; set AITUNE_CACHE_DIR and "
-            "AITUNE_CONFIG_DIR to folders under one of your own",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-        return
-
-
 def _uid() -> int:
     """The user aitune runs as: whose alone the cache must be."""
-    return os.getuid()
+    return uid()
 
 
 def not_private(path: Path) -> str | None:

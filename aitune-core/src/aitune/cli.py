@@ -369,6 +369,7 @@ def _write_reports(
     report: Any, report_path: Path | None, html_path: Path | None, markdown: bool, quiet: bool = False
 ) -> None:
     """Write the reports asked for; ``quiet`` keeps stdout to the JSON printed before."""
+    from .files import write_file
     from .render import render_html, render_markdown
 
     if report_path is not None:
@@ -376,8 +377,7 @@ def _write_reports(
         if not quiet:
             typer.echo(f"report: {report_path}")
     if html_path is not None:
-        html_path.parent.mkdir(parents=True, exist_ok=True)
-        html_path.write_text(render_html(report))
+        write_file(html_path, render_html(report))
         if not quiet:
             typer.echo(f"HTML report: {html_path}")
     if markdown:

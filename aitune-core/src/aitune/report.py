@@ -284,12 +284,9 @@ class TuneReport:
         return unstructure(self)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, default=str))
-        tmp.replace(path)
-        return path
+        from .files import write_file
+
+        return write_file(Path(path), json.dumps(self.to_json(), indent=2, default=str))
 
     @classmethod
     def from_json(cls, data: Any) -> TuneReport:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import attrs
 
-from ..cachedir import make_folders
 from ..envvars import config_base, switch
+from ..files import make_folders
 
 FOLDER = "signing"
 PRIVATE = "key.pem"

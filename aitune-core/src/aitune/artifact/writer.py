@@ -14,11 +14,11 @@ from typing import Any
 import torch
 
 from .. import __version__, payload
-from ..cachedir import make_folders
 from ..converter import unstructure
 from ..engine.module import named_wrapped_modules
 from ..envvars import check_switches
 from ..errors import ArtifactError, InputError, SerializationError
+from ..files import make_folders
 from ..plugins import AituneManager, get_manager
 from ..registry import BackendRegistry
 from ..report import TuneReport

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Generator
 from pathlib import Path
 from typing import IO, Any
@@ -23,6 +24,7 @@ from typing import IO, Any
 from .. import hookimpl
 from ..converter import structure, unstructure
 from ..errors import InputError
+from ..files import make_folders
 from ..report import CandidateReport, GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
 
@@ -43,8 +45,9 @@ class Journal:
         self.path = path
         self.report = report
         self.modules_written = 0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed at tune_finished or tune_failed
+        make_folders(path.parent, "report")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        self.file: IO[str] = open(fd, "w", encoding="utf-8")  # noqa: SIM115 - closed at tune_finished or tune_failed
         self.write(
             {
                 "event": "started",
