@@ -1,6 +1,7 @@
 """New weights into a tuned module without a rebuild: refit, checked against eager.
 
-After ``load_state_dict`` with new weights, an ONNX Runtime or AOTInductor winner keeps serving
+After ``load_state_dict`` with new weights, a new ``Parameter`` or an optimizer step (no call aitune
+watches: torch's global hooks mark the module), an ONNX Runtime or AOTInductor winner keeps serving
 (refitted, never eager) with eager's outputs under the new weights; ``ait.load(..., weights=)``
 says whose weights a loaded model serves.
 """
@@ -15,6 +16,7 @@ import torch
 
 import aitune.torch as ait
 from aitune.plugins import get_manager
+from aitune.testing import assert_matches_eager
 from aitune.testing.backends import ToyBackend
 
 REFITTABLE = ("onnxruntime", "torch_inductor_aot")
@@ -223,3 +225,57 @@ def test_a_strict_module_refuses_weights_of_another_dtype_at_load(tmp_path: Any)
         ait.load(target, path, weights="model")
     assert all(torch.equal(target.state_dict()[k], v) for k, v in before.items())
     assert not isinstance(target[0], ait.Module)
+
+
+def _new_parameter(model: ait.Module) -> None:
+    torch.manual_seed(3)
+    model.module[0].weight = torch.nn.Parameter(torch.randn(32, 8))
+
+
+def _optimizer_step(model: ait.Module) -> None:
+    """One SGD step in eval mode, grads set by hand (ait.tune froze the parameters; an optimizer steps anyway)."""
+    torch.manual_seed(3)
+    opt = torch.optim.SGD(model.module.parameters(), lr=0.5)
+    for p in model.module.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+
+
+@pytest.mark.parametrize("change", [_new_parameter, _optimizer_step], ids=["new-parameter", "optimizer-step-in-eval"])
+@pytest.mark.parametrize("name", REFITTABLE)
+def test_weights_changed_without_a_watched_call_are_refitted_before_the_next_call(name: str, change: Any) -> None:
+    """Issue 49: a new Parameter with no eval() after it, or an optimizer step in eval mode, was served
+    with the old weights an ONNX Runtime or AOTInductor payload baked in (off by 4.78 and 41.5), without
+    a word."""
+    model = tuned(name)
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        before = model(x)
+    change(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refitted and checked: no eager fallback
+        served = served_by_winner(model)
+        with torch.no_grad():
+            y = model(x)
+            expected = model.module(x)
+    assert served[0] == 1 and model.stale_reason is None
+    assert_matches_eager(y, expected)
+    assert float((expected - before).abs().max()) > 0.1, "the change matters: the old payload would be off"
+    assert model.tuned_graphs[0].backend.build_info["refitted"] is True
+
+
+def test_a_deep_copys_new_parameter_refits_the_copy_only() -> None:
+    import copy
+
+    model = tuned("onnxruntime")
+    twin = copy.deepcopy(model)
+    _new_parameter(twin)
+    x = torch.randn(3, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        served = served_by_winner(model)
+        with torch.no_grad():
+            assert_matches_eager(twin(x), twin.module(x))
+            assert_matches_eager(model(x), mlp(0)(x))
+    assert served[0] == 1 and "refitted" not in model.tuned_graphs[0].backend.build_info
+    assert twin.tuned_graphs[0].backend.build_info["refitted"] is True

@@ -188,6 +188,124 @@ def test_edits_through_data_are_seen_at_eval(toy_backends, edit):
         assert_matches_eager(y, model.module(x))
 
 
+# -- weights changed without a call aitune watches ------------------------------------------------
+
+
+def _optimizer_step(module):
+    """One SGD step over every weight, taken in eval mode with grads set by hand."""
+    opt = torch.optim.SGD(module.parameters(), lr=0.5)
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 0.25)
+    opt.step()
+
+
+def _new_linear(module):
+    torch.manual_seed(1)
+    module.fc = torch.nn.Linear(8, 8)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: setattr(m.fc, "weight", torch.nn.Parameter(m.fc.weight.detach().flip(0))),
+        _new_linear,
+        _optimizer_step,
+    ],
+    ids=["new-parameter", "new-submodule", "optimizer-step-in-eval-mode"],
+)
+def test_weights_changed_without_a_watched_call_run_eager_with_one_warning(toy_backends, change):
+    """No eval(), no load_state_dict: torch's global hooks mark the guard, and the next call looks."""
+    model = _tuned_slow()
+    backend = model.tuned_graphs[0][1]
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        before = model(x)
+    change(model.module)
+    calls = backend.calls
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="weights changed since it was tuned"):
+        y = model(x)
+    with torch.no_grad():
+        expected = model.module(x)
+    assert_matches_eager(y, expected)
+    assert float((expected - before).abs().max()) > 0.05, "the change matters: the baked weights would be wrong"
+    assert backend.calls == calls, "the toy backend baked the old weights and cannot refit"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning, not one per call
+        assert_matches_eager(model(x), model.module(x))
+
+
+def _count_looks(monkeypatch):
+    from aitune.engine import guard
+
+    looks = [0]
+    stamp = guard.weights_stamp
+
+    def counted(module):
+        looks[0] += 1
+        return stamp(module)
+
+    monkeypatch.setattr(guard, "weights_stamp", counted)
+    return looks
+
+
+def test_another_models_parameters_and_optimizer_leave_a_tuned_module_alone(toy_backends, monkeypatch):
+    model = _tuned_slow()
+    backend = model.tuned_graphs[0][1]
+    looks = _count_looks(monkeypatch)
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))  # new Parameters and buffers
+    _optimizer_step(other)
+    calls = backend.calls
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(3, 8))
+    assert looks[0] == 0 and backend.calls == calls + 1
+
+
+def test_a_training_loop_never_reads_the_weights_until_a_call_would_run_tuned(toy_backends, monkeypatch):
+    model = _tuned_slow()
+    model.module.requires_grad_(True)
+    opt = torch.optim.SGD(model.module.parameters(), lr=0.1)
+    looks = _count_looks(monkeypatch)
+    x = torch.randn(3, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the one "grad mode is on" warning
+        for _ in range(3):
+            model(x).sum().backward()  # needs grad: eager, and the weights are not read
+            opt.step()
+            opt.zero_grad()
+    assert looks[0] == 0, "steps only mark the guard"
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="weights changed since it was tuned"):
+        y = model(x)
+    assert looks[0] == 1, "read once, by the first call that would have run tuned"
+    with torch.no_grad():
+        assert_matches_eager(y, model.module(x))
+
+
+def test_the_global_hooks_are_registered_once_and_hold_guards_weakly(toy_backends):
+    import gc
+    import weakref
+
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer
+
+    from aitune.engine import guard
+
+    first, second = _tuned_slow(), _tuned_slow()
+    registries = [
+        (nn_module._global_parameter_registration_hooks, guard._registered),
+        (nn_module._global_buffer_registration_hooks, guard._registered),
+        (nn_module._global_module_registration_hooks, guard._registered),
+        (optimizer._global_optimizer_post_hooks, guard._stepped),
+    ]
+    assert all(list(hooks.values()).count(hook) == 1 for hooks, hook in registries)
+    watched = weakref.ref(first._dispatcher.guard)
+    assert watched() in guard._WATCHED
+    del first
+    gc.collect()
+    assert watched() is None, "the hooks keep no tuned module alive"
+    assert second._dispatcher.guard in guard._WATCHED
+
+
 # -- padded positions -----------------------------------------------------------------------------
 
 

@@ -181,7 +181,7 @@ class ONNXRuntimeBackend(Backend):
             optimized_model_saved=save_optimized,
             export_shared=shared,  # copied from another variant's export of this graph (export_s is then 0)
         )
-        if export.traced_branches:  # where the TorchScript trace froze a value, and how each was judged
+        if export.traced_branches:  # where the export held a branch or a size condition, and how each was judged
             self.build_info["traced_branches"] = list(export.traced_branches)
 
     def _runner(

@@ -15,6 +15,13 @@ them, the backends that export do.
 
 Both ONNX backends call :func:`export_onnx`, which picks the exporter, falls back, writes large
 weights as external data and raises one set of errors for all of it.
+
+Neither exporter keeps a branch its sample did not take. The TorchScript trace is judged where the
+tracer warned (:mod:`aitune.traced_branches`); the dynamo export is captured here (the ONNX
+exporter's own capture would narrow a dim's range, or drop a size assertion, without a word), and
+every size condition the capture holds is judged at sizes of the tuned range on its other side:
+kept where it answers as eager there, else refused, so such a size never gets the other side's
+answer in silence.
 """
 
 from __future__ import annotations
@@ -114,8 +121,9 @@ class ONNXExport:
     """Why the dynamo exporter was not used, when the TorchScript fallback produced the model."""
     seconds: float = 0.0
     traced_branches: tuple[dict[str, Any], ...] = ()
-    """Where the TorchScript trace froze a Python value and how each was judged (see
-    :func:`aitune.traced_branches.judge`); empty for a dynamo export or a trace without any."""
+    """Where the TorchScript trace froze a Python value, or the dynamo export held a size condition,
+    and how each was judged (see :func:`aitune.traced_branches.judge` and
+    :func:`~aitune.traced_branches.judge_guards`); empty where there was none."""
 
 
 def export_onnx(
@@ -183,7 +191,9 @@ def export_onnx(
         try:
             with _quiet(), _modes_kept(module):
                 if exporter == "dynamo":
-                    _dynamo(wrapper, flat_inputs, graph, input_names, output_names, path, config.opset, external)
+                    judged = _dynamo(
+                        wrapper, flat_inputs, graph, sizes, input_names, output_names, path, config.opset, external
+                    )
                 else:
                     general = traced_branches.general_sample(graph, recorded, sizes)
                     judged = _torchscript(
@@ -316,36 +326,96 @@ def _modes_kept(module: torch.nn.Module) -> Iterator[None]:
             submodule.training = training
 
 
+def _dynamic_shapes(graph: GraphSpec) -> Any:
+    """``torch.export``'s ``dynamic_shapes`` for :class:`FlatModule` of ``graph``: one named ``Dim``
+    per dynamic dim, with its tuned range; None when nothing varies."""
+    from torch.export import Dim
+
+    dims = {name: Dim(name, min=rng.min, max=rng.max) for name, rng in graph.dims.items() if rng.min != rng.max}
+    if not dims:
+        return None
+    per_input = tuple(
+        {axis: dims[name] for axis, name in _dynamic(graph, spec).items()} or None for spec in graph.inputs
+    )
+    return (per_input,)
+
+
+def _capture(wrapper: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic_shapes: Any) -> Any:
+    """``torch.export`` of ``wrapper`` as the ONNX exporter's first strategy takes it (non-strict,
+    guards on sizes as runtime assertions), and like it, where the code narrows a dim's range (a
+    size compared with a constant), exported again on the narrowed range: the narrowing stays in
+    ``range_constraints`` for :func:`aitune.traced_branches.judge_guards` to judge, where the ONNX
+    exporter would have dropped it without a word. Raises what ``torch.export`` raises otherwise."""
+    from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+
+    with contextlib.ExitStack() as stack:
+        config = getattr(getattr(torch.fx, "experimental", None), "_config", None)
+        if config is not None and hasattr(config, "backed_size_oblivious"):
+            stack.enter_context(config.patch(backed_size_oblivious=True))  # 0/1 sizes stay dynamic
+        if dynamic_shapes is not None:
+            with contextlib.suppress(ImportError):
+                from torch.export import _patches
+
+                stack.enter_context(_patches.register_lstm_while_loop_decomposition())
+                stack.enter_context(_patches.register_gru_while_loop_decomposition())
+
+        def export(shapes: Any) -> Any:
+            return torch.export.export(
+                wrapper, inputs, dynamic_shapes=shapes, strict=False, prefer_deferred_runtime_asserts_over_guards=True
+            )
+
+        try:
+            return export(dynamic_shapes)
+        except torch._dynamo.exc.UserError as exc:
+            if dynamic_shapes is None or "Constraints violated" not in str(exc):
+                raise
+            return export(refine_dynamic_shapes_from_suggested_fixes(exc.msg, dynamic_shapes))
+
+
 def _dynamo(
     wrapper: torch.nn.Module,
     inputs: tuple[torch.Tensor, ...],
     graph: GraphSpec,
+    sizes: dict[str, int],
     input_names: list[str],
     output_names: list[str],
     path: Path,
     opset: int | None,
     external: bool,
-) -> None:
+) -> list[dict[str, Any]]:
+    """The dynamo export, from a program captured here so the size conditions it holds are judged
+    (the ONNX graph has no runtime assertions); the guards judged. Where the capture fails, the
+    ONNX exporter's own strategies run, and the program they made is judged."""
     import torch.onnx
-    from torch.export import Dim
 
-    dims = {name: Dim(name, min=rng.min, max=rng.max) for name, rng in graph.dims.items() if rng.min != rng.max}
-    per_input = tuple(
-        {axis: dims[name] for axis, name in _dynamic(graph, spec).items()} or None for spec in graph.inputs
-    )
+    dynamic_shapes = _dynamic_shapes(graph)
     with torch.no_grad(), tracing.exclusive():
+        try:
+            captured = _capture(wrapper, inputs, dynamic_shapes)
+        except Exception:
+            captured = None
         program = torch.onnx.export(
-            wrapper,
+            captured if captured is not None else wrapper,
             inputs,
             dynamo=True,
             input_names=input_names,
             output_names=output_names,
             opset_version=opset,
-            dynamic_shapes=(per_input,) if dims else None,
+            dynamic_shapes=dynamic_shapes,  # with a captured program: only to name the ONNX axes after the dims
             verbose=False,
         )
-    assert program is not None
+        assert program is not None
+        exported = captured if captured is not None else program.exported_program
+        sample = Sample(*graph.unflatten(list(inputs)))
+        why, judged = traced_branches.judge_guards(exported, wrapper, graph, sample, sizes)
+    if why is not None:
+        raise NotApplicableError(
+            "the exported graph keeps only the side of a size comparison in the code that its sample took, and it "
+            f"was not kept: {why}; it is refused (make the code size-generic there, or tune a range that stays on "
+            "one side of it, e.g. with ait.DynamicDim)"
+        )
     program.save(str(path), external_data=external)
+    return judged
 
 
 def _torchscript(
@@ -387,7 +457,9 @@ def _torchscript(
             with torch.no_grad(), tracing.exclusive(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 traced = torch.jit.trace(wrapper, inputs, check_trace=False)
-                why, judged = traced_branches.judge(traced, wrapper, graph, found, sample, recorded)
+                why, judged = traced_branches.judge(
+                    traced, wrapper, graph, found, sample, recorded, lambda: _sizes_past(wrapper, inputs, graph, sample)
+                )
             if why is not None:
                 raise NotApplicableError(
                     "the TorchScript tracer reports data-dependent control flow (a tensor turned into a Python "
@@ -408,6 +480,31 @@ def _torchscript(
         location=f"{path.name}.data",
     )
     return judged
+
+
+def _sizes_past(
+    wrapper: torch.nn.Module, inputs: tuple[torch.Tensor, ...], graph: GraphSpec, sample: Sample
+) -> list[tuple[str, Sample]]:
+    """Inputs at the sizes where the code's size comparisons turn, read from a ``torch.export``
+    capture (none where it cannot capture the module: min, max and the recorded sizes remain)."""
+    sizes = _traced_sizes(graph, inputs)
+    if not any(rng.min != rng.max for rng in graph.dims.values()):
+        return []
+    try:
+        program = _capture(wrapper, inputs, _dynamic_shapes(graph))
+    except Exception:
+        return []
+    return traced_branches.sizes_past(traced_branches.shape_guards(program, graph, sizes), graph, sample, sizes)
+
+
+def _traced_sizes(graph: GraphSpec, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
+    """Each dynamic dim's size in ``inputs``."""
+    out: dict[str, int] = {}
+    for t, spec in zip(inputs, graph.inputs):
+        for axis, name in enumerate(spec.dims):
+            if name is not None and name in graph.dims and axis < t.dim():
+                out.setdefault(name, int(t.shape[axis]))
+    return out
 
 
 def _judged_site(found: Sequence[traced_branches.Branch]) -> str:

@@ -17,6 +17,14 @@ A value branch no made input flips (``if y.sum() < -1000`` on data that is never
 refused: nothing shows the other side is right. The trace is taken from a sample on the general
 side where the inputs allow: a padded attention mask, so a model's "mask all ones?" shortcut
 freezes to the path that is right for every mask.
+
+``torch.export`` (the dynamo exporter's capture) specialises the same way, but says so: a size the
+code compares with a constant narrows that dim's range in the exported program (``if
+x.shape[1] > 100`` traced at 16 holds the dim to ``<= 100``) or becomes a runtime assertion
+(``Ne(d0, 100)``, ``Eq(Mod(d0, 2), 0)``) that the ONNX graph drops. :func:`shape_guards` reads
+both and finds sizes of the tuned range on the other side; :func:`judge_guards` runs the exported
+program there against eager. The TorchScript judge probes those sizes too, so a shape branch at a
+size no recorded call, min or max had (``== 100`` inside 8..512) is judged on both exporters.
 """
 
 from __future__ import annotations
@@ -159,10 +167,14 @@ def judge(
     found: Sequence[Branch],
     traced_from: Sample,
     samples: Sequence[Sample],
+    sizes_past: Callable[[], Sequence[tuple[str, Sample]]] | None = None,
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """Why the trace may not be kept (None: it may), and per branch what the inputs gave.
 
     ``traced`` and ``eager`` take the graph's flat input tensors and return flat output tensors.
+    ``sizes_past`` gives inputs at the sizes where the code's size comparisons turn (from
+    :func:`shape_guards`); asked only when a branch is a shape branch, since min and max alone miss
+    a branch at one size inside the range.
     """
     sites = {b.site for b in found}
     with torch.no_grad(), conversions() as at_trace:
@@ -170,6 +182,8 @@ def judge(
     frozen = {site: at_trace[site] for site in sites if site in at_trace}  # value branches; the rest shapes
     flipped: dict[Site, str] = {}
     made = probes(graph, traced_from, samples)
+    if sizes_past is not None and len(frozen) < len(sites):
+        made.extend(sizes_past())
     for what, sample in made:
         flat = graph.flatten(sample.args, sample.kwargs)
         with torch.no_grad():
@@ -232,3 +246,183 @@ def _difference(actual: Any, expected: Any) -> str | None:
         if err > 1e-4 * scale + 1e-5:
             return f"output {i} is off by {err:.3g} (scale {scale:.3g})"
     return None
+
+
+# -- sizes an exported program holds fixed ---------------------------------------------------------
+
+
+@attrs.frozen
+class ShapeGuard:
+    """A condition on input sizes that an exported program holds (its code took one side of a size
+    comparison), and sizes of the tuned range on the other side, each a ``{dim: size}``."""
+
+    condition: str
+    other_side: tuple[dict[str, int], ...]
+
+
+MAX_PROBES = 3
+"""Sizes on the other side of one guard that are run: the ones nearest the traced size."""
+
+
+def shape_guards(program: Any, graph: GraphSpec, sizes: dict[str, int]) -> list[ShapeGuard]:
+    """The conditions on dynamic dims that ``program`` (a ``torch.export.ExportedProgram`` of
+    :class:`~aitune.graph.FlatModule`, traced at ``sizes``) holds, each with sizes inside the graph's
+    ranges that break it: a dim's range narrowed below the tuned one, and runtime assertions on sizes
+    (data-dependent ones, on values the code read from tensors, are not sizes and are left out)."""
+    import sympy  # type: ignore[import-untyped]  # torch depends on it; it ships no types
+
+    names = _dim_symbols(program, graph)
+    env = {sym: sympy.Integer(sizes[name]) for sym, name in names.items() if name in sizes}
+    guards: list[ShapeGuard] = []
+    for sym, name in names.items():
+        rng, held = graph.dims[name], program.range_constraints.get(sym)
+        if held is None:
+            continue
+        low, high = _finite(held.lower), _finite(held.upper)
+        other = []
+        if low is not None and low > rng.min:
+            other += [low - 1, rng.min]
+        if high is not None and high < rng.max:
+            other += [high + 1, rng.max]
+        if other:
+            guards.append(ShapeGuard(f"{low} <= {name} <= {high}", tuple({name: v} for v in dict.fromkeys(other))))
+    for node in program.graph.nodes:
+        if node.target is not torch.ops.aten._assert_scalar.default or not node.args:
+            continue
+        value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(value, torch.SymBool):
+            continue
+        expr = value.node.expr
+        free = expr.free_symbols
+        if not free or not free <= names.keys():
+            continue
+        broken = [
+            {names[sym]: v} for sym in sorted(free, key=str) for v in _breaking(expr, sym, env, graph.dims[names[sym]])
+        ]
+        if broken:
+            readable = str(expr.xreplace({sym: sympy.Symbol(names[sym]) for sym in free}))
+            guards.append(ShapeGuard(readable, tuple(broken)))
+    return guards
+
+
+def _dim_symbols(program: Any, graph: GraphSpec) -> dict[Any, str]:
+    """Each size symbol of the program's inputs and the graph dim it stands for."""
+    user = list(program.graph_signature.user_inputs)
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    out: dict[Any, str] = {}
+    for name, spec in zip(user, graph.inputs):
+        node = placeholders.get(name)
+        value = node.meta.get("val") if node is not None else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        for axis, dim in enumerate(spec.dims):
+            if dim is None or dim not in graph.dims or axis >= value.dim():
+                continue
+            size = value.shape[axis]
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                out.setdefault(size.node.expr, dim)
+    return out
+
+
+def _finite(bound: Any) -> int | None:
+    try:
+        return int(bound)
+    except (TypeError, ValueError, OverflowError):  # sympy's infinities
+        return None
+
+
+def _breaking(expr: Any, sym: Any, env: dict[Any, Any], rng: Any) -> list[int]:
+    """Sizes of ``sym`` in ``rng`` at which ``expr`` is false (the others at their traced sizes),
+    the nearest the traced size first: the range's ends, the constants of ``expr`` and their
+    neighbours, and one period of any modulus past the traced size."""
+    import sympy
+
+    base = int(env.get(sym, rng.opt))
+    candidates = {rng.min, rng.max, base - 2, base - 1, base + 1, base + 2}
+    for atom in expr.atoms(sympy.Integer):
+        c = int(atom)
+        candidates |= {c - 1, c, c + 1}
+        if 1 < c <= 64:
+            candidates |= {base + i for i in range(1, c + 1)}
+    out = []
+    for v in sorted((v for v in candidates if rng.min <= v <= rng.max), key=lambda v: (abs(v - base), v)):
+        try:
+            holds = expr.xreplace({**env, sym: sympy.Integer(v)})
+        except Exception:
+            continue
+        if holds is sympy.false:
+            out.append(v)
+            if len(out) == MAX_PROBES:
+                break
+    return out
+
+
+def runnable(program: Any) -> Callable[..., Any]:
+    """``program`` as the ONNX graph made from it computes: its runtime assertions and input range
+    checks dropped (the ONNX graph has neither), so it runs on either side of a guard."""
+    module = program.module(check_guards=False)
+    for key, hook in list(module._forward_pre_hooks.items()):
+        if getattr(hook, "__name__", "") == "_check_input_constraints_pre_hook":
+            del module._forward_pre_hooks[key]
+    for node in list(module.graph.nodes):
+        if node.target is torch.ops.aten._assert_scalar.default:
+            module.graph.erase_node(node)
+    module.graph.eliminate_dead_code()
+    module.recompile()
+    return module
+
+
+def sizes_past(
+    guards: Sequence[ShapeGuard], graph: GraphSpec, sample: Sample, sizes: dict[str, int]
+) -> list[tuple[str, Sample]]:
+    """Inputs on the other side of each guard: ``sample`` resized, every other dim at its traced size."""
+    out = []
+    for guard in guards:
+        for other in guard.other_side:
+            label = ", ".join(f"{n}={v}" for n, v in other.items())
+            out.append((f"{label}, past {guard.condition}", resize(graph, sample, {**sizes, **other})))
+    return out
+
+
+def judge_guards(
+    program: Any,
+    eager: Callable[..., Any],
+    graph: GraphSpec,
+    sample: Sample,
+    sizes: dict[str, int],
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """Why an exported program may not be kept (None: it may), and per guard what was run.
+
+    ``eager`` takes the graph's flat input tensors and returns flat output tensors; ``sample`` is at
+    ``sizes``, where the program was traced. Each guard's other side must answer as eager there.
+    """
+    guards = shape_guards(program, graph, sizes)
+    if not guards:
+        return None, []
+    run = runnable(program)
+    for guard in guards:
+        for what, probe in sizes_past([guard], graph, sample, sizes):
+            flat = graph.flatten(probe.args, probe.kwargs)
+            with torch.no_grad():
+                try:
+                    expected = eager(*flat)
+                except Exception:  # a size the model itself refuses shows nothing about the export
+                    continue
+                try:
+                    actual = run(*flat)
+                except Exception as exc:
+                    return f"the exported graph fails at {what} ({type(exc).__name__}: {clip(str(exc), 200)})", []
+            differs = _difference(actual, expected)
+            if differs is not None:
+                return f"at {what}, it differs from eager: {differs}", []
+    summary = [
+        {
+            "site": guard.condition,
+            "kind": "size",
+            "traced": None,
+            "other_side": "; ".join(what for what, _ in sizes_past([guard], graph, sample, sizes)),
+            "other_side_checked": True,
+        }
+        for guard in guards
+    ]
+    return None, summary
