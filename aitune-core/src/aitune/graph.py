@@ -8,8 +8,12 @@ length does across ``input_ids`` and ``attention_mask``; two axes of one input n
 accident, so square images keep height and width apart unless a ``DynamicDim`` name ties them). Exporters turn names into ``torch.export.Dim`` s and
 TensorRT optimisation profiles; the dispatcher checks calls against the ranges.
 
-Here: the specs (:class:`GraphSpec`, :class:`TensorSpec`, :class:`DimRange`), their inference
-from recorded samples (:func:`infer_graph`), and the samples made at other sizes
+Each input also keeps what values it took while tuning (:class:`ValueFacts`: an integer's range,
+whether floats were all finite), so inputs made without a recorded sample (``ait.load``'s check
+against eager, a refit's check, a backend's warm-up: :meth:`GraphSpec.example`) look like real ones.
+
+Here: the specs (:class:`GraphSpec`, :class:`TensorSpec`, :class:`DimRange`, :class:`ValueFacts`),
+their inference from recorded samples (:func:`infer_graph`), and the samples made at other sizes
 (:func:`resize`, :func:`assemble`) that export, validation and profiling run.
 """
 
@@ -19,6 +23,7 @@ import collections
 import copy
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -84,6 +89,8 @@ def _check_bounds(lo: int | None, opt: int | None, hi: int | None, what: str) ->
         raise InputError(f"{what}(min={lo}, max={hi}): min is larger than max")
     if opt is not None and ((lo is not None and opt < lo) or (hi is not None and opt > hi)):
         raise InputError(f"{what}(min={lo}, opt={opt}, max={hi}): opt lies outside [min, max]")
+    if opt == 0:  # an artifact refuses it (artifact.bounds): an empty example checks nothing
+        raise InputError(f"{what}(opt=0): opt is the size backends build for and checks run at; give it at least 1")
 
 
 AxisDecl = DynamicDim | BatchDim | int
@@ -105,6 +112,64 @@ class DimRange:
 
 
 @attrs.frozen
+class ValueFacts:
+    """What values one input took in the calls ``ait.tune`` recorded.
+
+    Inputs made without a recorded sample are drawn from these (:meth:`GraphSpec.example`), so
+    ``ait.load``'s check runs token ids through the vocabulary seen and masks that pad some
+    positions, not all-zero ids and an all-zero mask that no real call has.
+    """
+
+    low: int | None = None
+    high: int | None = None
+    """Integer and bool inputs: the smallest and largest value seen (bools as 0 and 1); None for
+    floating inputs and for an integer input that was always empty."""
+    finite: bool = True
+    """Floating inputs: no infinity was seen (NaN inputs are refused while recording)."""
+
+    @property
+    def mask(self) -> bool:
+        """Only 0 and 1 were seen, both: a mask (attention, padding), drawn mostly ones."""
+        return self.low == 0 and self.high == 1
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> ValueFacts:
+        """The facts of one tensor's values (none for a dtype torch cannot reduce, a quantized one)."""
+        t = tensor.detach()
+        try:
+            if t.is_floating_point() or t.is_complex():
+                return cls(finite=bool(torch.isfinite(t).all()))
+            if t.numel() == 0:
+                return cls()
+            if t.dtype == torch.bool:
+                return cls(low=0 if bool((~t).any()) else 1, high=1 if bool(t.any()) else 0)
+            low, high = torch.aminmax(t.reshape(-1).to(torch.int64))
+            return cls(low=int(low), high=int(high))
+        except (RuntimeError, TypeError, NotImplementedError):
+            return cls()
+
+    def merge(self, other: ValueFacts | None) -> ValueFacts:
+        """The facts of both calls' values together."""
+        if other is None:
+            return self
+        lows = [v for v in (self.low, other.low) if v is not None]
+        highs = [v for v in (self.high, other.high) if v is not None]
+        return ValueFacts(
+            low=min(lows) if lows else None,
+            high=max(highs) if highs else None,
+            finite=self.finite and other.finite,
+        )
+
+
+def merge_facts(seen: Sequence[ValueFacts | None], tensors: Sequence[torch.Tensor]) -> list[ValueFacts | None]:
+    """``seen`` (one entry per input, or empty for none yet) with one more call's flat input tensors."""
+    fresh = [ValueFacts.of(t) for t in tensors]
+    if len(seen) != len(fresh):
+        return list(fresh)
+    return [f.merge(s) for f, s in zip(fresh, seen)]
+
+
+@attrs.frozen
 class TensorSpec:
     """One tensor input or output of a graph."""
 
@@ -115,6 +180,9 @@ class TensorSpec:
     """Sizes of static axes; for a dynamic axis, its opt value."""
     dims: tuple[str | None, ...]
     """Per axis: the symbolic dimension's name, or None when the axis is static."""
+    values: ValueFacts | None = None
+    """What values this input took while tuning; None for outputs and in artifacts saved before
+    aitune recorded it (inputs made for them are zeros for integers, ones for bools)."""
 
     @property
     def rank(self) -> int:
@@ -173,6 +241,11 @@ class GraphSpec:
             sort_keys=True,
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+    def without_values(self) -> GraphSpec:
+        """This graph with no recorded values: what a build depends on. Keys that must not change with
+        the data's values (a build cache's, a remembered JIT decision's, the ranks' agreement) use it."""
+        return attrs.evolve(self, inputs=tuple(attrs.evolve(spec, values=None) for spec in self.inputs))
 
     @property
     def counters(self) -> tuple[str, ...]:
@@ -269,14 +342,20 @@ class GraphSpec:
                     out.append(f"{spec.path} is on {t.device.type}, tuned on {spec.device}")
         return out
 
-    def example(self, which: str = "opt", batch_size: int | None = None) -> Sample:
-        """Random inputs of this graph with every dynamic axis at ``which`` (or a given batch size)."""
+    def example(
+        self, which: str = "opt", batch_size: int | None = None, *, row: int = 0, shuffled: bool = False
+    ) -> Sample:
+        """Inputs of this graph with every dynamic axis at ``which`` (or a given batch size), their
+        values drawn from what each input took while tuning (:func:`draw`): the same for the same
+        arguments. ``row`` numbers the first row, so successive examples sweep on where the last
+        stopped; ``shuffled`` draws integers and mask padding at random instead of sweeping."""
+        generator = torch.Generator().manual_seed(2 * row + shuffled)
         tensors = []
         for spec in self.inputs:
             shape = list(self.shape_at(spec, which))
             if batch_size is not None and spec.batch_axis is not None:
                 shape[spec.batch_axis] = batch_size
-            tensors.append(_random(spec, tuple(shape)))
+            tensors.append(draw(spec, tuple(shape), row, generator, shuffled))
         args, kwargs = self.unflatten(tensors)
         return Sample(args, kwargs)
 
@@ -359,13 +438,54 @@ class FlatModule(torch.nn.Module):
         return tuple(tree.flatten(self.module(*args, **kwargs))[0])
 
 
-def _random(spec: TensorSpec, shape: tuple[int, ...]) -> torch.Tensor:
+_INDEX_CAP = 1 << 62
+"""Sweeps index a range through int64 arithmetic: a wider range is swept over its first 2**62 values."""
+
+
+def draw(
+    spec: TensorSpec,
+    shape: tuple[int, ...],
+    row: int = 0,
+    generator: torch.Generator | None = None,
+    shuffled: bool = False,
+) -> torch.Tensor:
+    """Values for one input of ``shape``, made like those it took while tuning (``spec.values``).
+
+    Rows are the positions of every axis but the last; ``row`` numbers the first. Floats are
+    normal. A 0/1 input (a mask) is ones with the last ``r % (length // 2 + 1)`` positions of row
+    ``r`` zero, so no row is all padding (an all-zero attention mask is a case no model is built
+    for, and backends answer it differently). Other integers sweep their recorded range: position ``j``
+    of row ``r`` takes the ``(r + j)``-th value counted from both ends inward (low, high, low+1,
+    high-1, ...), so the first position runs through both ends first and a range no wider than
+    the rows swept is drawn whole at every position. ``shuffled``: integers and padding uniformly
+    random instead. Without recorded facts (an older artifact): integers zero, bools one.
+    """
     dtype = spec.torch_dtype
     if dtype.is_floating_point or dtype.is_complex:
-        return torch.randn(shape, dtype=dtype, device=spec.device)
-    if dtype == torch.bool:
-        return torch.ones(shape, dtype=dtype, device=spec.device)
-    return torch.zeros(shape, dtype=dtype, device=spec.device)
+        return torch.randn(shape, dtype=dtype, generator=generator).to(spec.device)
+    facts = spec.values
+    if facts is None or facts.low is None or facts.high is None:
+        fill = 1 if dtype == torch.bool else 0
+        return torch.full(shape, fill, dtype=dtype, device=spec.device)
+    lo, hi = facts.low, facts.high
+    length = shape[-1] if shape else 1
+    rows = math.prod(shape[:-1]) if shape else 1
+    if rows * length == 0:
+        return torch.zeros(shape, dtype=dtype, device=spec.device)
+    r = torch.arange(rows).unsqueeze(1) + row
+    j = torch.arange(length).unsqueeze(0)
+    if facts.mask:
+        most = length // 2 + 1  # at most half of a row is padding
+        padded = torch.randint(0, most, (rows, 1), generator=generator) if shuffled else r % most
+        values = (j < length - padded).to(torch.int64)
+    else:
+        span = min(hi - lo + 1, _INDEX_CAP)
+        if shuffled:
+            values = lo + torch.randint(0, span, (rows, length), generator=generator)
+        else:
+            index = (r + j) % span
+            values = torch.where(index % 2 == 0, lo + index // 2, hi - index // 2)
+    return values.reshape(shape).to(dtype=dtype, device=spec.device)
 
 
 def leaf_paths(arg_names: Sequence[str], structure: dict[str, Any]) -> list[str]:
@@ -386,13 +506,17 @@ def infer_graph(
     dynamic_shapes: DynamicShapes | None = None,
     batch_sizes: Sequence[int] | None = None,
     outputs: Sequence[Any] | None = None,
+    facts: Sequence[ValueFacts | None] | None = None,
 ) -> GraphSpec:
     """Build the graph that covers ``samples`` (all of one structure).
 
     The batch axis is axis 0 of the inputs whose leading size varies together across samples
     (or, with one recorded batch size and ``batch_sizes`` given, of the inputs sharing the leading
     size). Other varying axes become dynamic; ``dynamic_shapes`` states axes explicitly and is
-    checked against every sample.
+    checked against every sample. Each range's opt is its most common recorded size, a positive
+    one where there is one (an empty example checks nothing). ``facts``: per input, what values
+    every recorded call took (:attr:`GraphRecording.values <aitune.engine.recording.GraphRecording.values>`);
+    left None, those of ``samples``.
     """
     if not samples:
         raise InputError("no samples recorded for this graph; run the model on at least one input")
@@ -479,11 +603,16 @@ def infer_graph(
                                 f"outside the declared bounds [{lo}, {hi}] of {name!r}: widen the bounds "
                                 "or record samples inside them"
                             )
-        common = collections.Counter(values).most_common(1)[0][0]
+        counts = collections.Counter(values)
+        common = max((v for v in counts if v > 0), key=counts.__getitem__, default=0)
         dims[name] = DimRange(
             min=rec_lo if lo is None else lo, opt=common if opt is None else opt, max=rec_hi if hi is None else hi
         )
 
+    seen: list[ValueFacts | None] = list(facts) if facts is not None and len(facts) == n_leaves else []
+    if not seen:
+        for sample in leaves:
+            seen = merge_facts(seen, sample)
     inputs = tuple(
         TensorSpec(
             path=paths[i],
@@ -491,6 +620,7 @@ def infer_graph(
             device=leaves[0][i].device.type,
             shape=tuple(dims[n].opt if n is not None else size for size, n in zip(sizes[0][i], names[i])),
             dims=tuple(names[i]),
+            values=seen[i],
         )
         for i in range(n_leaves)
     )

@@ -7,6 +7,10 @@ its min and max and at sizes no recorded call had (:func:`interior_sizes`): an e
 have dropped a branch the model takes on a shape (``if x.shape[1] == 6``) that the recorded calls
 never hit, and only running that shape shows it.
 
+:func:`check_loaded` is ``ait.load``'s check of a payload read from an artifact: a few inputs drawn
+from what the graph's inputs took while tuning, at its min, opt and max sizes, where a NaN or an
+infinity must sit exactly where eager has one.
+
 On a GPU the eager reference runs fp32 matmuls and convolutions in full fp32 (torch's defaults
 let cuDNN convolutions use TF32), unless the candidate computes in TF32 itself
 (:meth:`Backend.computes_tf32`), whose fp32 bound is then TF32's (:data:`TF32_TOLERANCE`).
@@ -15,10 +19,12 @@ let cuDNN convolutions use TF32), unless the candidate computes in TF32 itself
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
 import torch
 
 from . import tree
@@ -152,6 +158,86 @@ def validate(
     return report
 
 
+LOAD_CHECK_CASES = (("min", False), ("opt", False), ("max", False), ("opt", True))
+"""``ait.load``'s check: the sizes each call runs at, and whether its integers are shuffled (else
+swept on from the rows before it, see :func:`aitune.graph.draw`). Four calls of the payload and four
+of eager per graph, one at the graph's max sizes."""
+
+
+@attrs.define
+class LoadCheck:
+    """What :func:`check_loaded` found."""
+
+    reason: str | None = None
+    """Why the payload does not answer as eager does, or None."""
+    checked: int = 0
+    """Calls compared (a call eager itself refuses is skipped)."""
+    skipped: list[str] = attrs.field(factory=list)
+    """Each skipped call and the error eager raised."""
+    eager_nan: bool = False
+    """Some output of eager held a NaN (which the payload then matched, position by position)."""
+
+
+def check_loaded(
+    backend: Backend,
+    reference: Callable[..., Any],
+    graph: GraphSpec,
+    tolerances: Mapping[str, Any] | None = None,
+    masked_by: str | None = None,
+) -> LoadCheck:
+    """Run ``backend`` (a payload read from a file) and ``reference`` (eager, with the artifact's
+    weights) on the inputs of :data:`LOAD_CHECK_CASES` and compare, strictly about non-finite values.
+
+    Each call's inputs are drawn from the graph's recorded :class:`~aitune.graph.ValueFacts`, so
+    integer inputs run through their tuned range (its ends first) and masks pad some positions; a
+    payload that answers otherwise on some sizes (a branch on the batch size), some values (an
+    embedding row, a token) or with NaN where eager is finite, or finite where eager is not (weights
+    that are not the payload's), is caught. A call eager itself raises on is skipped. ``masked_by``
+    as for :func:`validate`: the padded positions of that mask input are left out.
+    """
+    result = LoadCheck()
+    comparisons: dict[str, OutputComparison] = {}
+    tf32 = backend.computes_tf32()
+    row = 0
+    for which, shuffled in LOAD_CHECK_CASES:
+        sample = graph.example(which, row=row, shuffled=shuffled)
+        tensors = sample.tensors()
+        row += max((math.prod(t.shape[:-1]) if t.dim() else 1 for t in tensors), default=1)
+        label = f"{which} shapes, {'shuffled' if shuffled else 'swept'} values"
+        eager_inputs = sample.fresh()
+        on_gpu = _on_cuda(sample)
+        try:
+            with full_fp32() if on_gpu and not tf32 else contextlib.nullcontext():
+                expected = reference(*eager_inputs.args, **eager_inputs.kwargs)
+        except Exception as exc:
+            result.skipped.append(f"{label}: eager raises {type(exc).__name__}: {exc}")
+            continue
+        result.eager_nan = result.eager_nan or any(
+            bool(torch.isnan(t).any()) for t in tree.flatten(expected)[0] if t.is_floating_point() or t.is_complex()
+        )
+        try:
+            _check_one(
+                backend,
+                expected,
+                eager_inputs,
+                sample,
+                tolerances,
+                comparisons,
+                label,
+                _mask_of(graph, sample, masked_by) if masked_by is not None else None,
+                tf32=on_gpu and tf32,
+                strict=True,
+            )
+        except _Mismatch as exc:
+            result.reason = str(exc)
+            return result
+        except Exception as exc:  # the payload crashed on inputs eager takes
+            result.reason = f"{label}: running the payload raised {type(exc).__name__}: {exc}"
+            return result
+        result.checked += 1
+    return result
+
+
 MAX_INTERIOR = 16
 """Sizes of one dynamic axis checked beyond what was recorded: every size of a range up to this
 wide, else this many spread over it. Bounds what validation costs."""
@@ -194,9 +280,11 @@ def _check_one(
     label: str,
     mask: torch.Tensor | None = None,
     tf32: bool = False,
+    strict: bool = False,
 ) -> None:
     """One case: the candidate's outputs against eager's, and its inputs after the call against
-    what eager left in them (unchanged, or updated in place as a static KV cache is)."""
+    what eager left in them (unchanged, or updated in place as a static KV cache is). ``strict``:
+    NaN and infinities must match eager's position by position (:func:`_compare`)."""
     mine = sample.fresh()
     actual = backend.infer(*mine.args, **mine.kwargs)
     before = sample.tensors()
@@ -208,7 +296,13 @@ def _check_one(
             raise _Mismatch(f"{label}: the candidate modified input tensor {i} in place (eager does not)")
         path = f"input {i} after the call"
         _compare(
-            label, path, e, a.to(e.device), tolerance_for(e.dtype, backend, tolerances, tf32), OutputComparison(path)
+            label,
+            path,
+            e,
+            a.to(e.device),
+            tolerance_for(e.dtype, backend, tolerances, tf32),
+            OutputComparison(path),
+            strict,
         )
 
     exp_leaves, exp_struct = tree.flatten(expected)
@@ -227,7 +321,7 @@ def _check_one(
         if mask is not None and exp.dim() >= 2 and tuple(exp.shape[:2]) == tuple(mask.shape):
             keep = mask.to(exp.device) != 0
             exp, act = exp[keep], act[keep]
-        _compare(label, path, exp, act, tolerance_for(exp.dtype, backend, tolerances, tf32), cmp)
+        _compare(label, path, exp, act, tolerance_for(exp.dtype, backend, tolerances, tf32), cmp, strict)
 
 
 def _mask_of(graph: GraphSpec, sample: Sample, name: str) -> torch.Tensor | None:
@@ -240,8 +334,18 @@ def _mask_of(graph: GraphSpec, sample: Sample, name: str) -> torch.Tensor | None
 
 
 def _compare(
-    label: str, path: str, exp: torch.Tensor, act: torch.Tensor, tol: Tolerance, cmp: OutputComparison
+    label: str,
+    path: str,
+    exp: torch.Tensor,
+    act: torch.Tensor,
+    tol: Tolerance,
+    cmp: OutputComparison,
+    strict: bool = False,
 ) -> None:
+    """Shapes were compared already; the values here. A NaN or infinity where eager is finite fails;
+    where eager has one, the position is left out, unless ``strict``: then the candidate must have
+    the same there (a NaN, or the same infinity), so finite answers where eager's weights give NaN
+    fail too."""
     if not (exp.dtype.is_floating_point or exp.dtype.is_complex):
         if not torch.equal(exp, act):
             wrong = int((exp != act).sum())
@@ -252,6 +356,14 @@ def _compare(
     if bool(bad.any()):
         raise _Mismatch(f"{label}: output {path} has {int(bad.sum())} NaN/Inf values where eager is finite")
     same_nonfinite = ~torch.isfinite(e)
+    if strict:
+        same = (torch.isnan(e) & torch.isnan(a)) | (e == a)
+        other = same_nonfinite & ~same
+        if bool(other.any()):
+            raise _Mismatch(
+                f"{label}: output {path} is not NaN or infinite at {int(other.sum())} positions where eager is "
+                "(or another infinity)"
+            )
     if bool(same_nonfinite.any()):
         e, a = e.masked_fill(same_nonfinite, 0.0), a.masked_fill(same_nonfinite, 0.0)
     if e.numel() == 0:

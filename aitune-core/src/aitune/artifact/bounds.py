@@ -3,9 +3,10 @@
 A graph's ranges size the inputs made at load time (the refit check against eager, a JIT
 backend's warm-up, ``check=True``): a 17 KB file that claims a batch of 2**22 would make the
 loader allocate gigabytes. A graph is accepted when it is consistent with itself (every axis
-named in its inputs has a range, each range is ``0 <= min <= opt <= max``, dtypes and devices are
-ones aitune writes) and when its largest example
-stays under the documented caps below.
+named in its inputs has a range, each range is ``0 <= min <= opt <= max`` with opt at least 1
+(where max is), dtypes and devices are ones aitune writes, every recorded value range fits its
+input's dtype) and when its largest example stays under the documented caps below. An opt of 0
+would make the load check's example empty, so that it compared nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 
 import torch
 
-from ..graph import GraphSpec
+from ..graph import GraphSpec, ValueFacts
 
 MAX_DIM = 1 << 20
 """The largest size any one axis of a saved graph may reach (1,048,576)."""
@@ -30,6 +31,8 @@ def graph_problem(graph: GraphSpec) -> str | None:
     for name, rng in graph.dims.items():
         if not 0 <= rng.min <= rng.opt <= rng.max:
             return f"the range of {name} is min {rng.min}, opt {rng.opt}, max {rng.max}, not 0 <= min <= opt <= max"
+        if rng.opt < 1 <= rng.max:
+            return f"the range of {name} has opt {rng.opt}: below 1, an example at opt is empty and checks nothing"
         if rng.max > MAX_DIM:
             return f"{name} reaches {rng.max}, over the cap of {MAX_DIM} for one axis"
     total = 0
@@ -47,6 +50,9 @@ def graph_problem(graph: GraphSpec) -> str | None:
                 return f"input {spec.path} axis {axis} names the range {dim!r}, which the graph does not have"
             if not 0 <= size <= MAX_DIM:
                 return f"input {spec.path} axis {axis} is {size}, over the cap of {MAX_DIM} for one axis"
+        problem = _values_problem(spec.values, dtype)
+        if problem:
+            return f"input {spec.path}: {problem}"
         largest = math.prod(graph.shape_at(spec, "max"))
         total += largest * dtype.itemsize
         if total > MAX_EXAMPLE_BYTES:
@@ -54,4 +60,35 @@ def graph_problem(graph: GraphSpec) -> str | None:
                 f"one example at the graph's max sizes takes over {MAX_EXAMPLE_BYTES} bytes (the documented cap, "
                 "docs/security.md): tune with a smaller max range"
             )
+    for spec in graph.outputs:
+        if spec.values is not None:
+            return f"output {spec.path} carries recorded values; only inputs do"
     return None
+
+
+def _values_problem(facts: ValueFacts | None, dtype: torch.dtype) -> str | None:
+    """Why an input's recorded values (read from a file) cannot be its dtype's, or None."""
+    if facts is None:
+        return None
+    if not isinstance(facts.finite, bool):
+        return f"the recorded 'finite' is {facts.finite!r}, not true or false"
+    if dtype.is_floating_point or dtype.is_complex:
+        if facts.low is not None or facts.high is not None:
+            return "a floating input carries an integer value range"
+        return None
+    if (facts.low is None) != (facts.high is None):
+        return "the recorded value range has one end only"
+    if facts.low is None or facts.high is None:
+        return None
+    try:
+        info = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+    except TypeError:
+        return f"{dtype} has no integer range, yet a value range was recorded"
+    lowest, highest = max(info[0], _INT64[0]), min(info[1], _INT64[1])
+    if not lowest <= facts.low <= facts.high <= highest:
+        return f"the recorded values {facts.low}..{facts.high} are not a range of {dtype} ({lowest}..{highest})"
+    return None
+
+
+_INT64 = (torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max)
+"""Inputs are drawn in int64 arithmetic: a range must fit it, whatever the dtype."""

@@ -2,7 +2,8 @@
 
 Calls are grouped by graph (input structure, in canonical form: positional and keyword calls of
 the same parameters land together). Each graph keeps a few samples of distinct shapes, detached
-copies so later in-place changes by the pipeline cannot alter them, plus the eager outputs.
+copies so later in-place changes by the pipeline cannot alter them, plus the eager outputs, and
+what values every call's inputs took (:class:`~aitune.graph.ValueFacts`), kept samples or not.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from .. import tree
 from ..errors import InputError, UnsupportedValueError
-from ..graph import Sample
+from ..graph import Sample, ValueFacts, merge_facts
 
 
 class _ThreadState(threading.local):
@@ -260,6 +261,9 @@ class GraphRecording:
     """Why this graph runs eager without tuning (a value no backend can take), or None."""
     mutated: set[int] = attrs.field(factory=set)
     """Indices of the input leaves eager updated in place (a static KV cache), in the graph's order."""
+    values: list[ValueFacts | None] = attrs.field(factory=list)
+    """Per input leaf, what values every recorded call took (before the call, for one that updates
+    its inputs in place), for the graph spec: a few samples are kept, every call is counted here."""
 
 
 class Recordable(Protocol):
@@ -386,6 +390,7 @@ class Recording(Generic[W]):
             graph.mutated.update(i for i, t in enumerate(after) if id(t) in changed)
             if pre is None:  # updated in place and not copied before: the inputs as they were are gone
                 return
+        graph.values = merge_facts(graph.values, tree.flatten(pre if pre is not None else (args, kwargs))[0])
         shapes = _shapes(args, kwargs)
         sample = Sample(*pre) if pre is not None else Sample(_detach(args), _detach(kwargs))
         if len(graph.samples) < self.max_samples:
