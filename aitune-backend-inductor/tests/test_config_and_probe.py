@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from aitune.compile_cache import ENV, PRIVATE_OPTIONS, inductor_cache, inductor_cache_dir
 from aitune.errors import ConfigError
 from aitune.graph import Sample, infer_graph
 from aitune.testing import config_from_json, config_to_json
 from aitune_backend_inductor import plugin
-from aitune_backend_inductor.cache import ENV, inductor_cache, inductor_cache_dir
 from aitune_backend_inductor.config import TorchInductorAotBackendConfig, TorchInductorJitBackendConfig
 from aitune_backend_inductor.shapes import trace_sizes, unseen_sizes, warmup_cases
 
@@ -149,7 +149,7 @@ def test_a_thread_count_from_a_file_is_capped_at_the_machines_cores(monkeypatch)
     graph = infer_graph([Sample((torch.randn(2, 4),))], ["x"])
     with pytest.raises(Stop):
         jit.TorchInductorJitBackend(config)._compile(torch.nn.Linear(4, 4), graph, torch.device("cpu"), [])
-    assert seen["options"] == {"cpp.threads": machine_cores(), "max_autotune": False}
+    assert seen["options"] == {"cpp.threads": machine_cores(), "max_autotune": False, **PRIVATE_OPTIONS}
 
 
 def test_a_graph_pinned_to_one_batch_size_is_exported_without_a_dim():

@@ -25,10 +25,11 @@ from aitune.plugin import (
     SerializationError,
     exclusive,
     exported_file,
+    inductor_cache,
+    inductor_options,
     resize,
 )
 
-from .cache import inductor_cache
 from .config import TorchInductorAotBackendConfig, capped_options
 from .package import check_archive, open_package
 from .shapes import export_dynamic_shapes, trace_sizes
@@ -234,8 +235,9 @@ def _compile(program: Any, config: TorchInductorAotBackendConfig, cache_dir: Pat
         try:
             from torch._inductor import aoti_compile_and_package
 
-            # every weight stays a named constant of the package, so refit can replace it
-            options = {"always_keep_tensor_constants": True, **(capped_options(config.options) or {})}
+            # every weight stays a named constant of the package, so refit can replace it; no
+            # precompiled headers (Inductor keeps them in its default folder, see inductor_options)
+            options = inductor_options({"always_keep_tensor_constants": True, **(capped_options(config.options) or {})})
             aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
         except Exception as exc:
             raise BuildError(

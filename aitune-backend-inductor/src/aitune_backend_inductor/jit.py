@@ -9,9 +9,20 @@ from typing import Any
 
 import torch
 
-from aitune.plugin import Backend, BuildContext, BuildError, GraphSpec, LoadContext, Sample, resize, tree
+from aitune.plugin import (
+    Backend,
+    BuildContext,
+    BuildError,
+    GraphSpec,
+    InductorCacheSwitch,
+    LoadContext,
+    Sample,
+    inductor_cache,
+    inductor_options,
+    resize,
+    tree,
+)
 
-from .cache import inductor_cache
 from .config import TorchInductorJitBackendConfig, capped_options
 from .recompiles import RecompileWatch
 from .shapes import dim_sizes, unseen_sizes, warmup_cases
@@ -25,7 +36,9 @@ class TorchInductorJitBackend(Backend):
     """torch.compile with the Inductor backend, compiled in the process.
 
     Nothing compiled survives ``save``: ``load`` compiles again (from Inductor's on-disk cache
-    when it is warm) and warms up, before the first call.
+    when it is warm) and warms up, before the first call. A call at a shape the warm-up did not
+    cover compiles again, so every call runs with Inductor pointed at the folder the build or load
+    checked (:class:`InductorCacheSwitch`), never at Inductor's default folder in ``/tmp``.
     """
 
     name = "torch_inductor_jit"
@@ -40,6 +53,7 @@ class TorchInductorJitBackend(Backend):
         super().__init__(config)
         self._compiled: Any = None
         self._cudagraphs = False
+        self._cache: InductorCacheSwitch | None = None
         self._watch = RecompileWatch(self.name)
 
     def unsupported_reason(self, graph: GraphSpec, device: torch.device) -> str | None:
@@ -64,6 +78,7 @@ class TorchInductorJitBackend(Backend):
                     "dropped; try torch_inductor_aot or onnxruntime"
                 )
             self._compile(module, context.graph, context.device, warmup_cases(context.graph, context.samples))
+        self._cache = InductorCacheSwitch(folder)
         self.build_info.update(cache_dir=str(folder), compiled_on_load=False)
 
     def follows_weights(self) -> bool:
@@ -71,9 +86,9 @@ class TorchInductorJitBackend(Backend):
         return not (self.config.options or {}).get("freezing", False)
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
-        if self._compiled is None:
+        if self._compiled is None or self._cache is None:
             raise BuildError("TorchInductorJitBackend used before build() or load()")
-        with torch.no_grad():
+        with self._cache, torch.no_grad():
             if self._cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
             out = self._watch.call(self._compiled, *args, **kwargs)
@@ -92,6 +107,7 @@ class TorchInductorJitBackend(Backend):
         cases = [("graph example at opt", base), *warmup_cases(graph, [base])[1:]]
         with inductor_cache(context.cache_dir) as folder:
             self._compile(module, graph, context.device, cases)
+        self._cache = InductorCacheSwitch(folder)
         self.build_info.update(cache_dir=str(folder), compiled_on_load=True)
 
     # -- compiling ------------------------------------------------------------------------------
@@ -101,12 +117,12 @@ class TorchInductorJitBackend(Backend):
     ) -> None:
         cfg = self.config
         mark = cfg.dynamic is not False and bool(graph.dims)
+        dynamic = _dynamic(cfg, graph)
         compiled = torch.compile(
             module,
             backend="inductor",
-            mode=cfg.mode,
-            options=capped_options(cfg.options),
-            dynamic=_dynamic(cfg, graph),
+            options=inductor_options(capped_options(cfg.options), cfg.mode, dynamic),
+            dynamic=dynamic,
             fullgraph=cfg.fullgraph,
         )
         self._cudagraphs = device.type == "cuda" and _uses_cudagraphs(cfg)

@@ -3,13 +3,16 @@
 Quantization buys speed with accuracy, so the backend states how much accuracy it may spend
 (``tolerance``) and reports how much it did spend (``build_info["accuracy"]``), measured against
 the eager module on the recorded samples.
+
+Compiled (``compile=True``, the default), it compiles with Inductor at build, at load, and at run
+time for a shape not seen before: every one of those runs with Inductor pointed at aitune's
+private cache (``inductor_cache``, then an ``InductorCacheSwitch`` around each call), never at
+Inductor's default folder in ``/tmp``, which another account can make first and fill.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,13 @@ from aitune.plugin import (
     BuildContext,
     BuildError,
     GraphSpec,
+    InductorCacheSwitch,
     LoadContext,
     Sample,
     SerializationError,
     Tolerance,
+    inductor_cache,
+    inductor_options,
     resize,
     tree,
 )
@@ -34,6 +40,14 @@ from .config import TorchAOBackendConfig, from_json_form
 from .presets import CUSTOM_TOLERANCE, PRESETS, for_torchao_class
 
 PAYLOAD_FORMAT = 1
+
+TORCHAO_INDUCTOR_OPTIONS = {
+    "coordinate_descent_tuning": True,
+    "coordinate_descent_check_all_directions": True,
+    "force_fuse_int_mm_with_mul": True,
+}
+"""torchao's recommended Inductor settings, as options of this backend's compiles (torchao would set
+them globally); those this torch does not know are left out."""
 
 
 class TorchAOBackend(Backend):
@@ -47,6 +61,7 @@ class TorchAOBackend(Backend):
         super().__init__(config)
         self._runner: Any = None
         self._model: torch.nn.Module | None = None
+        self._cache: InductorCacheSwitch | None = None
 
     # -- what the engine asks before building ----------------------------------------------
 
@@ -73,6 +88,11 @@ class TorchAOBackend(Backend):
     # -- build and run ---------------------------------------------------------------------
 
     def build(self, module: torch.nn.Module, context: BuildContext) -> None:
+        with inductor_cache(context.cache_dir) as folder:  # torchao's import and torch.compile read it too
+            self._cache = InductorCacheSwitch(folder)
+            self._build(module, context)
+
+    def _build(self, module: torch.nn.Module, context: BuildContext) -> None:
         model = self._quantized(module)
         self._runner = self._compiled(model)
         try:
@@ -95,9 +115,9 @@ class TorchAOBackend(Backend):
         self._model = model
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
-        if self._runner is None:
+        if self._runner is None or self._cache is None:
             raise BuildError("TorchAOBackend.infer was called before build() or load()")
-        with torch.no_grad():
+        with self._cache, torch.no_grad():  # a new shape compiles again, into aitune's cache
             return self._runner(*args, **kwargs)
 
     # -- save and load ---------------------------------------------------------------------
@@ -120,6 +140,11 @@ class TorchAOBackend(Backend):
         }
 
     def load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
+        with inductor_cache(context.cache_dir) as folder:  # compile=True compiles here, at ait.load
+            self._cache = InductorCacheSwitch(folder)
+            self._load(module, directory, context)
+
+    def _load(self, module: torch.nn.Module, directory: Path, context: LoadContext) -> None:
         meta = context.metadata
         if meta.get("format") != PAYLOAD_FORMAT:
             raise SerializationError(
@@ -182,11 +207,15 @@ class TorchAOBackend(Backend):
     def _compiled(self, model: torch.nn.Module) -> Any:
         if not self.config.compile:
             return model
-        return torch.compile(model, mode=self.config.compile_mode)
+        import torch._inductor.config as inductor
+
+        known = inductor.get_config_copy()
+        ours = {k: v for k, v in TORCHAO_INDUCTOR_OPTIONS.items() if k in known}
+        return torch.compile(model, options=inductor_options(ours, self.config.compile_mode))
 
     def _warm_up(self, samples: list[Sample]) -> list[Any]:
         """Run every sample once, so compilation happens here and not at the user's first call."""
-        with _inductor_settings(), torch.no_grad():
+        with torch.no_grad():
             return [self._runner(*s.args, **s.kwargs) for s in samples]
 
 
@@ -197,20 +226,6 @@ def _warm_up_samples(graph: GraphSpec, samples: list[Sample]) -> list[Sample]:
         for which in ("min", "max"):
             out.append(resize(graph, samples[0], {n: getattr(r, which) for n, r in graph.dims.items()}))
     return out
-
-
-@contextlib.contextmanager
-def _inductor_settings() -> Iterator[None]:
-    """torchao's recommended inductor settings, for this compilation only (torchao would set them globally)."""
-    import torch._inductor.config as inductor
-
-    wanted = {
-        "coordinate_descent_tuning": True,
-        "coordinate_descent_check_all_directions": True,
-        "force_fuse_int_mm_with_mul": True,
-    }
-    with inductor.patch({k: v for k, v in wanted.items() if hasattr(inductor, k)}):
-        yield
 
 
 def _accuracy(expected: list[Any], actual: list[Any]) -> dict[str, float]:

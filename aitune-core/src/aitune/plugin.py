@@ -30,6 +30,11 @@ The groups:
 * ONNX export, shared by the ONNX Runtime and TensorRT backends: :class:`ONNXExportConfig`,
   ``export_onnx`` and the :class:`ONNXExport` it returns, ``model_files`` and ``MODEL_FILE``;
   ``exclusive`` is the lock to hold around any tracing of the user's module;
+* Inductor's compile cache (:mod:`aitune.compile_cache`), for every backend that compiles with
+  Inductor (torch.compile, AOTInductor): ``inductor_cache`` around a build or a load (the checked,
+  private ``<aitune cache>/inductor``, or the user's own ``TORCHINDUCTOR_CACHE_DIR``; ``inductor_cache_dir``
+  names it), an :class:`InductorCacheSwitch` to that folder around each run-time call that may
+  compile again, and ``inductor_options`` (the options every such compile gets);
 * executors (where isolated builds run): :class:`Executor`, the :class:`BuildRequest` it gets and
   the :class:`BuildHandle` it returns, ``worker_job`` (a build as JSON), and on the node that
   builds, ``job_on_this_node`` and ``run_job`` (run the worker), :class:`WorkerBuildError`;
@@ -56,6 +61,7 @@ from .backend import (
     payload_file,
     torch_allows_tf32,
 )
+from .compile_cache import InductorCacheSwitch, inductor_cache, inductor_cache_dir, inductor_options
 from .errors import (
     ArtifactError,
     BackendUnavailableError,
@@ -103,6 +109,7 @@ __all__ = [  # grouped in the docstring above
     "ExecutorSpec",
     "FlatModule",
     "GraphSpec",
+    "InductorCacheSwitch",
     "InputError",
     "LoadContext",
     "NotApplicableError",
@@ -117,6 +124,9 @@ __all__ = [  # grouped in the docstring above
     "export_onnx",
     "exported_file",
     "hookimpl",
+    "inductor_cache",
+    "inductor_cache_dir",
+    "inductor_options",
     "job_on_this_node",
     "machine_cores",
     "model_files",
