@@ -6,12 +6,14 @@ pytest, which rewrites every module of a plugin's distribution, never sees this 
 switch parser does not know leaves it off too, with the message on stderr.
 """
 
+import os
 import sys
 
-try:
-    from aitune.envvars import switch
+if os.environ.get("AITUNE_JIT", "").strip():  # unset or empty: nothing is imported
+    try:
+        from aitune.envvars import switch
 
-    if switch("AITUNE_JIT", False):
-        import aitune.torch.jit.enable  # noqa: F401
-except Exception as exc:  # a broken install or a misspelt switch must not stop every Python program from starting
-    print(f"aitune: AITUNE_JIT is set but JIT tuning could not start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if switch("AITUNE_JIT", False):
+            import aitune.torch.jit.enable  # noqa: F401
+    except Exception as exc:  # a broken install or a misspelt switch must not stop every Python program from starting
+        print(f"aitune: AITUNE_JIT is set but JIT tuning could not start: {type(exc).__name__}: {exc}", file=sys.stderr)

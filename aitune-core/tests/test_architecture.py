@@ -223,6 +223,7 @@ PLUGIN_API = {
     "aitune.report",
     "aitune.converter",
     "aitune.cachedir",
+    "aitune.compile_cache",
     "aitune.envvars",
     "aitune.files",
     "aitune.distributed",

@@ -113,7 +113,11 @@ def test_each_jit_setting_but_the_strategy_has_its_environment_variable(monkeypa
 @pytest.mark.parametrize(
     ("variable", "raw", "message"),
     [
-        ("AITUNE_JIT_DEFERRED", "maybe", "AITUNE_JIT_DEFERRED='maybe' is not a boolean; use 1 or 0"),
+        (
+            "AITUNE_JIT_DEFERRED",
+            "maybe",
+            "AITUNE_JIT_DEFERRED='maybe' is not a switch aitune understands; set it to one of 1, true, yes, on",
+        ),
         ("AITUNE_JIT_MAX_DEPTH", "two", "AITUNE_JIT_MAX_DEPTH='two' is not an integer"),
         ("AITUNE_JIT_MAX_TUNING_SHARE", "half", "AITUNE_JIT_MAX_TUNING_SHARE='half' is not a number"),
         ("AITUNE_JIT_MIN_SAMPLES", "0", "AITUNE_JIT_MIN_SAMPLES='0': aitune.torch.jit.config.min_samples must be"),

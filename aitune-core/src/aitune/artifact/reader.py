@@ -31,13 +31,14 @@ from ..engine.install import install
 from ..engine.module import Module, freeze_tuned, wrapped_modules
 from ..engine.routes import Winner
 from ..engine.settings import settings
+from ..envvars import check_switches
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..graph import GraphSpec
 from ..payload import PayloadRecord
 from ..plugins import AituneManager, get_manager
 from ..registry import BackendRegistry, missing_requirements
 from ..session import Session
-from . import ownkey
+from . import ownkey, seal
 from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, REPORT, Reader, open_artifact
 from .bounds import graph_problem
 from .format import GraphEntry, Manifest, ModuleEntry
@@ -186,14 +187,35 @@ class Asked:
     signature: str | Path | None = None
     trust_native_code: bool = False
 
+    def detached(self, path: Path) -> bool:
+        """A detached signature beside the file (or given) may be checked over the whole file: then the
+        file is read from a private copy made while hashing, so what is checked is what is parsed."""
+        return bool(self.trusted_keys) and signature_path(path, self.signature).is_file()
+
     def judge(self, reader: Reader) -> Trust:
         """How far the artifact ``reader`` opened is trusted by what was offered; a signature that does
         not check raises.
 
-        The signature is checked on the reader's own open file, the pin was checked by it: what is
-        trusted is what is read, whatever is at the path by then.
+        A trusted key is checked first against the signature inside the file (:mod:`.seal`, over the
+        digest list the reader holds), then against a detached ``.sig`` on the reader's own open
+        file; the pin was checked by the reader: what is trusted is what is read, whatever is at the
+        path by then.
         """
         if self.trusted_keys:
+            if reader.seal is not None:
+                keys = [_read_public_key(Path(key)) for key in self.trusted_keys]
+                index = seal.signer(reader.seal, reader.sums, keys)
+                if index is not None:
+                    return Trust(
+                        True, f"signed inside the file by the key {Path(self.trusted_keys[index]).name}", vouched=True
+                    )
+                detached = signature_path(reader.path, self.signature)
+                if not detached.is_file():
+                    raise ArtifactError(
+                        f"{reader.path} is not signed by a key you trust: its signature inside the file is by the key "
+                        f"{seal.parse(reader.seal)['key']} (or the file changed since), and there is no signature at "
+                        f"{detached}; get the artifact again from its source"
+                    )
             why = verify_signature(
                 reader.path, self.trusted_keys, signature=self.signature, content=reader.content_path()
             )
@@ -205,18 +227,32 @@ class Asked:
         return Trust(False, "")
 
     def own_key(self, reader: Reader) -> Trust:
-        """Trusted when signed by the user's own key (:mod:`.ownkey`): what the user saved loads back
-        with no flag. Asked only for an artifact with native payloads, as nothing else needs trust."""
-        if not ownkey.enabled() or not signature_path(reader.path, self.signature).is_file():
+        """Trusted when signed inside the file by the user's own key (:mod:`.ownkey`): what the user
+        saved loads back with no flag, wherever the file was copied."""
+        if reader.seal is None or not ownkey.enabled():
             return Trust(False, "")
         own = ownkey.existing()
         if own is None:
             return Trust(False, "")
         try:
-            verify_signature(reader.path, [own.public], signature=self.signature, content=reader.content_path())
-        except ArtifactError:  # signed by someone else, or changed since: not the user's own
+            mine = seal.signer(reader.seal, reader.sums, [own.public_pem]) is not None
+        except ArtifactError:  # a malformed record: not the user's own
+            mine = False
+        if not mine:  # signed by someone else, or changed since
             return Trust(False, "")
         return Trust(True, f"signed by your own key ({own.public})", vouched=True)
+
+
+def _read_public_key(path: Path) -> bytes:
+    """A trusted public key's PEM bytes (the user named the file: it is theirs to keep safe)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(ownkey.MAX_KEY_BYTES + 1)
+    except OSError as exc:
+        raise ArtifactError(f"the trusted key {path} cannot be read ({exc.strerror})") from exc
+    if len(data) > ownkey.MAX_KEY_BYTES:
+        raise ArtifactError(f"the trusted key {path} is larger than a public key")
+    return data
 
 
 def load(
@@ -261,11 +297,15 @@ def load(
     against eager, and a module whose payload cannot be refitted runs eager, with a warning). Left
     None, the artifact's are used, with a warning when the model's own differ.
 
-    ``check`` runs each payload once on the graph's recorded (opt) shapes against eager with the
-    artifact's weights, and refuses one that disagrees (a swapped ONNX graph, reordered outputs): an
-    ArtifactError, or that graph eager with a warning under ``fallback="eager"``. On by default for an
-    artifact that is neither pinned (``expected_sha256``) nor signed by a trusted key; it costs one
-    call of the payload and one of eager per graph. Payloads refitted with weights
+    ``check`` runs each payload against eager with the artifact's weights four times per graph, at
+    its min, opt and max sizes, on inputs drawn from the values recorded while tuning (integer ids
+    through their range, masks padding some positions), and refuses one that disagrees, puts NaN or
+    infinity where eager does not (or the reverse), or comes with a NaN weight eager never showed:
+    an ArtifactError, or that graph eager with a warning under ``fallback="eager"``. On by default
+    for an artifact that is neither pinned nor signed by a trusted key or your own (a signature
+    inside the file, which ``ait.save`` makes); it costs four calls of the payload and four of eager
+    per graph, one at the max sizes. It catches a wrong runtime or a stale export, not a crafted
+    graph with a trigger: only a pin or a signature stops that. Payloads refitted with weights
     (``weights="model"``, a refitted artifact) are checked against eager on every size anyway.
 
     Every check that needs no runtime (digests, signature, manifest, devices, bounds, configs,
@@ -285,6 +325,7 @@ def load(
         raise ValueError("fallback must be None or 'eager'")
     if weights not in (None, "artifact", "model"):
         raise ValueError("weights must be 'artifact', 'model' or None")
+    check_switches()
     path = Path(path)
     with only_artifact_errors(path, "loading"):
         asked = Asked(expected_sha256, trusted_keys, signature, trust_native_code)
@@ -312,14 +353,15 @@ def _load(
     manifest, the object's structure, every device, config, bound and the trust policy passed."""
     from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
 
-    with open_artifact(path, asked.expected_sha256) as reader:
+    with open_artifact(path, asked.expected_sha256, private=asked.detached(path)) as reader:
         trust = asked.judge(reader)
         reader.verify_all()
         manifest = read_manifest(reader)
-        if not trust.native and _has_native(manifest, session.registry):
-            trust = asked.own_key(reader)
+        if not trust.vouched:
+            own = asked.own_key(reader)
+            trust = own if own.vouched else trust
         if check is None:  # on unless the bytes are vouched for: pinned, or signed by a trusted key or your own
-            check = not (trust.vouched or asked.own_key(reader).vouched)
+            check = not trust.vouched
         targets = _targets(obj, manifest, reader)
         devices = _devices(manifest, device_map)
         plans = {}
@@ -672,7 +714,7 @@ def _loaded_winners(
                 record, folder, target.module, context, session, plan.native_trusted, backend=graph.backend
             )
             if check and whose != "model" and not graph_entry.refit:  # refitted ones are checked by adopt_weights
-                disagreement = _disagreement(loaded, target.module, graph_entry.graph)
+                disagreement = _disagreement(loaded, target.module, graph_entry.graph, target.masked_by)
                 if disagreement is not None:
                     raise ArtifactError(
                         f"{reader.path}: {entry.name} graph {index} ({graph_entry.backend}): the payload does not "
@@ -694,28 +736,38 @@ def _loaded_winners(
     return winners
 
 
-def _disagreement(backend: Backend, module: torch.nn.Module, graph: GraphSpec) -> str | None:
-    """Why ``backend`` answers otherwise than ``module`` (eager, the artifact's weights) on one example
-    at the graph's recorded (opt) shapes, or None. ``ait.load(check=True)``."""
+def _disagreement(
+    backend: Backend, module: torch.nn.Module, graph: GraphSpec, masked_by: str | None = None
+) -> str | None:
+    """Why ``backend`` answers otherwise than ``module`` (eager, the artifact's weights), or None.
+    ``ait.load(check=True)``: a few calls at the graph's min, opt and max sizes on inputs drawn from
+    the values recorded while tuning (:func:`aitune.validation.check_loaded`), NaN and infinities
+    matched position by position (padded positions of ``masked_by`` left out, for a module wrapped
+    with ``compare="unmasked"``); and a NaN in the artifact's weights that eager never showed there
+    is refused, since what the payload answers where that weight is used was not compared."""
     from ..engine import recording
-    from ..validation import validate
+    from ..validation import check_loaded
 
-    sample = graph.example("opt")
-    try:
-        probe = sample.fresh()
-        with torch.no_grad(), recording.bypass():
-            module(*probe.args, **probe.kwargs)
-    except Exception as exc:
+    with torch.no_grad(), recording.bypass():
+        result = check_loaded(backend, module, graph, masked_by=masked_by)
+    if result.reason is not None:
+        return result.reason
+    if not result.checked:
         warnings.warn(
-            f"ait.load(check=True): eager refuses random inputs of the recorded shapes ({type(exc).__name__}: {exc}), "
-            "so the payload could not be compared with it; pin or sign the artifact to load it without this check",
+            f"ait.load(check=True): eager refuses every input drawn from the graph's recorded shapes and values "
+            f"({'; '.join(result.skipped)}), so the payload could not be compared with it; pin or sign the artifact "
+            "to load it without this check",
             RuntimeWarning,
             stacklevel=7,
         )
-        return None
-    with torch.no_grad(), recording.bypass():
-        report = validate(backend, module, [sample], attrs.evolve(graph, dims={}))
-    return None if report.passed else report.reason
+    if not result.eager_nan:
+        for name, tensor in module.state_dict().items():
+            if (tensor.is_floating_point() or tensor.is_complex()) and bool(torch.isnan(tensor).any()):
+                return (
+                    f"the artifact's weight {name} holds NaN, which no checked call of eager showed, so what the "
+                    "payload answers where it is used was not compared"
+                )
+    return None
 
 
 def _weights_mismatch(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> str | None:
@@ -809,8 +861,8 @@ def _verify(
     signature: str | Path | None,
     registry: BackendRegistry,
 ) -> dict[str, Any]:
-    with open_artifact(path, expected_sha256) as reader:
-        asked = Asked(expected_sha256, trusted_keys, signature)
+    asked = Asked(expected_sha256, trusted_keys, signature)
+    with open_artifact(path, expected_sha256, private=asked.detached(path)) as reader:
         trust = asked.judge(reader)
         reader.verify_all()
         manifest = read_manifest(reader)
