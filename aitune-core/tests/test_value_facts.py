@@ -196,3 +196,25 @@ def test_a_module_compared_unmasked_is_checked_at_its_unmasked_positions_only() 
     payload = _Answers(padding_left_as_zero)
     assert check_loaded(payload, eager, graph).reason is not None  # type: ignore[arg-type]
     assert check_loaded(payload, eager, graph, masked_by="attention_mask").reason is None  # type: ignore[arg-type]
+
+
+def test_the_data_values_change_no_build_cache_key_nor_decision_key(toy_backends) -> None:
+    """Token ids from another range are the same graph to a build: a second tune with other data
+    reuses the cached build, and the facts still reach the graph it tunes."""
+    import aitune.torch as ait
+    from aitune.testing.backends import ToyBackend, ToyConfig
+
+    def tuned(high: int) -> Any:
+        torch.manual_seed(0)
+        strategy = ait.OneBackendStrategy(ToyBackend(ToyConfig())).enable_performance_validation(False)
+        model = ait.Module(torch.nn.Embedding(16, 4), "emb", strategy=strategy)
+        report = ait.tune(model, [torch.randint(0, high, (2, 3)), torch.randint(0, high, (4, 3))])
+        return model, report.modules[0].graphs[0].candidates[0]
+
+    first, built = tuned(6)
+    second, again = tuned(16)
+    assert not built.from_cache and again.from_cache, "other token ids made another build"
+    [(graph, _)] = second.tuned_graphs
+    facts = graph.inputs[0].values
+    assert facts is not None and facts.low is not None and facts.high is not None and facts.high > 5
+    assert first.tuned_graphs[0][0].without_values() == graph.without_values()

@@ -52,7 +52,7 @@ def build_key(backend: Backend, module: torch.nn.Module, context: BuildContext, 
     plugin_version = registry.status(backend.name).version if backend.name in registry else "unknown"
     payload = {
         "module": module_digest(module),
-        "graph": unstructure(context.graph),
+        "graph": unstructure(context.graph.without_values()),  # a build does not depend on the data's values
         "backend": backend.name,
         "config": registry.config_to_json(backend.config, backend.name),
         "versions": {"aitune": __version__, "plugin": plugin_version, "torch": torch.__version__},

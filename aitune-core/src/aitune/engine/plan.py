@@ -210,7 +210,12 @@ def sizes_for(
 def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any:
     """The graph spec of one recorded input structure of ``module``, for the batch sizes of :func:`sizes_for`."""
     graph = infer_graph(
-        graph_rec.samples, module._canonicalize.arg_names, module.dynamic_shapes, sizes, graph_rec.outputs
+        graph_rec.samples,
+        module._canonicalize.arg_names,
+        module.dynamic_shapes,
+        sizes,
+        graph_rec.outputs,
+        facts=graph_rec.values or None,  # every recorded call's values, not only the kept samples'
     )
     if graph_rec.mutated:
         graph = attrs.evolve(graph, mutated=tuple(graph.inputs[i].path for i in sorted(graph_rec.mutated)))

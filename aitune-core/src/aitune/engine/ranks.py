@@ -66,7 +66,12 @@ def plan(plans: Sequence[ModulePlan], run: TuneRun) -> dict[str, Any]:
                 continue
             candidates = [_config(run.registry, b) for b in graph_plan.candidates()]
             graphs.append(
-                {"graph": unstructure(graph), "strategy": repr(graph_plan.strategy), "candidates": candidates}
+                # ranks that saw other token ids agree on the same graph: values are not compared
+                {
+                    "graph": unstructure(graph.without_values()),
+                    "strategy": repr(graph_plan.strategy),
+                    "candidates": candidates,
+                }
             )
         modules.append({"module": module_plan.module.name, "graphs": graphs})
     return {"device": run.device.type, "modules": modules}

@@ -86,7 +86,7 @@ def decision_key(run: TuneRun, module: torch.nn.Module, graphs: Sequence[GraphSp
     payload = {
         "format": FORMAT,
         "module": module_digest(module),
-        "graphs": [unstructure(g) for g in graphs],
+        "graphs": [unstructure(g.without_values()) for g in graphs],  # the data's values choose no winner
         "strategy": strategy,
         "candidates": [_backend_identity(run.registry, b) for b in run.defaults],
         "environment": environment(run.device),
