@@ -14,6 +14,7 @@ import torch
 
 from aitune.plugin import (
     EXPORT_S,
+    INDUCTOR_MODULES,
     Backend,
     BackendConfig,
     BuildContext,
@@ -55,6 +56,7 @@ class TorchInductorAotBackend(Backend):
     config: TorchInductorAotBackendConfig
     native_build = True
     build_cost = 6.0  # export, then Inductor's kernels compiled ahead into a shared library
+    warm_imports = (*INDUCTOR_MODULES, "torch._inductor.package", "torch._export.serde.serialize")
     retry_in_process = True
     """The worker compiles a program that went through torch.export.save/load, which torch
     miscompiles for some models (Llama, Wav2Vec2); in this process the live program compiles."""

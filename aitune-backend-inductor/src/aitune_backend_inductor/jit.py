@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from aitune.plugin import (
+    INDUCTOR_MODULES,
     Backend,
     BuildContext,
     BuildError,
@@ -45,6 +46,7 @@ class TorchInductorJitBackend(Backend):
     config_class = TorchInductorJitBackendConfig
     compiles_anything = True
     build_cost = 4.0  # Inductor generates and compiles kernels on the first calls
+    warm_imports = INDUCTOR_MODULES
     mutates_inputs = True
     """torch.compile keeps the module's in-place updates of its inputs (a static KV cache)."""
     config: TorchInductorJitBackendConfig

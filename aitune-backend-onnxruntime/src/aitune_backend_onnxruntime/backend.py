@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from aitune.plugin import (
+    EXPORTER_MODULES,
     Backend,
     BackendUnavailableError,
     BuildContext,
@@ -50,6 +51,7 @@ class ONNXRuntimeBackend(Backend):
     config_class = ONNXRuntimeBackendConfig
     config: ONNXRuntimeBackendConfig
     builds_static = True  # a dim whose range is one size is exported static (aitune.onnx_export)
+    warm_imports = (*EXPORTER_MODULES, "onnxruntime")
 
     def __init__(self, config: ONNXRuntimeBackendConfig | None = None) -> None:
         super().__init__(config)

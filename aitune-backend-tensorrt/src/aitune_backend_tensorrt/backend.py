@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from aitune.plugin import (
+    EXPORTER_MODULES,
     ArtifactError,
     Backend,
     BackendConfig,
@@ -39,6 +40,7 @@ class TensorRTBackend(Backend):
     config_class = TensorRTBackendConfig
     native_build = True
     build_cost = 10.0  # TensorRT times kernel tactics for every layer
+    warm_imports = (*EXPORTER_MODULES, "tensorrt", "modelopt.onnx.quantization")  # ONNX export, then TensorRT
     native_payload = True  # a serialized engine (plan) the TensorRT runtime executes
     config: TensorRTBackendConfig
 

@@ -20,6 +20,7 @@ import torch
 
 from aitune.plugin import (
     DEFAULT_TOLERANCES,
+    INDUCTOR_MODULES,
     Backend,
     BuildContext,
     BuildError,
@@ -55,6 +56,7 @@ class TorchAOBackend(Backend):
 
     name = "torchao"
     config_class = TorchAOBackendConfig
+    warm_imports = ("torchao", "torchao.quantization", *INDUCTOR_MODULES)  # quantizes, then torch.compile
     config: TorchAOBackendConfig
 
     def __init__(self, config: TorchAOBackendConfig | None = None) -> None:

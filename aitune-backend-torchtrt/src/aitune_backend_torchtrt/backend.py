@@ -206,6 +206,7 @@ class _TorchTensorRTBackend(Backend):
     """What both Torch-TensorRT backends share: the compile settings and the bound they imply."""
 
     build_cost = 10.0  # TensorRT times kernel tactics for every converted subgraph
+    warm_imports = ("torch_tensorrt", "torch_tensorrt.dynamo", "torch.export")
     config: TorchTensorRTJitBackendConfig | TorchTensorRTAotBackendConfig
 
     @property

@@ -169,6 +169,11 @@ class Backend(abc.ABC):
     tensors), as eager does. A graph with such inputs (``GraphSpec.mutated``) is built only by a
     backend that says so; the others are skipped for it with the reason."""
 
+    warm_imports: ClassVar[tuple[str, ...]] = ()
+    """Modules this backend imports on first use (its runtime, its submodules, the torch internals
+    its build runs). Background JIT tuning imports them when it is switched on, before the program
+    serves, so no serving call waits while a tuner thread imports them (:mod:`aitune.engine.jit.preload`)."""
+
     builds_static: ClassVar[bool] = False
     """True when a build for a graph whose every axis is one size (a batch range ``b..b``) compiles
     for those shapes alone, which may run faster than the dynamic build (AOTInductor, ONNX

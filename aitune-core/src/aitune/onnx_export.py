@@ -51,6 +51,34 @@ EXTERNAL_DATA_THRESHOLD = 1 << 30
 MODEL_FILE = "model.onnx"
 
 
+EXPORTER_MODULES = (
+    "onnx",
+    "onnx.checker",
+    "onnx.helper",
+    "onnx.shape_inference",
+    "onnx.external_data_helper",
+    "onnxscript",
+    "onnxscript.function_libs.torch_lib.ops",
+    "onnxscript.optimizer",
+    "onnxscript.rewriter.rules.common",
+    "onnxscript.rewriter.onnx_fusions",
+    "onnxscript.version_converter",
+    "onnx_ir.passes.common",
+    "torch.onnx",
+    "torch.onnx._internal.exporter._core",
+    "torch.onnx._internal.exporter._compat",
+    "onnxscript._framework_apis.torch_2_9",
+    "torch.onnx._internal.exporter._torchlib.ops",
+    "torch.onnx._internal.exporter._fx_passes",
+    "torch.onnx._internal.exporter._decomp",
+    "torch.onnx._internal.exporter._dispatching",
+    "torch.onnx._internal.exporter._verification",
+)
+"""What an ONNX export imports on first use (torch 2.13's exporter, onnxscript, onnx): the
+``warm_imports`` of the backends that export ONNX, so background JIT tuning imports them before
+the program serves (:mod:`aitune.engine.jit.preload`)."""
+
+
 def _one_of(choices: Sequence[str]) -> Any:
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value not in choices:

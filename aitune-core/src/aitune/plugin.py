@@ -29,12 +29,14 @@ The groups:
   (``tree.flatten``/``tree.unflatten``: nested inputs and outputs as flat tensor lists);
 * ONNX export, shared by the ONNX Runtime and TensorRT backends: :class:`ONNXExportConfig`,
   ``export_onnx`` and the :class:`ONNXExport` it returns, ``model_files`` and ``MODEL_FILE``;
-  ``exclusive`` is the lock to hold around any tracing of the user's module;
+  ``exclusive`` is the lock to hold around any tracing of the user's module; ``EXPORTER_MODULES``,
+  what an export imports (for ``Backend.warm_imports``);
 * Inductor's compile cache (:mod:`aitune.compile_cache`), for every backend that compiles with
   Inductor (torch.compile, AOTInductor): ``inductor_cache`` around a build or a load (the checked,
   private ``<aitune cache>/inductor``, or the user's own ``TORCHINDUCTOR_CACHE_DIR``; ``inductor_cache_dir``
   names it), an :class:`InductorCacheSwitch` to that folder around each run-time call that may
-  compile again, and ``inductor_options`` (the options every such compile gets);
+  compile again, and ``inductor_options`` (the options every such compile gets); ``INDUCTOR_MODULES``,
+  what a compile imports (for ``Backend.warm_imports``);
 * executors (where isolated builds run): :class:`Executor`, the :class:`BuildRequest` it gets and
   the :class:`BuildHandle` it returns, ``worker_job`` (a build as JSON), and on the node that
   builds, ``job_on_this_node`` and ``run_job`` (run the worker), :class:`WorkerBuildError`;
@@ -61,7 +63,7 @@ from .backend import (
     payload_file,
     torch_allows_tf32,
 )
-from .compile_cache import InductorCacheSwitch, inductor_cache, inductor_cache_dir, inductor_options
+from .compile_cache import INDUCTOR_MODULES, InductorCacheSwitch, inductor_cache, inductor_cache_dir, inductor_options
 from .errors import (
     ArtifactError,
     BackendUnavailableError,
@@ -83,14 +85,16 @@ from .executor import (
     worker_job,
 )
 from .graph import DimRange, FlatModule, GraphSpec, Sample, TensorSpec, resize
-from .onnx_export import MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
+from .onnx_export import EXPORTER_MODULES, MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
 from .registry import BackendRegistrar, BackendSpec, module_importable
 from .tracing import exclusive
 from .validation import DEFAULT_TOLERANCES
 
 __all__ = [  # grouped in the docstring above
     "DEFAULT_TOLERANCES",
+    "EXPORTER_MODULES",
     "EXPORT_S",
+    "INDUCTOR_MODULES",
     "MODEL_FILE",
     "ArtifactError",
     "Backend",

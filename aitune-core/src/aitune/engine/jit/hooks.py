@@ -21,7 +21,7 @@ from ... import tracing
 from ...plugins import AituneManager, get_manager
 from .. import recording
 from ..install import reset
-from . import background
+from . import background, preload
 from .admission import admit
 from .observe import observe
 from .settings import settings
@@ -38,8 +38,9 @@ def enable(*, manager: AituneManager | None = None) -> None:
     """Turn JIT tuning on for this process (idempotent: a second call changes nothing).
 
     ``manager``: the plugin manager whose backends and hooks tune the modules (default: the
-    process's, :func:`aitune.plugins.get_manager`, looked up when the first module is tuned, so
-    turning the JIT on at interpreter start loads no plugin).
+    process's, :func:`aitune.plugins.get_manager`). In background mode (the default) what tuning
+    will import, plugins included, is imported here, before the program serves (``config.preload``,
+    :mod:`.preload`); in inline mode, or with ``preload`` off, plugins load when the first module is tuned.
     """
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -49,6 +50,8 @@ def enable(*, manager: AituneManager | None = None) -> None:
         STATE.manager_source = get_manager if manager is None else (lambda: manager)
         if settings.mode == "background":
             background.prepare()  # at start-up, not inside the call that starts the first tuning
+            if settings.preload:  # what the tuner thread would import while the program serves
+                preload.preload(STATE.manager_source)
         STATE.handles.append(register_module_forward_pre_hook(_pre))
         STATE.handles.append(register_module_forward_hook(_post, with_kwargs=True, always_call=True))
         # torch warns that global hooks also fire for torch.compile's wrapper module; the hooks
@@ -76,6 +79,12 @@ def disable() -> None:
             reset(module)
         STATE.forget()
         STATE.manager_source = None
+
+
+def startup() -> preload.Preloaded | None:
+    """What switching background tuning on imported before serving, and its cost (None: nothing was
+    preloaded: inline mode, ``config.preload`` off, or the JIT is off)."""
+    return preload.LAST
 
 
 def decisions() -> list[Decision]:

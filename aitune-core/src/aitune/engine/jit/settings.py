@@ -95,6 +95,10 @@ class JITSettings(Settings):
     """``background``: a module is tuned on a tuner thread while its calls keep running eager, and
     its winner is installed between two calls; ``inline``: tuned inside the call that reached
     ``min_samples``, which waits (for batch jobs that prefer to wait)."""
+    preload: bool = attrs.field(default=True, validator=boolean, metadata=from_env("AITUNE_JIT_PRELOAD", parse_bool))
+    """In background mode, import what tuning will need (core's list and each default backend's
+    ``warm_imports``) when JIT tuning is switched on, before the program serves: a module first
+    imported by the tuner thread stalls the program's calls. Costs about a second, once."""
     max_tuning_share: float = attrs.field(
         default=0.5,
         converter=as_float,

@@ -13,11 +13,22 @@ import sys
 
 from ...engine.install import TunedForward
 from ...engine.jit.background import wait
-from ...engine.jit.hooks import decisions, disable, enable, enabled, status
+from ...engine.jit.hooks import decisions, disable, enable, enabled, startup, status
 from ...engine.jit.settings import settings as config
 from ...engine.jit.state import Decision
 
 # `import aitune.torch.jit.config` finds the settings object (not a module, hence the ignore)
 sys.modules[f"{__name__}.config"] = config  # type: ignore[assignment]
 
-__all__ = ["Decision", "TunedForward", "config", "decisions", "disable", "enable", "enabled", "status", "wait"]
+__all__ = [
+    "Decision",
+    "TunedForward",
+    "config",
+    "decisions",
+    "disable",
+    "enable",
+    "enabled",
+    "startup",
+    "status",
+    "wait",
+]
