@@ -261,3 +261,33 @@ def test_code_digest_sees_forward_and_reads_training_sees_dropout(monkeypatch) -
     assert code_digest(module) != before
     assert not reads_training(module)
     assert reads_training(torch.nn.Sequential(module, torch.nn.Dropout()))
+
+
+def test_a_module_with_hooks_of_its_own_tunes_saves_and_loads_and_keeps_them(toy_backends, tmp_path) -> None:
+    """Hooks that exist before tuning (transformers installs its own) are the module's: tuning,
+    saving and loading keep them, and only a hook added later makes calls run eager."""
+
+    def first_layer_hook(module: torch.nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+        return output * 2  # changes the answer: a payload that dropped it would not match eager
+
+    def hooked() -> torch.nn.Module:
+        model = mlp()
+        model[0].register_forward_hook(first_layer_hook)
+        return model
+
+    strategy = ait.FirstWinsStrategy([ToyBackend()], performance_validation=False)
+    model = ait.Module(hooked(), "mlp", strategy=strategy)
+    ait.tune(model, [torch.randn(4, 8), torch.randn(6, 8)])
+    assert model.state == "tuned"
+    x = torch.randn(5, 8)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # a hook the module had when it was tuned draws no warning
+        assert_matches_eager(model(x), hooked()(x))
+    path = ait.save(model, tmp_path / "hooked.ait")
+    loaded = ait.load(hooked(), path)
+    assert loaded.state == "tuned"
+    with torch.inference_mode():
+        assert_matches_eager(loaded(x), hooked()(x))
+    loaded.module[2].register_forward_hook(lambda *_: None)
+    with torch.inference_mode(), pytest.warns(RuntimeWarning, match="hooks were added"):
+        loaded(x)

@@ -132,8 +132,9 @@ class _WatchedHooks(collections.OrderedDict):
     """A module's hook dict that tells its watches when a hook is added or removed."""
 
     def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+        # before the items: filling the dict calls __setitem__, which tells the watches
         self.watches: weakref.WeakSet[HookWatch] = weakref.WeakSet()
+        super().__init__(*args)
 
     def _changed(self) -> None:
         for watch in list(self.watches):
