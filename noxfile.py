@@ -146,10 +146,12 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports", env={"PYTHONPATH": os.pathsep.join(sources)})
 
 
-TYPES = ["numpy>=1.24", "onnx>=1.16", "pytest>=8", "ray[serve]>=2.40"]
+TYPES = ["numpy>=1.24", "onnx>=1.16", "pytest>=8", "ray[serve]>=2.40", "prometheus-client>=0.20"]
 """What the distributions import besides core's own requirements that mypy reads types from: numpy
-(aitune-serve-ray, TensorRT), onnx (core's export, ONNX Runtime, TensorRT), pytest (aitune.testing),
-Ray and its Serve (the Ray executor and aitune-serve-ray, which ship type hints). The other optional
+(the serving engines, TensorRT), onnx (core's export, ONNX Runtime, TensorRT), pytest (aitune.testing),
+Ray and its Serve (the Ray executor and aitune-serve-ray, which ship type hints), prometheus-client
+(aitune-serve-kserve's metrics). kserve ships no type hints (no py.typed): pyproject.toml's mypy
+overrides type it as Any, so it is not installed here. The other optional
 runtimes (ONNX Runtime, TensorRT, Torch-TensorRT, torchao, ModelOpt) and core's report and signing
 extras are not installed: pyproject.toml's mypy overrides type them as Any."""
 

@@ -259,7 +259,8 @@ def test_the_plugin_contracts_name_every_plugin_distribution():
     packages = {p.name for p in PLUGIN_SOURCES}
     sources = _listed("plugins-use-public-api", "source_modules")
     assert set(sources) == packages | {f"{p}.**" for p in packages}
-    assert set(_listed("plugin-api-stays-below-the-engine", "source_modules")) == packages - {"aitune_serve_ray"}
+    engines = {"aitune_serve_ray", "aitune_serve_kserve"}  # users of ait.*, which reaches everything
+    assert set(_listed("plugin-api-stays-below-the-engine", "source_modules")) == packages - engines
 
 
 def test_what_plugins_reach_is_the_plugin_api_every_other_core_module_is_forbidden():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from aitune.cli import app
@@ -67,13 +68,29 @@ def test_every_command_that_prints_a_table_has_json():
     assert "--json" in [o for p in cache.commands["info"].params for o in p.opts]
 
 
-def test_serve_without_aitune_serve_ray_names_what_to_install(monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    ("engine", "package"),
+    [([], "aitune_serve_kserve"), (["--engine", "ray"], "aitune_serve_ray")],
+    ids=["kserve", "ray"],
+)
+def test_serve_without_the_engine_names_what_to_install(monkeypatch, tmp_path, engine, package):
     import sys
 
-    monkeypatch.setitem(sys.modules, "aitune_serve_ray", None)  # as if not installed: importing it fails
-    monkeypatch.setitem(sys.modules, "aitune_serve_ray.launch", None)
+    monkeypatch.setitem(sys.modules, package, None)  # as if not installed: importing it fails
+    monkeypatch.setitem(sys.modules, f"{package}.launch", None)
     artifact = tmp_path / "model.ait"
     artifact.write_bytes(b"")
-    result = CliRunner().invoke(app, ["serve", str(artifact), "--factory", "mymodels:build"])
+    result = CliRunner().invoke(app, ["serve", str(artifact), "--factory", "mymodels:build", *engine])
     assert result.exit_code == 1
-    assert "pip install aitune-serve-ray" in result.output
+    assert f"pip install {package.replace('_', '-')}" in result.output
+
+
+def test_serve_refuses_the_other_engines_options(tmp_path):
+    artifact = tmp_path / "model.ait"
+    artifact.write_bytes(b"")
+    result = CliRunner().invoke(app, ["serve", str(artifact), "--factory", "m:b", "--replicas", "2"])
+    assert result.exit_code == 2 and "--engine ray" in result.output
+    result = CliRunner().invoke(
+        app, ["serve", str(artifact), "--factory", "m:b", "--engine", "ray", "--grpc-port", "9"]
+    )
+    assert result.exit_code == 2 and "kserve engine" in result.output

@@ -23,7 +23,8 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", "aitune_testkit.serving:build"]
+    command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--engine", "ray"]
+    command += ["--factory", "aitune_testkit.serving:build"]
     log = (tmp_path / "serve.log").open("w")
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's sockets need a short path; nox's TMPDIR is long
     process = subprocess.Popen(
@@ -66,7 +67,17 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
 
 def test_a_factory_that_does_not_import_is_a_usage_error(artifact):
     done = subprocess.run(
-        [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", "no_such_package:build"],
+        [
+            sys.executable,
+            "-m",
+            "aitune",
+            "serve",
+            str(artifact),
+            "--engine",
+            "ray",
+            "--factory",
+            "no_such_package:build",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

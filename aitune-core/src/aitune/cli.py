@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -550,19 +550,52 @@ def demo(
     _write_reports(result, output_dir / "report.json", output_dir / "report.html", False, quiet=as_json)
 
 
+ENGINES = {"kserve": "aitune-serve-kserve", "ray": "aitune-serve-ray"}
+"""``aitune serve``'s engines and the distribution each one needs (core imports neither)."""
+
+
+def _engine_missing(engine: str, exc: ModuleNotFoundError) -> NoReturn:
+    """The engine's distribution is not installed: say which ``pip install`` adds it."""
+    if not (exc.name or "").startswith(ENGINES[engine].replace("-", "_")):
+        raise exc
+    typer.echo(f"aitune serve --engine {engine} needs {ENGINES[engine]}: pip install {ENGINES[engine]}", err=True)
+    raise typer.Exit(1) from None
+
+
 @app.command()
 def serve(
     artifact: Path = typer.Argument(..., help="The .ait file (at the same path on every node of a cluster)."),
     factory: str = typer.Option(
         ..., "--factory", help="package.module:build_model, returning the model freshly built (as ait.load takes it)."
     ),
-    replicas: int = typer.Option(1, "--replicas", min=1, help="How many replicas serve it."),
+    engine: str = typer.Option(
+        "kserve",
+        "--engine",
+        help="kserve: KServe's ModelServer on this machine (Open Inference Protocol v2, REST and gRPC); "
+        "ray: Ray Serve, for clusters.",
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help="The model's name in the protocol (default: the artifact's stem)."
+    ),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="The HTTP port."),
     host: str = typer.Option("127.0.0.1", "--host", help="The HTTP address to listen on (0.0.0.0: every interface)."),
-    address: str | None = typer.Option(None, "--address", help="An existing Ray cluster (default: a local Ray)."),
     threads: int | None = typer.Option(
         None, "--threads", min=1, help="Torch threads per replica; default: what the artifact was tuned with."
     ),
+    eager: bool = typer.Option(
+        False, "--eager", help="Serve the same model eager (no tuned backends), same batching: the A/B baseline."
+    ),
+    grpc_port: int | None = typer.Option(
+        None, "--grpc-port", min=1, max=65535, help="kserve: also serve gRPC on this port (every interface)."
+    ),
+    max_rows: int | None = typer.Option(
+        None, "--max-rows", min=1, help="kserve: the most rows one request may send (default 8 largest tuned batches)."
+    ),
+    grace_s: int = typer.Option(
+        30, "--grace-s", min=0, help="kserve: seconds SIGTERM waits for in-flight requests before stopping."
+    ),
+    replicas: int = typer.Option(1, "--replicas", min=1, help="ray: how many replicas serve it."),
+    address: str | None = typer.Option(None, "--address", help="ray: an existing Ray cluster (default: a local Ray)."),
     sha256: str | None = typer.Option(None, "--sha256", help="Expected SHA-256 of the artifact (pins it)."),
     key: list[Path] = typer.Option(
         [],
@@ -571,30 +604,63 @@ def serve(
     ),
     trust_native_code: bool = typer.Option(False, "--trust-native-code", help="Run native payloads unverified."),
 ) -> None:
-    """Serve a tuned artifact over HTTP on Ray Serve, batched within the batch sizes it was tuned for."""
-    try:
-        from aitune_serve_ray.launch import serve_until_interrupted
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("aitune_serve_ray"):
-            raise
-        typer.echo("aitune serve needs Ray Serve: pip install aitune-serve-ray", err=True)
-        raise typer.Exit(1) from None
+    """Serve a tuned artifact over HTTP, batched within the batch sizes it was tuned for: on KServe's
+    ModelServer (one machine, the default) or Ray Serve (--engine ray, clusters)."""
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"{engine!r}: choose one of {', '.join(ENGINES)}", param_hint="--engine")
+    if engine == "kserve" and (replicas != 1 or address is not None):
+        raise typer.BadParameter(
+            "--replicas and --address are Ray Serve's: add --engine ray (kserve serves one process on this machine)",
+            param_hint="--replicas/--address",
+        )
+    if engine == "ray" and (grpc_port is not None or max_rows is not None or name is not None):
+        raise typer.BadParameter(
+            "--grpc-port, --max-rows and --name are the kserve engine's: drop them or leave out --engine ray",
+            param_hint="--engine",
+        )
     if not artifact.is_file():
         raise typer.BadParameter(f"{artifact}: no such file", param_hint="ARTIFACT")
+    trust = {"expected_sha256": sha256, "trusted_keys": key or None, "trust_native_code": trust_native_code}
     try:
-        serve_until_interrupted(
-            factory,
-            artifact,
-            replicas=replicas,
-            port=port,
-            host=host,
-            address=address,
-            threads=threads,
-            expected_sha256=sha256,
-            trusted_keys=key or None,
-            trust_native_code=trust_native_code,
-        )
+        if engine == "kserve":
+            try:
+                from aitune_serve_kserve.launch import serve as serve_on_kserve
+            except ModuleNotFoundError as exc:
+                _engine_missing(engine, exc)
+            serve_on_kserve(
+                factory,
+                artifact,
+                name=name,
+                host=host,
+                port=port,
+                grpc_port=grpc_port,
+                threads=threads,
+                eager=eager,
+                max_rows=max_rows,
+                grace_s=grace_s,
+                load_options={k: v for k, v in trust.items() if v not in (None, False)},
+            )
+        else:
+            try:
+                from aitune_serve_ray.launch import serve_until_interrupted
+            except ModuleNotFoundError as exc:
+                _engine_missing(engine, exc)
+            serve_until_interrupted(
+                factory,
+                artifact,
+                replicas=replicas,
+                port=port,
+                host=host,
+                address=address,
+                threads=threads,
+                eager=eager,
+                **trust,
+            )
     except ValueError as exc:  # a factory that does not import: the user's to fix, no traceback
+        from .errors import AituneError
+
+        if isinstance(exc, AituneError):  # the artifact's or the load's: main() prints it as an error
+            raise
         raise typer.BadParameter(str(exc), param_hint="--factory") from exc
 
 

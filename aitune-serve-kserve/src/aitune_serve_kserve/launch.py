@@ -1,0 +1,111 @@
+"""``aitune serve``: load the artifact, then run kserve's ``ModelServer`` until SIGTERM or Ctrl-C.
+
+The server is kserve's own: its REST (and, with ``grpc_port``, gRPC) Open Inference Protocol
+endpoints, health and readiness, Prometheus metrics at ``/metrics`` and its graceful shutdown
+(uvicorn stops accepting, answers what is in flight within ``grace_s``, then the process exits 0).
+Two things are configured that ``ModelServer`` offers no argument for: the address the REST server
+listens on (kserve binds every interface) and a request that is not the protocol at all (a body its
+decoder fails on with a ``ValueError``), which is answered 400 with what to send, not 500.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._kserve import INFERENCE_CONTENT_LENGTH_HEADER, DataPlane, InferRequest, InvalidInput, ModelServer
+from .model import Factory, TunedModel, resolve_factory
+
+
+class _DataPlane(DataPlane):
+    """kserve's data plane, reading what its v2 decoder does not: a body it cannot parse is the client's
+    error (400), not 500; a body without ``Inference-Header-Content-Length`` is all JSON, as the
+    protocol's binary extension says (Triton's client sends JSON requests without a Content-Type,
+    which kserve then takes for a binary one missing that header)."""
+
+    def decode_inference_request(self, body: Any, headers: Any, model_name: str) -> Any:
+        try:
+            if isinstance(body, bytes) and INFERENCE_CONTENT_LENGTH_HEADER not in (headers or {}):
+                return InferRequest.from_bytes(body, len(body), model_name)
+            return super().decode_inference_request(body, headers, model_name)
+        except InvalidInput:
+            raise
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise InvalidInput(
+                f"the body is not an Open Inference Protocol v2 request ({type(exc).__name__}: {exc}); send "
+                f'{{"inputs": [{{"name", "shape", "datatype", "data"}}]}}, or binary tensors whose '
+                f"parameters.binary_data_size and Inference-Header-Content-Length match the body"
+            ) from None
+
+
+class _Server(ModelServer):
+    """kserve's ``ModelServer``, its REST server listening on ``host``."""
+
+    def __init__(self, host: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.host = host
+        self.dataplane = _DataPlane(model_registry=self.registered_models)
+
+    def setup_event_loop(self) -> None:
+        # start() has made the REST server (its uvicorn config binds 0.0.0.0) and not yet started it
+        if self._rest_server is not None:
+            self._rest_server.config.host = self.host
+        super().setup_event_loop()
+
+
+def serve(
+    factory: Factory | str,
+    artifact: str | Path,
+    *,
+    name: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    grpc_port: int | None = None,
+    threads: int | None = None,
+    eager: bool = False,
+    max_rows: int | None = None,
+    grace_s: int = 30,
+    load_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Serve ``artifact`` loaded into ``factory()`` as model ``name`` (default: the artifact's stem)
+    until SIGTERM or Ctrl-C; in-flight requests are answered first (within ``grace_s``).
+
+    ``load_options`` are ``ait.load``'s keyword arguments (``expected_sha256``, ``trusted_keys``,
+    ``trust_native_code``...). gRPC is served on ``grpc_port`` when given (kserve's gRPC server
+    listens on every interface).
+    """
+    path = Path(artifact)
+    if not path.is_file():
+        raise FileNotFoundError(f"{artifact}: no such artifact")
+    sys.path.insert(0, os.getcwd())  # --factory mymodels:build imports from where the command runs
+    resolve_factory(factory)  # fails here, with the import error, before anything loads
+    model = TunedModel(
+        name or path.stem,
+        factory,
+        path,
+        load_options=load_options,
+        threads=threads,
+        eager=eager,
+        max_rows=max_rows,
+    )
+    model.load()
+    server = _Server(
+        host,
+        http_port=port,
+        grpc_port=grpc_port or 0,
+        enable_grpc=grpc_port is not None,
+        workers=1,
+        enable_latency_logging=False,
+        grace_period=grace_s,
+    )
+    grpc = f", gRPC on port {grpc_port}" if grpc_port is not None else ""
+    print(
+        f"serving {artifact} as model {model.name!r}{' (eager)' if eager else ''} at "
+        f"http://{host}:{port}/v2/models/{model.name}{grpc}; Ctrl-C or SIGTERM drains and stops",
+        flush=True,
+    )
+    server.start([model])
+    print("stopped", flush=True)

@@ -1,0 +1,307 @@
+"""The kserve ``Model``: ``load()`` builds the model and ``ait.load``s the artifact into it, the
+metadata comes from the tuned graphs, and ``predict`` answers Open Inference Protocol v2 requests
+(REST, JSON or binary tensors, and gRPC) through aitune's batcher.
+
+Everything around it (routes, health and readiness, the protocol's codecs, Prometheus metrics,
+graceful shutdown) is kserve's own ``ModelServer``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from prometheus_client import Counter, Histogram
+
+import aitune.torch as ait
+
+from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Model
+from .batching import Answer, Batcher, BatchRunner, ClientError
+from .plan import (
+    BatchPlan,
+    InputSpec,
+    OutputSpec,
+    datatype,
+    input_specs,
+    model_graph,
+    output_specs,
+)
+
+logger = logging.getLogger("aitune.serve")
+
+Factory = Callable[[], torch.nn.Module]
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+ROWS_PER_BATCH = 8
+"""The default row cap of one request, in largest tuned batches: a bigger request would hold the
+requests queued behind it for that many model calls."""
+
+BATCH_ROWS = Histogram(
+    "aitune_serve_batch_rows",
+    "Rows per model call, padding included",
+    ["model_name"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+REQUESTS_JOINED = Histogram(
+    "aitune_serve_requests_per_call",
+    "Requests joined into one model call",
+    ["model_name"],
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
+PADDING_ROWS = Counter("aitune_serve_padding_rows", "Rows added to reach a tuned batch size", ["model_name"])
+ROUTES = Counter(
+    "aitune_serve_calls",
+    "Model calls per tuned module and the backend that served it",
+    ["model_name", "module", "backend"],
+)
+EAGER_FALLBACKS = Counter(
+    "aitune_serve_eager_fallbacks", "Calls where a tuned module ran eager", ["model_name", "module"]
+)
+
+
+def resolve_factory(factory: Factory | str) -> Factory:
+    """A callable, or ``package.module:name`` (the user's own choice, never read from the artifact)."""
+    if callable(factory):
+        return factory
+    module_name, _, attr = str(factory).partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"factory must be a callable or 'package.module:name', got {factory!r}")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import the model factory {factory!r}: {exc}") from exc
+    if not callable(found):
+        raise ValueError(f"the model factory {factory!r} is not callable")
+    return found
+
+
+def tuned_threads(artifact: str | Path) -> int | None:
+    """The torch threads the artifact was tuned (and timed) with, bounded by this machine's cores."""
+    try:
+        with zipfile.ZipFile(artifact) as archive:
+            if archive.getinfo("manifest.json").file_size > MAX_MANIFEST_BYTES:
+                return None
+            threads = json.loads(archive.read("manifest.json")).get("environment", {}).get("threads")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None  # ait.load says what is wrong with the file
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        return None
+    return min(threads, os.cpu_count() or 1)
+
+
+class TunedModel(Model):
+    """``factory()`` loaded with ``artifact``, served under ``name`` on kserve's ``ModelServer``.
+
+    ``eager=True`` serves the factory's model with the artifact's weights, inputs and batching but
+    none of its tuned backends (the A/B baseline). ``max_rows`` caps one request's rows (default
+    eight largest tuned batches).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        factory: Factory | str,
+        artifact: str | Path,
+        *,
+        load_options: Mapping[str, Any] | None = None,
+        threads: int | None = None,
+        eager: bool = False,
+        max_rows: int | None = None,
+    ) -> None:
+        super().__init__(name)
+        self.factory = factory
+        self.artifact = Path(artifact)
+        self.load_options = dict(load_options or {})
+        self.threads = threads or tuned_threads(artifact) or torch.get_num_threads()
+        self.eager = eager
+        self._max_rows = max_rows
+        self.plan = BatchPlan(())
+        self.inputs: dict[str, InputSpec] = {}
+        self.outputs: dict[str, OutputSpec] = {}
+        self.batcher: Batcher | None = None
+
+    @property
+    def max_rows(self) -> int:
+        return self._max_rows or ROWS_PER_BATCH * self.plan.max_batch_size
+
+    def load(self) -> bool:
+        """Build, ``ait.load``, warm up (a call at the smallest tuned batch size), then ready."""
+        torch.set_num_threads(self.threads)
+        build = resolve_factory(self.factory)
+        model = ait.load(build(), self.artifact, **self.load_options)
+        model.eval()
+        self.plan = BatchPlan.of(model)
+        self.inputs = input_specs(model)
+        warm_up = _warm_up_request(model, self.plan)
+        served = model
+        if self.eager:  # the baseline: the same weights, batching and inputs, none of the tuned backends
+            served = build().eval()
+            served.load_state_dict(model.state_dict())
+        runner = BatchRunner(served, self.plan, self.inputs, on_call=self._observe)
+        self.batcher = Batcher(
+            runner,
+            setup_thread=lambda: torch.set_num_threads(self.threads),
+            on_batch=REQUESTS_JOINED.labels(self.name).observe,
+        )
+        if warm_up is not None:
+            [answer] = self.batcher.run_now([warm_up])
+            if isinstance(answer, ClientError):
+                raise RuntimeError(f"the warm-up call failed: {answer}")
+            self.outputs = output_specs(model, answer.outputs)
+        logger.info(
+            "serving %s as %r%s: inputs %s, tuned batch sizes %s, %d threads",
+            self.artifact,
+            self.name,
+            " (eager)" if self.eager else "",
+            list(self.inputs),
+            self.plan.ranges,
+            self.threads,
+        )
+        self.ready = True
+        return self.ready
+
+    def stop(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+        super().stop()
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return [spec.metadata() for spec in self.inputs.values()]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        return [spec.metadata() for spec in self.outputs.values()]
+
+    async def predict(
+        self, payload: Any, headers: dict[str, str] | None = None, response_headers: dict[str, str] | None = None
+    ) -> InferResponse:
+        if not isinstance(payload, InferRequest):
+            raise InvalidInput(
+                f"send an Open Inference Protocol v2 request: POST /v2/models/{self.name}/infer with "
+                f'{{"inputs": [{{"name": ..., "shape": [...], "datatype": ..., "data": [...]}}]}}'
+            )
+        assert self.batcher is not None, "load() runs before the server starts"
+        wanted = self._requested(payload)
+        tensors = self.decode(payload)
+        try:
+            answer = await self.batcher.submit(tensors)
+        except ClientError as exc:
+            raise InvalidInput(str(exc)) from None
+        return self._response(payload, answer, wanted)
+
+    def decode(self, request: InferRequest) -> dict[str, torch.Tensor]:
+        """The request's tensors, checked against the tuned inputs (InvalidInput says what to send)."""
+        tensors: dict[str, torch.Tensor] = {}
+        for item in request.inputs:
+            spec = self.inputs.get(item.name)
+            if spec is None:
+                raise InvalidInput(f"unknown input {item.name!r}; this model takes: {self._described()}")
+            if item.name in tensors:
+                raise InvalidInput(f"input {item.name!r} is sent twice; send each input once")
+            if spec.dtype is not None and item.datatype != spec.datatype:
+                raise InvalidInput(
+                    f"{item.name}: datatype {item.datatype}, this model takes {spec.datatype} for {item.name}"
+                )
+            try:
+                array = np.array(item.as_numpy(), copy=True)
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise InvalidInput(
+                    f"{item.name}: the data does not make a {item.datatype} tensor of shape {list(item.shape)} ({exc}); "
+                    f"send shape[0] x shape[1] x ... values"
+                ) from None
+            if array.dtype == object:
+                raise InvalidInput(f"{item.name}: this model takes numbers ({spec.datatype}), not BYTES")
+            tensor = torch.from_numpy(array)
+            if spec.dtype is not None and tensor.dtype != spec.dtype:
+                tensor = tensor.to(spec.dtype)  # bfloat16, which the protocol sends as FP32
+            tensors[item.name] = tensor
+        missing = [s.name for s in self.inputs.values() if s.required and s.name not in tensors]
+        if missing:
+            raise InvalidInput(f"missing input {', '.join(map(repr, missing))}; this model takes: {self._described()}")
+        rows = {}
+        for name, tensor in tensors.items():
+            spec = self.inputs[name]
+            if spec.rank is not None and tensor.dim() != spec.rank:
+                raise InvalidInput(
+                    f"{name}: shape {list(tensor.shape)} has rank {tensor.dim()}, this model takes {list(spec.shape or ())} "
+                    f"(-1: any size; the batch axis included: send one sample as a batch of one)"
+                )
+            if tensor.dim() <= spec.batch_axis or tensor.shape[spec.batch_axis] == 0:
+                raise InvalidInput(f"{name}: shape {list(tensor.shape)} holds no rows on batch axis {spec.batch_axis}")
+            rows[name] = tensor.shape[spec.batch_axis]
+        if len(set(rows.values())) > 1:
+            raise InvalidInput(f"the inputs disagree on the batch size: {rows}")
+        if rows and max(rows.values()) > self.max_rows:
+            raise InvalidInput(
+                f"{max(rows.values())} rows in one request; this server takes at most {self.max_rows} "
+                f"(the largest tuned batch is {self.plan.max_batch_size}): send fewer rows per request"
+            )
+        return tensors
+
+    def _requested(self, request: InferRequest) -> list[str]:
+        names = [o.name for o in request.request_outputs or []]
+        unknown = [n for n in names if n not in self.outputs]
+        if unknown and self.outputs:
+            raise InvalidInput(
+                f"unknown output {', '.join(map(repr, unknown))}; this model answers: {', '.join(self.outputs)}"
+            )
+        return names
+
+    def _response(self, request: InferRequest, answer: Answer, wanted: Sequence[str]) -> InferResponse:
+        outputs = []
+        for name, tensor in answer.outputs.items():
+            if wanted and name not in wanted:
+                continue
+            array = _plain(tensor).numpy()
+            outputs.append(InferOutput(name=name, shape=list(array.shape), datatype=datatype(tensor.dtype), data=array))
+        parameters: dict[str, Any] = {
+            "aitune_backend": ", ".join(answer.backends) or "eager (no tuned module ran)",
+            "aitune_batch_size": max(answer.batch_sizes),
+            "aitune_requests_joined": answer.joined,
+        }
+        if answer.eager_reasons:
+            parameters["aitune_eager_reason"] = "; ".join(answer.eager_reasons)
+        return InferResponse(
+            response_id=request.id or "",
+            model_name=self.name,
+            infer_outputs=outputs,
+            parameters=parameters,
+            # gRPC answers numpy outputs as raw contents anyway; kserve's to_grpc() with this flag set
+            # tests an array's truth value and fails (kserve 0.21), so it is REST's flag only
+            use_binary_outputs=request.use_binary_outputs and not request.from_grpc,
+            requested_outputs=request.request_outputs,
+        )
+
+    def _observe(self, size: int, rows: int, routes: Sequence[ait.Route]) -> None:
+        BATCH_ROWS.labels(self.name).observe(size)
+        if size > rows:
+            PADDING_ROWS.labels(self.name).inc(size - rows)
+        for route in routes:
+            ROUTES.labels(self.name, route.module, route.backend).inc()
+            if route.reason:
+                EAGER_FALLBACKS.labels(self.name, route.module).inc()
+
+    def _described(self) -> str:
+        return ", ".join(f"{s.name} ({s.datatype} {list(s.shape or [-1])})" for s in self.inputs.values())
+
+
+def _warm_up_request(model: torch.nn.Module, plan: BatchPlan) -> dict[str, torch.Tensor] | None:
+    """Inputs for one call at the smallest tuned batch size, drawn from what tuning recorded."""
+    graph = model_graph(model)
+    if graph is None:
+        return None
+    batch = plan.ranges[0][0] if plan.ranges else None
+    sample = graph.example("opt", batch_size=batch)
+    return dict(zip([t.path for t in graph.inputs], sample.tensors()))
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    """On the CPU in a dtype numpy and the protocol take (bfloat16 widened to float32)."""
+    tensor = tensor.detach().cpu()
+    return tensor.float() if tensor.dtype == torch.bfloat16 else tensor.contiguous()

@@ -1,0 +1,90 @@
+"""``--eager`` on the same engine and batching, ``--name``, and SIGTERM (what ``docker stop`` sends)
+draining a request in flight and exiting 0."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import running
+
+from aitune.testing import assert_matches_eager
+
+httpclient = pytest.importorskip("tritonclient.http")
+
+import kserve_testmodel  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def _request(url: str, model: str, x: np.ndarray):
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    try:
+        tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        return client.infer(model, [tensor])
+    finally:
+        client.close()
+
+
+def test_eager_serves_the_same_answers_without_tuned_backends_and_sigterm_drains(artifact, tmp_path):
+    """One eager server whose every call takes a second: its answer is eager's, and SIGTERM sent while
+    a request runs lets that request finish, then the process exits 0."""
+    with running(
+        artifact, tmp_path / "serve.log", "--eager", "--name", "ab", factory="kserve_testmodel:build_slow"
+    ) as server:
+        server.wait_ready("ab")
+        x = np.random.default_rng(3).standard_normal((2, 8, 16)).astype(np.float32)
+        answered = {}
+
+        def call() -> None:
+            try:
+                answered["result"] = _request(server.url, "ab", x)
+                answered["at"] = time.monotonic()
+            except Exception as exc:  # reported by the assertion below
+                answered["error"] = exc
+
+        sender = threading.Thread(target=call)
+        sender.start()
+        time.sleep(0.4 * kserve_testmodel.SLOW_S)  # the request is in the model's (slow) call now
+        started = time.monotonic()
+        code = server.stop()
+        sender.join(timeout=30)
+        assert code == 0, server.output()
+        assert time.monotonic() - started < 30
+        assert "error" not in answered, answered.get("error")
+        assert answered["at"] > started, "the request was answered before SIGTERM: nothing was in flight"
+        result = answered["result"]
+        with torch.no_grad():
+            want = kserve_testmodel.build()(torch.from_numpy(x))
+        assert_matches_eager(torch.tensor(result.as_numpy("logits")), want["logits"])
+        assert result.get_response()["parameters"]["aitune_backend"] == "eager (no tuned module ran)"
+
+
+def test_a_ray_option_without_engine_ray_is_a_usage_error(artifact):
+    done = subprocess.run(
+        [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", "x:y", "--replicas", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    said = " ".join(done.stderr.replace("│", " ").split())
+    assert "--replicas" in said and "--engine ray" in said, said
+
+
+def test_a_factory_that_does_not_import_is_a_usage_error(artifact):
+    done = subprocess.run(
+        [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", "no_such_package:build"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    said = " ".join(done.stderr.replace("│", " ").split())
+    assert "cannot import the model factory 'no_such_package:build'" in said, said
