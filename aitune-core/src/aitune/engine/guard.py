@@ -24,6 +24,12 @@ dispatch itself for 200 weights; such an edit is seen at ``eval()`` or ``check_w
 Hooks added after tuning to a module a tuned backend replaces (the wrapped module, any submodule)
 would not run: :class:`HookWatch` sees each change to those modules' hook dicts as it is made, so
 the per-call check is one attribute read, and such calls run eager until the hooks are removed.
+A hook that acts only on some calls, where aitune can tell which, sends only those calls eager:
+transformers 5 installs output-capturing hooks the first time a model is called with
+``output_hidden_states=True`` or ``output_attentions=True``, and each records only while its
+model's forward has put a collector holding its key in a context variable; the guard reads that
+variable (about 0.1 us, paid only once such hooks exist), so later plain calls run tuned again.
+Such hooks present while tuning get the same per-call look: a tuned backend never records.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import hashlib
 import logging
 import threading
 import time
+import types
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -62,6 +69,10 @@ NEEDS_GRAD = (
 HOOKS = (
     "hooks were added to it or to a submodule after tuning (or hooks it had were removed), and a tuned backend "
     "does not run the module's own forward; it runs eager until the hooks are as they were when it was tuned"
+)
+CAPTURING = (
+    "transformers records outputs inside it on this call (output_hidden_states or output_attentions), through "
+    "hooks a tuned backend does not run; calls that ask for them run eager, the others run tuned"
 )
 CHANGING = (
     "its weights kept changing while aitune read them (an optimizer stepping in another thread?), so this call "
@@ -138,7 +149,7 @@ class _WatchedHooks(collections.OrderedDict):
 
     def _changed(self) -> None:
         for watch in list(self.watches):
-            watch.recheck()
+            watch.recheck(self)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
@@ -161,8 +172,43 @@ class _WatchedHooks(collections.OrderedDict):
         return (collections.OrderedDict, (list(self.items()),))
 
 
+def capture_key(hook: object) -> tuple[Any, str] | None:
+    """The context variable and the key a transformers output-capturing hook records under, or None.
+
+    transformers 5 (``utils/output_capturing.py``) installs ``output_capturing_hook`` on the layers
+    of a model the first time it is asked for hidden states or attentions; the hook returns at once
+    unless ``_active_collector.get()`` is a dict holding its key, which the model's
+    ``@capture_outputs`` forward sets only for a call that asks for that output. Any other hook,
+    or one of another shape (another transformers version), is None: it is taken to act on every call.
+    """
+    if not isinstance(hook, types.FunctionType):
+        return None
+    code = hook.__code__
+    if (
+        code.co_name != "output_capturing_hook"
+        or hook.__module__ != "transformers.utils.output_capturing"
+        or "_active_collector" not in code.co_names
+        or hook.__closure__ is None
+    ):
+        return None
+    try:
+        key = hook.__closure__[code.co_freevars.index("key")].cell_contents
+        collector = hook.__globals__["_active_collector"]
+    except (ValueError, IndexError, KeyError):  # an empty cell raises ValueError too
+        return None
+    if not isinstance(key, str) or not callable(getattr(collector, "get", None)):
+        return None
+    return collector, key
+
+
 class HookWatch:
-    """Whether the hooks of ``modules`` still are what they were when the watch began (``changed``)."""
+    """Whether the hooks of ``modules`` still are what they were when the watch began (``changed``),
+    and whether a hook a tuned backend skips acts on the call being made (:meth:`acting`).
+
+    Hooks present at the start are the module's own (validation compared against them), except
+    transformers' output-capturing hooks: those record on calls that ask for hidden states or
+    attentions, which a tuned backend cannot, so such calls run eager whenever the hooks came.
+    """
 
     def __init__(self, modules: Iterable[torch.nn.Module]) -> None:
         self._baseline: list[tuple[_WatchedHooks, frozenset[Any]]] = []
@@ -176,10 +222,53 @@ class HookWatch:
                     module.__dict__[name] = hooks
                 hooks.watches.add(self)
                 self._baseline.append((hooks, frozenset(hooks)))
+        self._states: dict[int, tuple[bool, frozenset[tuple[Any, str]]]] = {}
+        """Per hook dict (by id) that needs a look per call: whether it differs from its baseline other
+        than by capture hooks added, and the (collector, key) of each capture hook it holds."""
+        self._always = False
+        self._captures: tuple[tuple[Callable[[], Any], frozenset[str]], ...] = ()
         self.changed = False
+        """Read on every call: some hook may act on it (then :meth:`acting` says whether one does)."""
+        self.recheck()
 
-    def recheck(self) -> None:
-        self.changed = any(frozenset(hooks) != keys for hooks, keys in self._baseline)
+    def recheck(self, hooks: _WatchedHooks | None = None) -> None:
+        """Judge ``hooks`` (every watched dict when None) against its baseline; runs when a hook is
+        added or removed, never per call."""
+        for watched, keys in self._baseline:
+            if hooks is not None and watched is not hooks:
+                continue
+            now = frozenset(watched)
+            always = False
+            captures: set[tuple[Any, str]] = set()
+            for key in now:
+                found = capture_key(watched.get(key))
+                if found is not None:
+                    captures.add(found)
+                elif key not in keys:
+                    always = True  # an added hook that may act on any call
+            always = always or not keys <= now
+            if always or captures:
+                self._states[id(watched)] = (always, frozenset(captures))
+            else:
+                self._states.pop(id(watched), None)
+        states = list(self._states.values())
+        grouped: dict[Any, set[str]] = {}
+        for collector, key in (found for _, captures in states for found in captures):
+            grouped.setdefault(collector, set()).add(key)
+        self._always = any(always for always, _ in states)
+        self._captures = tuple((collector.get, frozenset(keys)) for collector, keys in grouped.items())
+        self.changed = bool(self._states)  # last: a call that reads it sees the rest already set
+
+    def acting(self) -> str | None:
+        """Why a hook makes this call run eager, or None when none acts on it (transformers' capture
+        hooks outside a call that asks for their output)."""
+        if self._always:
+            return HOOKS
+        for get, keys in self._captures:
+            active = get()
+            if active and not keys.isdisjoint(active):
+                return CAPTURING
+        return None
 
     def rebased(self, modules: Iterable[torch.nn.Module]) -> HookWatch:
         """A watch on ``modules`` (copies of the watched ones, in the same order) that compares them
@@ -363,7 +452,9 @@ class Guard:
         if self.alert and self._stale is not None:
             return self._stale, StaleWeightsError
         if self.hooks.changed:
-            return HOOKS, HooksChangedError
+            acting = self.hooks.acting()
+            if acting is not None:
+                return acting, HooksChangedError
         if self.training_matters:
             module = self._module()
             if module is not None and module.training:
