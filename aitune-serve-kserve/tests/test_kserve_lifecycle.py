@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import running
+from kserve_harness import running
 
 from aitune.testing import assert_matches_eager
 

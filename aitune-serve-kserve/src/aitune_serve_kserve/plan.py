@@ -171,8 +171,9 @@ def input_specs(model: torch.nn.Module) -> dict[str, InputSpec]:
 
 def output_specs(model: torch.nn.Module, outputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
     """Each output of a warm-up call: its name, datatype, and shape with -1 on axis 0 (the batch, which
-    the server splits outputs on) and on the axes the tuned graph records as dynamic."""
-    graph = model_graph(model)
+    the server splits outputs on) and, where the model itself was tuned, on the axes its graph records
+    as dynamic."""
+    graph = model_graph(model) if isinstance(model, ait.Module) else None  # a submodule's outputs are not the model's
     recorded = list(graph.outputs) if graph is not None else []
     specs = {}
     for i, (name, tensor) in enumerate(outputs.items()):
