@@ -1,8 +1,10 @@
-"""Serving under load: a closed loop of HTTP clients against Ray Serve on localhost.
+"""Serving under load: a closed loop of clients against ``aitune serve``'s engines on localhost.
 
-``python -m benchmarks.serving [--artifact demo.ait] [--clients 8] [--requests 400] [--out r.json]``.
+``python -m benchmarks.serving [--engines ray,kserve] [--artifact demo.ait] [--clients 8] [--requests 400] [--out r.json]``.
 The same Ray Serve setup serves, one after the other: (a) the eager model, one call per request;
-(b) the eager model with the tuned artifact's batching; (c) the tuned artifact with it. Each client
+(b) the eager model with the tuned artifact's batching; (c) the tuned artifact with it. Then
+``aitune serve`` on KServe's ModelServer (a process of its own) serves (d) the tuned artifact and
+(e) the same with ``--eager``, driven by Triton's own HTTP client with binary tensors. Each client
 sends one-row ``.npy`` requests back to back (a fixed number in all, so a run stops by itself) and
 times each; the table gives throughput, p50/p99 latency and the share of model calls served by a
 tuned backend (from the replicas' own metrics). Then the kill run: two replicas of (c), one killed
@@ -252,6 +254,133 @@ def run_kill(url: str, artifact: Path, args: argparse.Namespace) -> dict[str, An
     return result
 
 
+KSERVE_OUTPUTS = {"demo": "output", "bert": "pooler_output"}
+"""The output each case's kserve requests ask for (output selection, as a client would)."""
+
+
+def _kserve_inputs(case: str) -> dict[str, Any]:
+    """One request's tensors as numpy arrays, named as the model's forward parameters."""
+    import numpy as np
+
+    if case == "demo":
+        return {"images": np.random.default_rng(0).standard_normal((1, 3, 32, 32), dtype=np.float32)}
+    return {name: t.numpy() for name, t in _tokens(1, 3).items()}
+
+
+def load_kserve(url: str, model: str, case: str, clients: int, total: int) -> dict[str, Any]:
+    """``total`` binary requests from ``clients`` closed-loop Triton HTTP clients; latencies and what
+    each answer's parameters say (the backend, the size of the model call)."""
+    import tritonclient.http as httpclient
+
+    arrays = _kserve_inputs(case)
+    latencies: list[float] = []
+    failures: list[str] = []
+    backends: list[str] = []
+    sizes: list[int] = []
+    counter = iter(range(total))
+    lock = threading.Lock()
+
+    def client() -> None:
+        connection = httpclient.InferenceServerClient(url, network_timeout=60)
+        inputs = []
+        for name, array in arrays.items():
+            tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype.kind == "f" else "INT64")
+            tensor.set_data_from_numpy(array, binary_data=True)
+            inputs.append(tensor)
+        outputs = [httpclient.InferRequestedOutput(KSERVE_OUTPUTS[case], binary_data=True)]
+        try:
+            while True:
+                with lock:
+                    n = next(counter, None)
+                if n is None:
+                    return
+                start = time.perf_counter()
+                try:
+                    result = connection.infer(model, inputs, outputs=outputs)
+                except Exception as exc:  # counted, not raised: the table says what failed
+                    with lock:
+                        failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+                    continue
+                elapsed = time.perf_counter() - start
+                parameters = result.get_response().get("parameters", {})
+                with lock:
+                    latencies.append(elapsed)
+                    backends.append(parameters.get("aitune_backend", ""))
+                    sizes.append(int(parameters.get("aitune_batch_size", 1)))
+        finally:
+            connection.close()
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(client) for _ in range(clients)]:
+            future.result()
+    wall = time.perf_counter() - start
+    ms = sorted(x * 1000 for x in latencies)
+    routes = [route.strip() for served in backends for route in served.split(",") if "=" in route]
+    return {
+        "requests": total,
+        "answered": len(latencies),
+        "wall_s": wall,
+        "throughput_rps": len(latencies) / wall,
+        "p50_ms": statistics.median(ms) if ms else None,
+        "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
+        "failures": failures,
+        "lost": len(failures),
+        "tuned_share": sum(not r.endswith("=torch_eager") for r in routes) / len(routes) if routes else None,
+        "mean_batch_size": statistics.mean(sizes) if sizes else None,
+    }
+
+
+def run_kserve(case: str, artifact: Path, args: argparse.Namespace, eager: bool) -> dict[str, Any]:
+    """``aitune serve`` (the kserve engine) in a process of its own: warm-up, the counted run, SIGTERM."""
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", CASES[case][0]]
+    command += ["--port", str(port), "--threads", str(args.threads), *(["--eager"] if eager else [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    url, model = f"127.0.0.1:{port}", artifact.stem
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_ready(server, log, url, model)
+            load_kserve(url, model, case, args.clients, args.warmup)  # warm-up, not counted
+            return load_kserve(url, model, case, args.clients, args.requests)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def _wait_ready(server: Any, log: Any, url: str, model: str, within_s: float = 300) -> None:
+    import tritonclient.http as httpclient
+
+    probe = httpclient.InferenceServerClient(url)
+    deadline = time.monotonic() + within_s
+    try:
+        while True:
+            if server.poll() is not None:
+                log.seek(0)
+                said = log.read()[-2000:].decode(errors="replace")
+                raise RuntimeError(f"aitune serve exited {server.returncode}: {said}")
+            try:
+                if probe.is_model_ready(model):
+                    return
+            except Exception:  # not listening yet
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"aitune serve was not ready within {within_s:.0f} s")
+            time.sleep(0.5)
+    finally:
+        probe.close()
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"Machine: {results['machine']}; {results['clients']} clients, {results['requests']} one-row requests "
@@ -287,6 +416,37 @@ SETUPS = {
     "(b) eager, the artifact's batching": {"eager": True},
     "(c) tuned artifact, its batching": {},
 }
+"""The Ray Serve setups."""
+KSERVE_SETUPS = {"(d) kserve, tuned artifact": False, "(e) kserve, --eager": True}
+"""The kserve engine's setups (``aitune serve``, the default engine): whether each serves eager."""
+
+
+def run_ray(cases: list[str], artifacts: dict[str, Path], args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The Ray Serve setups (a) to (c) per case, then the replica-kill run, on one local Ray."""
+    import ray
+    from ray import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the replicas import the bert factory from this checkout
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    ray.init(
+        num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}}
+    )
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        for case in cases:
+            for name, options in SETUPS.items():
+                result = run_setup(url, case, artifacts[case], args, **options)
+                results["setups"][case][name] = result
+                print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+        if not args.no_kill and "demo" in cases:
+            results["kill"] = run_kill(url, artifacts["demo"], args)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -299,6 +459,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1, help="Torch threads per replica.")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="CPUs Ray may use.")
     parser.add_argument("--no-kill", action="store_true", help="Skip the replica-kill run.")
+    parser.add_argument("--engines", default="ray,kserve", help="Comma-separated engines: ray, kserve.")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     cases = [c for c in args.models.split(",") if c]
@@ -306,21 +467,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; choose from {', '.join(CASES)}")
 
-    import ray
-    from ray import serve
+    engines = [e for e in args.engines.split(",") if e]
+    if set(engines) - {"ray", "kserve"}:
+        parser.error(f"unknown engines {sorted(set(engines) - {'ray', 'kserve'})}; choose from ray, kserve")
 
     folder = Path(tempfile.mkdtemp(prefix="aitune-serving-"))
     artifacts = {c: args.artifact if c == "demo" and args.artifact else CASES[c][1](folder) for c in cases}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # the replicas import the bert factory from this checkout
-    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-    ray.init(
-        num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}}
-    )
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    url = f"http://127.0.0.1:{port}/"
     results: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f} at start",
@@ -328,20 +480,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "requests": args.requests,
         "warmup": args.warmup,
         "threads": args.threads,
-        "setups": {},
+        "setups": {case: {} for case in cases},
     }
-    try:
+    if "ray" in engines:
+        run_ray(cases, artifacts, args, results)
+    if "kserve" in engines:
         for case in cases:
-            results["setups"][case] = {}
-            for name, options in SETUPS.items():
-                result = run_setup(url, case, artifacts[case], args, **options)
+            for name, eager in KSERVE_SETUPS.items():
+                result = run_kserve(case, artifacts[case], args, eager)
                 results["setups"][case][name] = result
                 print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
-        if not args.no_kill and "demo" in cases:
-            results["kill"] = run_kill(url, artifacts["demo"], args)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
     results["load_average_end"] = os.getloadavg()[0]
     print(markdown(results))
     if args.out:

@@ -173,7 +173,9 @@ class TunedModel(Model):
         super().stop()
 
     def get_input_types(self) -> list[dict[str, Any]]:
-        return [spec.metadata() for spec in self.inputs.values()]
+        """The tuned inputs, and any other the forward requires (optional ones the artifact never saw,
+        like a BERT's ``position_ids``, are left out)."""
+        return [spec.metadata() for spec in self.inputs.values() if spec.dtype is not None or spec.required]
 
     def get_output_types(self) -> list[dict[str, Any]]:
         return [spec.metadata() for spec in self.outputs.values()]
