@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from aitune_serve_kserve.batching import Batcher, BatchRunner, ClientError
+from aitune_serve_kserve.batching import Batcher, BatchRunner, ClientError, Stopping
 from aitune_serve_kserve.plan import BatchPlan, InputSpec
 
 
@@ -78,3 +78,23 @@ def test_a_request_the_model_refuses_is_the_servers_error_when_it_fits_what_was_
             asyncio.run(scenario())
     finally:
         batcher.close()
+
+
+def test_closing_answers_what_is_queued_and_running_and_takes_nothing_new():
+    """kserve unloads the model as it starts stopping while gRPC still drains: nothing held is dropped."""
+    model = Recording()
+    batcher = _batcher(model)
+
+    async def scenario() -> list[torch.Tensor]:
+        running = asyncio.ensure_future(batcher.submit({"x": torch.ones(1, 2)}))
+        await asyncio.sleep(0.2)
+        queued = asyncio.ensure_future(batcher.submit({"x": torch.ones(2, 2)}))
+        await asyncio.sleep(0.05)
+        batcher.close()
+        with pytest.raises(Stopping):
+            await batcher.submit({"x": torch.ones(1, 2)})
+        model.release.set()
+        return [a.outputs["output"] for a in await asyncio.gather(running, queued)]
+
+    answers = asyncio.run(scenario())
+    assert [tuple(a.shape) for a in answers] == [(1, 2), (2, 2)] and model.calls == [2, 2]

@@ -15,7 +15,7 @@ sys.argv = _argv[:1]
 try:
     from kserve import Model, ModelServer
     from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER
-    from kserve.errors import InvalidInput
+    from kserve.errors import InvalidInput, ModelNotReady
     from kserve.protocol.dataplane import DataPlane
     from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 finally:
@@ -29,5 +29,6 @@ __all__ = [
     "InferResponse",
     "InvalidInput",
     "Model",
+    "ModelNotReady",
     "ModelServer",
 ]

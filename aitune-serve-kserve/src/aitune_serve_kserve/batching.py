@@ -33,6 +33,10 @@ class ClientError(ValueError):
     """What the client must change (the server answers it with a 4xx)."""
 
 
+class Stopping(RuntimeError):
+    """The batcher was closed: it answers what it holds and takes nothing new."""
+
+
 @attrs.frozen
 class Answer:
     """One request's outputs and how they were computed."""
@@ -193,12 +197,15 @@ class Batcher:
         self._queue: collections.deque[_Waiting] = collections.deque()
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
+        self._closing = False
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="aitune-model", initializer=setup_thread
         )
 
     async def submit(self, request: Request) -> Answer:
         """This request's answer, computed in the next model call (raises :class:`ClientError`)."""
+        if self._closing:
+            raise Stopping("the server is stopping")
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
             self._wake = asyncio.Event()
@@ -227,6 +234,8 @@ class Batcher:
         assert self._wake is not None
         while True:
             if not self._queue:
+                if self._closing:
+                    break
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -242,12 +251,17 @@ class Batcher:
             for waiting, answer in zip(batch, answers):
                 if not waiting.future.done():  # a client that went away cancelled its future
                     waiting.future.set_result(answer)
+        self._thread.shutdown(wait=False)
 
     def run_now(self, requests: Sequence[Request]) -> list[Answer | ClientError]:
         """Requests run in the model's thread, blocking (the warm-up before the server is ready)."""
         return self._thread.submit(self.runner.run, list(requests)).result()
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        """Take nothing new; what is queued or running is still answered (kserve unloads the model when
+        it starts stopping, while its gRPC server still drains), then the model's thread ends."""
+        self._closing = True
+        if self._worker is None or self._worker.done():
+            self._thread.shutdown(wait=False)
+        elif self._wake is not None:
+            self._wake.set()

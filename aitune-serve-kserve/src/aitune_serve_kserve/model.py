@@ -23,8 +23,8 @@ from prometheus_client import Counter, Histogram
 
 import aitune.torch as ait
 
-from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Model
-from .batching import Answer, Batcher, BatchRunner, ClientError
+from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Model, ModelNotReady
+from .batching import Answer, Batcher, BatchRunner, ClientError, Stopping
 from .plan import (
     BatchPlan,
     InputSpec,
@@ -195,6 +195,8 @@ class TunedModel(Model):
             answer = await self.batcher.submit(tensors)
         except ClientError as exc:
             raise InvalidInput(str(exc)) from None
+        except Stopping:
+            raise ModelNotReady(self.name, "The server is stopping: send it to another replica.") from None
         return self._response(payload, answer, wanted)
 
     def decode(self, request: InferRequest) -> dict[str, torch.Tensor]:
