@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import warnings
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -67,11 +69,41 @@ def test_a_burst_of_noise_is_outvoted_by_more_windows() -> None:
     assert cmp.measured() and 1.9 <= cmp.speedup <= 2.1, cmp.describe()
 
 
-def test_steady_noise_runs_out_of_budget_and_is_not_measured() -> None:
+def test_steady_noise_runs_out_of_budget_and_shows_only_the_bound_it_clears() -> None:
     results = profile({"eager": noisy(2.0, None, seed=3), "fast": noisy(1.0, None, seed=4)}, extend_s=0.2)
     cmp = compare(results["fast"], results["eager"])
     assert not cmp.measured()
-    assert cmp.describe().startswith("not measured: noise ±")
+    text = cmp.describe()
+    assert text.startswith(("at least ", "not measured: noise ±")), text  # the bound when the interval clears 1
+    assert f"{cmp.speedup:.2f}x" not in text, "no point figure under noise"
+
+
+def windows(*p50s: float) -> Any:
+    """A runner whose measuring windows (5 calls each) take these latencies in turn, forever."""
+    return itertools.cycle([v for v in p50s for _ in range(5)])
+
+
+def test_a_noisy_figure_whose_interval_clears_1_states_its_lower_bound() -> None:
+    """Eager's windows swing 2 to 8 ms against a steady 1 ms: at least 2x, whatever the noise."""
+    results = profile({"eager": windows(2.0, 8.0, 2.0, 8.0), "fast": windows(1.0)}, extend_s=0.0)
+    cmp = compare(results["fast"], results["eager"])
+    assert not cmp.measured() and 1.9 <= cmp.low_speedup <= 2.1
+    assert cmp.describe() == f"at least {cmp.low_speedup:.2f}x (noise ±{cmp.noise:.0%})"
+    assert cmp.describe().startswith("at least 2.00x (noise ±")
+
+
+def test_a_noisy_figure_whose_interval_is_below_1_states_its_upper_bound() -> None:
+    results = profile({"eager": windows(1.0), "slow": windows(2.0, 8.0)}, extend_s=0.0)
+    cmp = compare(results["slow"], results["eager"])
+    assert not cmp.measured() and cmp.high_speedup < 1.0
+    assert cmp.describe() == f"at most {cmp.high_speedup:.2f}x (noise ±{cmp.noise:.0%})"
+
+
+def test_a_noisy_figure_whose_interval_straddles_1_is_not_measured() -> None:
+    results = profile({"eager": windows(1.0, 4.0), "fast": windows(2.0)}, extend_s=0.0)
+    cmp = compare(results["fast"], results["eager"])
+    assert cmp.low_speedup < 1.0 < cmp.high_speedup
+    assert cmp.describe() == f"not measured: noise ±{cmp.noise:.0%}"
 
 
 def noisy_clock(seed: int) -> Any:
@@ -100,11 +132,18 @@ def test_no_interval_is_shown_wider_than_the_stated_width_unless_marked(toy_back
     for c in shown:
         width = (c.speedup_high - c.speedup_low) / (2 * c.speedup)
         assert c.measured == (width <= QUICK.max_noise)
-        if not c.measured:
-            assert c.speedup_text().startswith("not measured: noise ±")
+        if not c.measured:  # the bound the interval clears, or "not measured" when it straddles 1
+            expected = (
+                f"at least {c.speedup_low:.2f}x"
+                if c.speedup_low > 1
+                else f"at most {c.speedup_high:.2f}x"
+                if c.speedup_high < 1
+                else "not measured"
+            )
+            assert c.speedup_text().startswith(expected) and "noise ±" in c.speedup_text(), c.speedup_text()
             assert f"{c.speedup:.2f}x" not in report.modules[0].summary
+            assert c.speedup_text() in render_markdown(report)
     assert any(c.measured is False for c in shown), "this clock is too noisy for ±10%"
-    assert "not measured" in render_markdown(report)
 
 
 class Pipeline(torch.nn.Module):
@@ -203,8 +242,9 @@ def test_on_a_busy_machine_the_figure_holds_or_says_it_was_not_measured(toy_back
             first.describe(),
             again.describe(),
         )
-    else:
-        assert "not measured" in first.describe() or "not measured" in again.describe()
+    else:  # an unmeasured figure shows only the bound its interval clears, with the noise, or "not measured"
+        for figure in (f for f in (first, again) if not f.measured):
+            assert "noise ±" in figure.describe() and f"{figure.speedup:.2f}x [" not in figure.describe()
 
 
 def test_inspect_predicts_the_bound_the_end_to_end_figure_respects(toy_backends, monkeypatch) -> None:
@@ -227,3 +267,120 @@ def test_inspect_predicts_the_bound_the_end_to_end_figure_respects(toy_backends,
     report = ait.tune(pipe, data())
     assert report.end_to_end is not None and report.end_to_end.speedup is not None
     assert 1.2 <= report.end_to_end.speedup <= bound * 1.15
+
+
+def scripted_profile(eager_ms: float, candidate_ms: float) -> Any:
+    """A profiling plugin whose figures are set: every window of eager and of each candidate."""
+
+    class Clock:
+        @hookimpl
+        def aitune_profile(self, runners, batch_size, config, device):
+            return {
+                name: summarize([eager_ms if name.startswith("torch_eager") else candidate_ms] * 8, batch_size, 1)
+                for name in runners
+            }
+
+    return Clock()
+
+
+def test_a_winner_slower_end_to_end_than_eager_is_not_kept(toy_backends, register_plugin, monkeypatch) -> None:
+    """Its own figure says 2x, and the whole model, timed on a virtual clock, is 2x slower: the
+    module runs eager, a warning names both figures, the report says why, nothing is frozen."""
+    register_plugin(scripted_profile(eager_ms=2.0, candidate_ms=1.0))
+    clock = VirtualTime()
+    monkeypatch.setattr(end_to_end, "time", clock)
+    strategy = ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=2.0))], QUICK)
+    model = ait.Module(Stage(clock, 0.004), "m", strategy=strategy)
+    with pytest.warns(RuntimeWarning, match="winners not kept") as seen:
+        report = ait.tune(model, data())
+    e2e = report.end_to_end
+    assert e2e is not None and e2e.speedup_high is not None and e2e.speedup_high < 1.0
+    assert 0.4 <= e2e.speedup <= 0.6 and e2e.not_kept
+    (graph,) = report.modules[0].graphs
+    (candidate,) = graph.candidates
+    assert candidate.speedup is not None and candidate.speedup > 1.5
+    message = next(str(w.message) for w in seen if "winners not kept" in str(w.message))
+    assert e2e.describe().split(" (")[0] in message, "the end-to-end figure"
+    assert candidate.speedup_text() in message, "the module's own figure"
+    assert model.state != "tuned" and report.modules[0].status == "eager"
+    assert graph.decision == "torch_eager" and "not kept" in (graph.reason or "")
+    assert candidate.status == "rejected"
+    with ait.observe_routes() as routes, torch.no_grad():
+        model(torch.randn(3, 8))
+    assert [r.backend for r in routes] in ([], ["torch_eager"]) and all(r.reason is None for r in routes)
+    assert all(p.requires_grad for p in model.parameters()), "a module taken back to eager is not frozen"
+    assert "not kept" in render_markdown(report)
+
+
+def test_with_the_eager_gate_off_a_winner_slower_end_to_end_still_serves(
+    toy_backends, register_plugin, monkeypatch, caplog
+) -> None:
+    """``performance_validation=False`` means the winner serves whatever it times: kept, and the log says so."""
+    register_plugin(scripted_profile(eager_ms=2.0, candidate_ms=1.0))
+    clock = VirtualTime()
+    monkeypatch.setattr(end_to_end, "time", clock)
+    strategy = ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=2.0))], QUICK, performance_validation=False)
+    model = ait.Module(Stage(clock, 0.004), "m", strategy=strategy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = ait.tune(model, data())
+    assert report.end_to_end is not None and report.end_to_end.not_kept is None
+    assert model.state == "tuned" and report.modules[0].graphs[0].decision == "toy"
+    assert any("kept because performance validation is off" in r.getMessage() for r in caplog.records)
+
+
+class VirtualLM(torch.nn.Module):
+    """A stand-in for a transformers model whose eager ``generate()`` costs ``static_cost_s`` more
+    on the static cache (it attends over the whole preallocated length) than on the default one."""
+
+    _can_compile_fullgraph = True
+
+    def __init__(self, clock: VirtualTime, static_cost_s: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.static_cost_s = static_cost_s
+        self.body = Stage(clock, 0.004)
+        self.generation_config = SimpleNamespace(cache_implementation=None, use_cache=True)
+
+    def generate(self, x: torch.Tensor) -> torch.Tensor:
+        if self.generation_config.cache_implementation == "static":
+            self.clock.now += self.static_cost_s
+        return self.body(x)
+
+
+@pytest.mark.parametrize(("static_cost_s", "kept"), [(0.001, True), (0.004, False)])
+def test_generate_is_judged_against_the_cache_the_user_asked_for(
+    toy_backends, monkeypatch, static_cost_s: float, kept: bool
+) -> None:
+    """Default cache 4 ms, static 4 ms + its cost, tuned 2 ms + that cost: the figure is against the
+    default cache, the one against the static cache is shown next to it, and a tuned generate()
+    slower than the default cache is taken back with the switch."""
+    from aitune.engine import tuner
+
+    clock = VirtualTime()
+    monkeypatch.setattr(end_to_end, "time", clock)
+    monkeypatch.setattr(tuner, "_used_a_static_cache", lambda recorded: True)  # as a real static-cache decode step
+    config = ProfilingConfig(measuring_strategy=clock, measurement_stop_strategy=QUICK.measurement_stop_strategy)
+    model = VirtualLM(clock, static_cost_s)
+    ait.wrap(model, ["body"], strategy=ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=0.5))], config))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        report = ait.tune(lambda x: model.generate(x), data())
+    e2e = report.end_to_end
+    assert e2e is not None and e2e.speedup is not None and e2e.baseline == "eager with the default cache"
+    (static,) = e2e.other_baselines
+    assert static.baseline == "eager with the static cache"
+    expected = 0.004 / (0.002 + static_cost_s)
+    assert 0.9 * expected <= e2e.speedup <= 1.1 * expected
+    assert 0.9 * (0.004 + static_cost_s) / (0.002 + static_cost_s) <= static.speedup
+    assert static.describe() in e2e.describe() and "eager with the default cache" in e2e.describe()
+    not_kept = [str(w.message) for w in seen if "winners not kept" in str(w.message)]
+    if kept:
+        assert not not_kept and e2e.not_kept is None
+        assert model.generation_config.cache_implementation == "static" and report.changes
+        assert model.body.state == "tuned"
+    else:
+        assert len(not_kept) == 1 and "eager with the default cache" in not_kept[0]
+        assert "back on its default cache" in not_kept[0]
+        assert model.generation_config.cache_implementation is None and not report.changes
+        assert model.body.state != "tuned"

@@ -43,8 +43,8 @@ def test_markdown_has_every_candidate_and_the_decision(report):
     assert "torch_eager (baseline)" in text
     assert "x: float32[batch, 8] with batch 2..4" in text
     selected = next(line for line in text.splitlines() if line.startswith("| toy | selected"))
-    # timing decides which: a figure with its interval, or "not measured" on a busy machine
-    assert "x [" in selected or "not measured: noise ±" in selected, "the speedup is shown with its interval"
+    # timing decides which: a figure with its interval, or on a busy machine the bound it clears or "not measured"
+    assert "x [" in selected or "(noise ±" in selected or "not measured: noise ±" in selected, selected
     assert "- timed: batch 2: x[2, 8]" in text and "- timed: batch 4: x[4, 8]" in text
 
 

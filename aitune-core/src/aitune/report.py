@@ -77,7 +77,8 @@ class ProfileResult:
 
 MAX_NOISE = 0.10
 """A speed-up is shown as a number only when its interval's half-width is at most this share of it
-(±10%); a wider one is shown as "not measured: noise ±N%". ``ProfilingConfig(max_noise=...)``."""
+(±10%); a wider one is shown by the bound it still clears ("at least 2.10x (noise ±132%)") or, when
+its interval straddles 1, as "not measured: noise ±N%". ``ProfilingConfig(max_noise=...)``."""
 
 
 def noise_of(speedup: float, low: float, high: float) -> float:
@@ -86,12 +87,28 @@ def noise_of(speedup: float, low: float, high: float) -> float:
 
 
 def format_speedup(speedup: float, low: float | None, high: float | None, measured: bool = True) -> str:
-    """``1.72x [1.65-1.80]``, or ``not measured: noise ±34%`` for a figure whose interval was too wide."""
+    """``1.72x [1.65-1.80]``; for an interval too wide to show as a figure, the end of it that
+    still says which side of eager it is on (``at least 2.10x (noise ±132%)``, ``at most 0.80x
+    (...)``), or ``not measured: noise ±34%`` when the interval straddles 1.
+
+    Under load the interval is wide but honest: a 5x gain whose windows all beat eager by at least
+    2.1x is worth saying, while a point figure inside that interval would promise too much.
+    """
     if low is None or high is None:
         return f"{speedup:.2f}x"
-    if not measured:
-        return f"not measured: noise ±{noise_of(speedup, low, high):.0%}"
-    return f"{speedup:.2f}x [{low:.2f}-{high:.2f}]"
+    if measured:
+        return f"{speedup:.2f}x [{low:.2f}-{high:.2f}]"
+    noise = f"noise ±{noise_of(speedup, low, high):.0%}"
+    if low > 1.0:
+        return f"at least {low:.2f}x ({noise})"
+    if high < 1.0:
+        return f"at most {high:.2f}x ({noise})"
+    return f"not measured: {noise}"
+
+
+def slower_beyond_interval(speedup: float | None, high: float | None) -> bool:
+    """The whole interval is below 1: slower than eager whatever the noise."""
+    return speedup is not None and high is not None and high < 1.0
 
 
 class _Status(str, enum.Enum):
@@ -162,7 +179,8 @@ class CandidateReport:
     """Upper end of the speedup's interval: the upper quartile of those ratios."""
     measured: bool | None = None
     """False when the interval is wider than the profiling config's ``max_noise``: the speed-up is
-    then shown as "not measured: noise ±N%", never as a number (None: no speed-up)."""
+    then shown by the bound its interval clears ("at least 2.10x (noise ±N%)"), or as "not
+    measured: noise ±N%" when that interval straddles 1, never as a point figure (None: no speed-up)."""
     variant: str | None = None
     """Which of the backend's variants this candidate is (``"torchscript export"``), when it has several."""
     static_batch: int | None = None
@@ -224,6 +242,24 @@ class ModuleReport:
 
 
 @attrs.define
+class BaselineFigure:
+    """The tuned passes against another eager baseline timed in the same rounds (``generate()``
+    with the static cache aitune switched to, next to the user's own cache)."""
+
+    baseline: str
+    """What the eager passes ran as, e.g. ``eager with the static cache``."""
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    measured: bool
+    eager_ms: float
+
+    def describe(self) -> str:
+        figure = format_speedup(self.speedup, self.speedup_low, self.speedup_high, self.measured)
+        return f"against {self.baseline}: {figure} ({self.eager_ms:.3g} ms per pass)"
+
+
+@attrs.define
 class EndToEndReport:
     """The whole callable ``ait.tune`` was given, eager against tuned, over its dataset: the figure
     a user judges a tuner by (a partial wrap can win per module and gain nothing here)."""
@@ -234,7 +270,8 @@ class EndToEndReport:
     """The lower quartile of the per-round ratios (eager pass over tuned pass, timed back to back)."""
     speedup_high: float | None = None
     measured: bool = False
-    """False when the interval is wider than ``max_noise`` (or nothing was timed): shown as "not measured"."""
+    """False when the interval is wider than ``max_noise`` (or nothing was timed): shown by the bound
+    the interval clears ("at least 2.10x"), or as "not measured" when it straddles 1."""
     eager_ms: float | None = None
     tuned_ms: float | None = None
     rounds: int = 0
@@ -244,13 +281,24 @@ class EndToEndReport:
     reason: str | None = None
     """Why there is no figure (a call that raised), or what to know about it (some tuned calls ran
     eager while timed), or None."""
+    baseline: str = "eager"
+    """What the eager passes of the figure ran as: the model as the user gave it (``generate()``
+    with the cache the user asked for, not the static one aitune switched to)."""
+    other_baselines: list[BaselineFigure] = attrs.field(factory=list)
+    """The same tuned passes against other eager baselines (the static cache aitune switched to)."""
+    not_kept: str | None = None
+    """Why the winners timed here were taken back (slower than eager beyond the interval), or None."""
 
     def describe(self) -> str:
         if self.speedup is None:
             return f"not measured: {self.reason}" if self.reason else "not measured"
         text = format_speedup(self.speedup, self.speedup_low, self.speedup_high, self.measured)
-        text += f" (eager {self.eager_ms:.3g} ms, tuned {self.tuned_ms:.3g} ms per pass of {self.items} items)"
-        return text + (f"; {self.reason}" if self.reason else "")
+        passes = f"{self.baseline} {self.eager_ms:.3g} ms, tuned {self.tuned_ms:.3g} ms per pass of {self.items} items"
+        text = text[:-1] + f"; {passes})" if text.endswith(")") else f"{text} ({passes})"
+        for other in self.other_baselines:
+            text += f"; {other.describe()}"
+        text += f"; {self.reason}" if self.reason else ""
+        return text + (f"; not kept: {self.not_kept}" if self.not_kept else "")
 
 
 @attrs.define

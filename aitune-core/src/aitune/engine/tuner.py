@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import platform
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -31,7 +32,15 @@ from ..builds.queue import build_queue
 from ..envvars import check_switches
 from ..errors import AituneError, ConfigError, DistributedTuneError, InputError, PluginError
 from ..plugins import AituneManager, get_manager
-from ..report import GraphReport, ModuleReport, ModuleStatus, TuneReport
+from ..report import (
+    EndToEndReport,
+    GraphReport,
+    ModuleReport,
+    ModuleStatus,
+    TuneReport,
+    format_speedup,
+    slower_beyond_interval,
+)
 from ..session import Session
 from . import end_to_end, fanout, plan, ranks, recording
 from .generation import StaticCacheSwitch
@@ -298,13 +307,13 @@ def _tune(
         _time_spent(report, progress)
         session.hook.aitune_tune_failed(report=report, error=exc, session=session)
         raise
-    if options.freeze and not options.dry_run:
-        freeze_tuned(model_or_callable, report)
     if options.end_to_end_s and not options.dry_run and group is None:
         if session.builds is not None:  # a build submitted ahead that no strategy took: not next to the timing
             session.builds.wait_idle()
         with progress.step("end to end: eager against tuned", "end to end"):
-            _end_to_end(model_or_callable, recorded, report, options.end_to_end_s)
+            _end_to_end(model_or_callable, recorded, report, options.end_to_end_s, switch)
+    if options.freeze and not options.dry_run:  # after the end-to-end check: winners it took back freeze nothing
+        freeze_tuned(model_or_callable, report)
     report.environment["load_average_end"] = load_average()
     report.duration_s = time.perf_counter() - started
     _time_spent(report, progress)
@@ -379,12 +388,21 @@ END_TO_END_ITEMS = 8
 """Dataset items kept for the end-to-end figure (the first ones)."""
 
 
-def _end_to_end(model_or_callable: Any, recorded: Any, report: TuneReport, budget_s: float) -> None:
-    """Time the whole call eager against tuned and log it first, with each module's share and figure."""
+def _end_to_end(
+    model_or_callable: Any, recorded: Any, report: TuneReport, budget_s: float, switch: StaticCacheSwitch
+) -> None:
+    """Time the whole call eager against tuned and log it first, with each module's share and figure;
+    winners that make the whole slower than eager beyond the interval are taken back."""
     modules = [rec.module for rec in recorded.modules.values()]
     if not any(m.state == "tuned" for m in modules):
         return
-    result = end_to_end.measure(lambda item: call_with_item(model_or_callable, item), recorded.items, modules, budget_s)
+    result = end_to_end.measure(
+        lambda item: call_with_item(model_or_callable, item),
+        recorded.items,
+        modules,
+        budget_s,
+        users=_users_setup(switch),
+    )
     report.end_to_end = result
     figures = {m.name: m for m in report.modules}
     shares = []
@@ -394,7 +412,110 @@ def _end_to_end(model_or_callable: Any, recorded: Any, report: TuneReport, budge
         )
         own = f", {chosen[0].speedup_text()}" if len(chosen) == 1 and chosen[0].speedup is not None else ""
         shares.append(f"{name} {share:.0%} of eager time{own}")
+    if slower_beyond_interval(result.speedup, result.speedup_high):
+        _not_kept(modules, report, result, switch)
     logger.info("end to end %s%s", result.describe(), "; " + "; ".join(shares) if shares else "")
+
+
+def _users_setup(switch: StaticCacheSwitch) -> end_to_end.UsersSetup | None:
+    """Eager as the user set it up, where ``ait.tune`` switched ``generate()`` to a static cache: the
+    baseline the end-to-end figure is against (the user would generate with the default cache)."""
+    if not switch.models:
+        return None
+    models = list(switch.models)
+
+    @contextlib.contextmanager
+    def undone() -> Iterator[None]:
+        before = [(m, m.generation_config.cache_implementation) for m in models]
+        for model in models:
+            model.generation_config.cache_implementation = None
+        try:
+            yield
+        finally:
+            for model, value in before:
+                model.generation_config.cache_implementation = value
+
+    return end_to_end.UsersSetup(undone, "eager with the default cache", "eager with the static cache")
+
+
+def _not_kept(modules: Sequence[Module], report: TuneReport, result: EndToEndReport, switch: StaticCacheSwitch) -> None:
+    """Take back every installed winner (the modules run eager) and the static-cache switch, because
+    the tuned whole was slower than eager beyond its interval: warn with both figures, say so in the report."""
+    tuned = [m for m in modules if m.state == "tuned"]
+    ungated = [m.name for m in tuned if not _gated(m)]
+    if ungated:  # the user turned the eager gate off: the winners serve, whatever they time
+        logger.warning(
+            "end to end the tuned model is slower than %s (%s); %s kept because performance validation is off",
+            result.baseline,
+            result.describe(),
+            ", ".join(ungated),
+        )
+        tuned = [m for m in tuned if m.name not in ungated]
+        if not tuned:
+            return
+    entries = {m.name: m for m in report.modules}
+    own = []
+    for module in tuned:
+        entry = entries.get(module.name)
+        chosen = [c for g in entry.graphs for c in g.candidates if c.status == "selected"] if entry else []
+        figures = ", ".join(f"{c.backend} {c.speedup_text()}" for c in chosen if c.speedup is not None)
+        own.append(f"{figures} for {module.name}" if figures else f"none for {module.name}")
+    figure = format_speedup(result.speedup or 0.0, result.speedup_low, result.speedup_high, result.measured)
+    whole = (
+        f"end to end the tuned model was slower than {result.baseline}, {figure} ({result.baseline} "
+        f"{result.eager_ms:.3g} ms, tuned {result.tuned_ms:.3g} ms per pass)"
+    )
+    names = ", ".join(m.name for m in tuned)
+    runs = "runs" if len(tuned) == 1 else "run"
+    why = f"while the modules' own figures were {', '.join(own)}; {names} {runs} eager"
+    for module in tuned:
+        _install_eager(module, entries.get(module.name), f"not kept: {whole}")
+    if switch.models and not any(m.state == "tuned" for m in modules):
+        models = [type(m).__name__ for m in switch.models]
+        switch.restore()
+        report.changes = [c for c in report.changes if not any(c.startswith(f"{n}.generation_config") for n in models)]
+        why += "; generate() is back on its default cache"
+    result.not_kept = f"slower than {result.baseline} beyond its interval, {why}"
+    warnings.warn(f"{names}: winners not kept: {whole}, {why}", RuntimeWarning, stacklevel=4)
+
+
+def _gated(module: Module) -> bool:
+    """Every strategy of ``module`` gates on eager (``performance_validation`` on)."""
+    chosen: list[Any] = [module.strategy] if module.strategy is not None else []
+    if module.strategies is not None:
+        values = module.strategies.values() if isinstance(module.strategies, Mapping) else module.strategies
+        chosen += [s for s in values if s is not None]
+    return all(getattr(s, "gated", True) for s in chosen or [strategy_for(module, 0, "")])
+
+
+def _install_eager(module: Module, entry: ModuleReport | None, reason: str) -> None:
+    """Route every graph of ``module`` to eager, and its report to say why."""
+    from ..backend import BuildContext
+    from ..builtin.eager import TorchEagerBackend
+    from ..cachedir import cache_dir
+    from ..report import CandidateStatus
+
+    routes = list(module.tuned_graphs)
+    eager = TorchEagerBackend()
+    if routes:
+        device = weights_device(module.module) or torch.device("cpu")
+        workdir = Path(tempfile.gettempdir())
+        eager.build(module.module, BuildContext(routes[0].graph, [], device, workdir, cache_dir(), module.name))
+    install(module, [Winner(route.graph, eager) for route in routes], entry)
+    if entry is None:
+        return
+    for graph in entry.graphs:
+        chosen = [c for c in graph.candidates if c.status == CandidateStatus.SELECTED]
+        for candidate in chosen:
+            candidate.status = CandidateStatus.REJECTED
+            candidate.reason = reason
+        for route in graph.routes:
+            route.backend = TorchEagerBackend.name
+        if chosen or graph.routes:
+            graph.decision = TorchEagerBackend.name
+            graph.reason = reason
+    entry.status = ModuleStatus.EAGER
+    entry.summary = summarize(entry)
 
 
 def check_devices(module: Module) -> None:
