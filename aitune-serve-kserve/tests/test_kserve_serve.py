@@ -101,8 +101,9 @@ def test_a_client_error_is_a_4xx_that_says_what_to_send(client, send, said):
             b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}abc',
             {"Inference-Header-Content-Length": "94"},
         ),
+        (b'{"inputs": [3]}', {"Inference-Header-Content-Length": "15"}),
     ],
-    ids=["not-json", "too-few-values", "truncated-binary"],
+    ids=["not-json", "too-few-values", "truncated-binary", "inputs-not-objects"],
 )
 def test_a_malformed_body_is_a_4xx_not_a_500(server, body, headers):
     request = urllib.request.Request(

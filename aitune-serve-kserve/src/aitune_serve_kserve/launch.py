@@ -33,7 +33,7 @@ class _DataPlane(DataPlane):
             return super().decode_inference_request(body, headers, model_name)
         except InvalidInput:
             raise
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise InvalidInput(
                 f"the body is not an Open Inference Protocol v2 request ({type(exc).__name__}: {exc}); send "
                 f'{{"inputs": [{{"name", "shape", "datatype", "data"}}]}}, or binary tensors whose '
