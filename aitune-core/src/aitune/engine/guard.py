@@ -222,6 +222,7 @@ class HookWatch:
                     module.__dict__[name] = hooks
                 hooks.watches.add(self)
                 self._baseline.append((hooks, frozenset(hooks)))
+        self._by_id = {id(hooks): (hooks, keys) for hooks, keys in self._baseline}
         self._states: dict[int, tuple[bool, frozenset[tuple[Any, str]]]] = {}
         """Per hook dict (by id) that needs a look per call: whether it differs from its baseline other
         than by capture hooks added, and the (collector, key) of each capture hook it holds."""
@@ -234,9 +235,12 @@ class HookWatch:
     def recheck(self, hooks: _WatchedHooks | None = None) -> None:
         """Judge ``hooks`` (every watched dict when None) against its baseline; runs when a hook is
         added or removed, never per call."""
-        for watched, keys in self._baseline:
-            if hooks is not None and watched is not hooks:
-                continue
+        if hooks is None:
+            judged = self._baseline
+        else:  # only the dict that changed: a model installing a hook per layer pays once per hook
+            entry = self._by_id.get(id(hooks))
+            judged = [entry] if entry is not None and entry[0] is hooks else []
+        for watched, keys in judged:
             now = frozenset(watched)
             always = False
             captures: set[tuple[Any, str]] = set()
@@ -276,6 +280,7 @@ class HookWatch:
         new = HookWatch(modules)
         if len(new._baseline) == len(self._baseline):
             new._baseline = [(hooks, keys) for (hooks, _), (_, keys) in zip(new._baseline, self._baseline)]
+            new._by_id = {id(hooks): (hooks, keys) for hooks, keys in new._baseline}
             new.recheck()
         return new
 
