@@ -21,6 +21,7 @@ from aitune.engine.figures import compare
 from aitune.errors import InputError
 from aitune.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig, profile_runners, summarize
 from aitune.render.markdown import render_markdown
+from aitune.report import TuneReport
 from aitune.testing.backends import ToyBackend, ToyConfig
 
 QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5))
@@ -374,6 +375,7 @@ def test_generate_is_judged_against_the_cache_the_user_asked_for(
     assert 0.9 * expected <= e2e.speedup <= 1.1 * expected
     assert 0.9 * (0.004 + static_cost_s) / (0.002 + static_cost_s) <= static.speedup
     assert static.describe() in e2e.describe() and "eager with the default cache" in e2e.describe()
+    assert TuneReport.from_json(report.to_json()).end_to_end == e2e, "the JSON report keeps both figures"
     not_kept = [str(w.message) for w in seen if "winners not kept" in str(w.message)]
     if kept:
         assert not not_kept and e2e.not_kept is None
