@@ -140,7 +140,11 @@ def tune(
     ``end_to_end`` (default True) then times the whole of ``model_or_callable`` over the first
     dataset items, eager against tuned, interleaved, for up to 10 s (a number: that budget); the
     report and the log lead with it ("end to end 1.70x [1.61-1.79]"), next to each module's share
-    of the eager time, so a partial wrap that barely moves the whole says so.
+    of the eager time, so a partial wrap that barely moves the whole says so. Winners that make the
+    whole slower than eager beyond that interval are not kept (their modules run eager, with a
+    warning giving both figures) unless the strategy's eager gate is off. Where ``generate()`` was
+    switched to a static cache, the figure is against eager with the default cache the user had,
+    and the one against eager with the static cache is reported next to it.
 
     ``time_budget`` (seconds) bounds the tune: candidates are built cheapest first
     (``Backend.build_cost``; FirstWins keeps a list the user gave in its order), and once the budget
