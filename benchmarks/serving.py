@@ -4,7 +4,9 @@
 The same Ray Serve setup serves, one after the other: (a) the eager model, one call per request;
 (b) the eager model with the tuned artifact's batching; (c) the tuned artifact with it. Then
 ``aitune serve`` on KServe's ModelServer (a process of its own) serves (d) the tuned artifact and
-(e) the same with ``--eager``, driven by Triton's own HTTP client with binary tensors. Each client
+(e) the same with ``--eager``, and, for the BERT case, (f) the yardstick: the same graph written by
+hand, a kserve ``Model`` running an ONNX Runtime session on a TorchScript export, one call per
+request; all three driven by Triton's own HTTP client with binary tensors. Each client
 sends one-row ``.npy`` requests back to back (a fixed number in all, so a run stops by itself) and
 times each; the table gives throughput, p50/p99 latency and the share of model calls served by a
 tuned backend (from the replicas' own metrics). Then the kill run: two replicas of (c), one killed
@@ -75,12 +77,13 @@ def _tokens(batch: int, seed: int) -> dict[str, Any]:
 
 
 def tune_bert(folder: Path) -> Path:
-    """The BERT case tuned as a whole for batches of 4 and 8 (MaxThroughput over ONNX Runtime)."""
+    """The BERT case tuned as a whole for batches of 1 to 8 (MaxThroughput over ONNX Runtime): a lone
+    batch-1 request runs at its own size, not padded up to the smallest tuned one."""
     import aitune.torch as ait
     from aitune.torch.backend import ONNXRuntimeBackend
 
     model = ait.Module(build_bert(), "bert", strategy=ait.MaxThroughputStrategy([ONNXRuntimeBackend()]))
-    ait.tune(model, [_tokens(4, 1), _tokens(8, 2)])
+    ait.tune(model, [_tokens(1, 0), _tokens(4, 1), _tokens(8, 2)])
     path = folder / "bert.ait"
     ait.save(model, path)
     return path
@@ -331,16 +334,91 @@ def load_kserve(url: str, model: str, case: str, clients: int, total: int) -> di
     }
 
 
-def run_kserve(case: str, artifact: Path, args: argparse.Namespace, eager: bool) -> dict[str, Any]:
-    """``aitune serve`` (the kserve engine) in a process of its own: warm-up, the counted run, SIGTERM."""
+def export_bert_by_hand(folder: Path) -> Path:
+    """The BERT case as a user would export it without aitune: TorchScript ONNX export, batch axis dynamic."""
+    import torch
+
+    bert = build_bert()
+
+    class Outputs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+            return out.last_hidden_state, out.pooler_output
+
+    tokens = _tokens(1, 3)
+    path = folder / "bert.onnx"
+    names = ["input_ids", "attention_mask", "last_hidden_state", "pooler_output"]
+    torch.onnx.export(
+        Outputs().eval(),
+        (tokens["input_ids"], tokens["attention_mask"]),
+        str(path),
+        input_names=names[:2],
+        output_names=names[2:],
+        dynamic_axes={name: {0: "batch"} for name in names},
+        dynamo=False,
+    )
+    return path
+
+
+def serve_by_hand(onnx_path: str, port: int, threads: int) -> None:
+    """A kserve ``Model`` written by hand around an ONNX Runtime session (one call per request); blocks."""
+    import sys
+
+    import onnxruntime as ort
+
+    sys.argv = sys.argv[:1]  # kserve.model_server parses the command line when imported
+    from kserve import Model, ModelServer
+    from kserve.protocol.infer_type import InferOutput, InferResponse
+
+    class ByHand(Model):
+        def load(self) -> bool:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            self.session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+            self.names = [o.name for o in self.session.get_outputs()]
+            self.ready = True
+            return True
+
+        def predict(self, payload: Any, headers: Any = None) -> Any:
+            wanted = [o.name for o in payload.request_outputs or []] or self.names
+            arrays = self.session.run(wanted, {i.name: i.as_numpy() for i in payload.inputs})
+            outputs = [
+                InferOutput(name=n, shape=list(a.shape), datatype="FP32", data=a) for n, a in zip(wanted, arrays)
+            ]
+            return InferResponse(
+                response_id=payload.id or "",
+                model_name=self.name,
+                infer_outputs=outputs,
+                use_binary_outputs=payload.use_binary_outputs,
+                requested_outputs=payload.request_outputs,
+            )
+
+    model = ByHand("bert")
+    model.load()
+    ModelServer(http_port=port, enable_grpc=False, workers=1, enable_latency_logging=False).start([model])
+
+
+def run_kserve(
+    case: str, artifact: Path, args: argparse.Namespace, eager: bool, by_hand: Path | None = None
+) -> dict[str, Any]:
+    """``aitune serve`` (the kserve engine), or the hand-written server, in a process of its own:
+    warm-up, the counted run, SIGTERM."""
     import subprocess
     import sys
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", CASES[case][0]]
-    command += ["--port", str(port), "--threads", str(args.threads), *(["--eager"] if eager else [])]
+    if by_hand is not None:
+        command = [sys.executable, "-m", "benchmarks.serving", "--serve-by-hand", str(by_hand), "--port", str(port)]
+        command += ["--threads", str(args.threads)]
+    else:
+        command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", CASES[case][0]]
+        command += ["--port", str(port), "--threads", str(args.threads), *(["--eager"] if eager else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     url, model = f"127.0.0.1:{port}", artifact.stem
     with tempfile.TemporaryFile() as log:
@@ -461,7 +539,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-kill", action="store_true", help="Skip the replica-kill run.")
     parser.add_argument("--engines", default="ray,kserve", help="Comma-separated engines: ray, kserve.")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--serve-by-hand", type=Path, help=argparse.SUPPRESS)  # the (f) server's own process
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_by_hand:
+        serve_by_hand(str(args.serve_by_hand), args.port, args.threads)
+        return {}
     cases = [c for c in args.models.split(",") if c]
     unknown = set(cases) - set(CASES)
     if unknown:
@@ -488,6 +571,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for case in cases:
             for name, eager in KSERVE_SETUPS.items():
                 result = run_kserve(case, artifacts[case], args, eager)
+                results["setups"][case][name] = result
+                print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+            if case == "bert":
+                name = "(f) kserve, the same graph by hand"
+                result = run_kserve(case, artifacts[case], args, False, by_hand=export_bert_by_hand(folder))
                 results["setups"][case][name] = result
                 print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
     results["load_average_end"] = os.getloadavg()[0]

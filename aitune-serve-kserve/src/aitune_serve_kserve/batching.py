@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 
 import aitune.torch as ait
 
-from .plan import BatchPlan, InputSpec, call_arguments, named_outputs
+from .plan import BatchPlan, InputSpec, forward_of, named_outputs
 
 Request = dict[str, torch.Tensor]
 
@@ -66,6 +67,7 @@ class BatchRunner:
         self.plan = plan
         self.specs = specs
         self.on_call = on_call
+        self._signature = inspect.signature(forward_of(model))  # read once: a wrapped forward's is slow to read
 
     def rows(self, request: Request) -> int:
         name, tensor = next(iter(request.items()))
@@ -105,7 +107,10 @@ class BatchRunner:
     def _joined(self, requests: list[Request]) -> list[Answer | ClientError]:
         counts = [self.rows(r) for r in requests]
         names = list(requests[0])
-        joined = {n: torch.cat([r[n] for r in requests], dim=self.specs[n].batch_axis) for n in names}
+        if len(requests) == 1:
+            joined = requests[0]
+        else:
+            joined = {n: torch.cat([r[n] for r in requests], dim=self.specs[n].batch_axis) for n in names}
         pieces: list[dict[str, torch.Tensor]] = []
         spans: list[tuple[int, int, int, tuple[ait.Route, ...]]] = []  # (first row, end row, size, routes)
         start = 0
@@ -115,7 +120,7 @@ class BatchRunner:
             pieces.append({n: o.narrow(0, 0, take) for n, o in outputs.items()})
             spans.append((start, start + take, size, routes))
             start += take
-        merged = {n: torch.cat([p[n] for p in pieces]) for n in pieces[0]}
+        merged = pieces[0] if len(pieces) == 1 else {n: torch.cat([p[n] for p in pieces]) for n in pieces[0]}
         answers: list[Answer | ClientError] = []
         first = 0
         for count in counts:
@@ -135,7 +140,8 @@ class BatchRunner:
     def _call(self, part: Request, size: int, rows: int) -> tuple[dict[str, torch.Tensor], tuple[ait.Route, ...]]:
         with ait.observe_routes() as seen:
             try:
-                args, kwargs = call_arguments(self.model, part)
+                bound = self._signature.bind(**part)
+                args, kwargs = bound.args, bound.kwargs
                 outputs = named_outputs(self.model(*args, **kwargs))
             except Exception as exc:
                 raise _ModelRefused(exc, seen) from exc

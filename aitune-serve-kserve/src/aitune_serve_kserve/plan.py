@@ -186,12 +186,6 @@ def output_specs(model: torch.nn.Module, outputs: Mapping[str, torch.Tensor]) ->
     return specs
 
 
-def call_arguments(model: torch.nn.Module, named: dict[str, Any]) -> tuple[Sequence[Any], dict[str, Any]]:
-    """``named`` as the positional and keyword arguments of ``model``'s forward (as tuning called it)."""
-    bound = inspect.signature(forward_of(model)).bind(**named)
-    return bound.args, bound.kwargs
-
-
 def forward_of(model: torch.nn.Module) -> Any:
     """The forward whose parameters name the model's inputs (the wrapped one, for a tuned model itself)."""
     return model.module.forward if isinstance(model, ait.Module) else model.forward
