@@ -220,8 +220,8 @@ def _export(module: torch.nn.Module, context: BuildContext, strict: bool) -> tup
     dynamic_shapes, ranges = export_dynamic_shapes(graph)
     flat = tuple(graph.flatten(sample.args, sample.kwargs))
     try:  # flat tensors in, flat tensors out: any signature exports, and infer runs it as it is
-        with exclusive():  # non-strict export patches Module.__call__ for the whole process while it traces
-            program = torch.export.export(FlatModule(module, graph), flat, dynamic_shapes=dynamic_shapes, strict=strict)
+        with exclusive(FlatModule(module, graph)) as traced:  # a copy: the program's calls never meet the trace
+            program = torch.export.export(traced, flat, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as exc:
         raise BuildError(
             f"torch.export failed with dynamic dims {ranges or 'none'}: {type(exc).__name__}: {_first_lines(exc)}. "

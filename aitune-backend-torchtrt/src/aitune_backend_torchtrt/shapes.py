@@ -107,8 +107,8 @@ def export_program(module: torch.nn.Module, graph: GraphSpec, sample: Sample) ->
     """``torch.export.export`` of ``module`` at ``sample`` with every dynamic dimension of ``graph``."""
     traced = trace_sample(graph, sample)
     shapes = dynamic_shapes(graph, export_dims(graph), module.forward)
-    with exclusive():  # non-strict export patches Module.__call__ for the whole process while it traces
-        return torch.export.export(module, tuple(traced.args), dict(traced.kwargs), dynamic_shapes=shapes)
+    with exclusive(module) as copy:  # a copy: the program's calls never meet the trace
+        return torch.export.export(copy, tuple(traced.args), dict(traced.kwargs), dynamic_shapes=shapes)
 
 
 @attrs.frozen

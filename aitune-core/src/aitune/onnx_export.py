@@ -417,13 +417,13 @@ def _dynamo(
     import torch.onnx
 
     dynamic_shapes = _dynamic_shapes(graph)
-    with torch.no_grad(), tracing.exclusive():
+    with torch.no_grad(), tracing.exclusive(wrapper) as traced:  # a copy: the program's calls never meet the trace
         try:
-            captured = _capture(wrapper, inputs, dynamic_shapes)
+            captured = _capture(traced, inputs, dynamic_shapes)
         except Exception:
             captured = None
         program = torch.onnx.export(
-            captured if captured is not None else wrapper,
+            captured if captured is not None else traced,
             inputs,
             dynamo=True,
             input_names=input_names,
@@ -468,10 +468,10 @@ def _torchscript(
     scratch.mkdir()
     judged: list[dict[str, Any]] = []
     try:
-        with torch.no_grad(), tracing.exclusive(), warnings.catch_warnings(record=True) as caught:
+        with torch.no_grad(), tracing.exclusive(wrapper) as traced, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.onnx.export(
-                wrapper,
+                traced,
                 inputs,
                 str(scratch / path.name),
                 dynamo=False,
@@ -482,11 +482,11 @@ def _torchscript(
             )
         found = traced_branches.branches(caught)
         if found and not config.trace_control_flow:
-            with torch.no_grad(), tracing.exclusive(), warnings.catch_warnings():
+            with torch.no_grad(), tracing.exclusive(wrapper) as copy, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                traced = torch.jit.trace(wrapper, inputs, check_trace=False)
+                script = torch.jit.trace(copy, inputs, check_trace=False)
                 why, judged = traced_branches.judge(
-                    traced, wrapper, graph, found, sample, recorded, lambda: _sizes_past(wrapper, inputs, graph, sample)
+                    script, wrapper, graph, found, sample, recorded, lambda: _sizes_past(copy, inputs, graph, sample)
                 )
             if why is not None:
                 raise NotApplicableError(

@@ -135,7 +135,7 @@ def _pre(module: torch.nn.Module, args: Any) -> None:
     local.depth = getattr(local, "depth", 0) + 1
     if local.depth == 1 and not recording.bypassing():
         STATE.in_flight += 1
-        if STATE.tuner_running:  # the tuner may trace: not during this call
+        if STATE.tuner_running:  # a trace of the tuner's that this call must not meet (tracing.LOCK)
             tracing.LOCK.acquire()
             local.holding = True
 

@@ -86,7 +86,7 @@ class JitState:
     process-wide compiling flag may be the tuner's (the tuner thread marks itself in ``local.tuner``)."""
     in_flight: int = 0
     """Top-level module calls of the program under way now (not aitune's own): the background
-    tuner times a call only when there are none."""
+    tuner times a call only when there are none, and steps aside while there are (:mod:`.background`)."""
     exit_registered: bool = False
     """``background.stop_at_exit`` is registered with atexit (once per process)."""
     stopping: threading.Event = attrs.field(factory=threading.Event)
