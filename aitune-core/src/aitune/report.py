@@ -106,6 +106,11 @@ def format_speedup(speedup: float, low: float | None, high: float | None, measur
     return f"not measured: {noise}"
 
 
+def _with_details(figure: str, details: str) -> str:
+    """``figure (details)``, inside the figure's own parenthesis when it has one (``(noise ±N%; details)``)."""
+    return f"{figure[:-1]}; {details})" if figure.endswith(")") else f"{figure} ({details})"
+
+
 def slower_beyond_interval(speedup: float | None, high: float | None) -> bool:
     """The whole interval is below 1: slower than eager whatever the noise."""
     return speedup is not None and high is not None and high < 1.0
@@ -256,7 +261,7 @@ class BaselineFigure:
 
     def describe(self) -> str:
         figure = format_speedup(self.speedup, self.speedup_low, self.speedup_high, self.measured)
-        return f"against {self.baseline}: {figure} ({self.eager_ms:.3g} ms per pass)"
+        return f"against {self.baseline}: {_with_details(figure, f'{self.eager_ms:.3g} ms per pass')}"
 
 
 @attrs.define
@@ -294,7 +299,7 @@ class EndToEndReport:
             return f"not measured: {self.reason}" if self.reason else "not measured"
         text = format_speedup(self.speedup, self.speedup_low, self.speedup_high, self.measured)
         passes = f"{self.baseline} {self.eager_ms:.3g} ms, tuned {self.tuned_ms:.3g} ms per pass of {self.items} items"
-        text = text[:-1] + f"; {passes})" if text.endswith(")") else f"{text} ({passes})"
+        text = _with_details(text, passes)
         for other in self.other_baselines:
             text += f"; {other.describe()}"
         text += f"; {self.reason}" if self.reason else ""
