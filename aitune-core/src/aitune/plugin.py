@@ -29,7 +29,7 @@ The groups:
   (``tree.flatten``/``tree.unflatten``: nested inputs and outputs as flat tensor lists);
 * ONNX export, shared by the ONNX Runtime and TensorRT backends: :class:`ONNXExportConfig`,
   ``export_onnx`` and the :class:`ONNXExport` it returns, ``model_files`` and ``MODEL_FILE``;
-  ``exclusive`` is the lock to hold around any tracing of the user's module; ``EXPORTER_MODULES``,
+  ``exclusive(module)``, what to trace the user's module as (a detached copy no other thread sees traced); ``EXPORTER_MODULES``,
   what an export imports (for ``Backend.warm_imports``);
 * Inductor's compile cache (:mod:`aitune.compile_cache`), for every backend that compiles with
   Inductor (torch.compile, AOTInductor): ``inductor_cache`` around a build or a load (the checked,
