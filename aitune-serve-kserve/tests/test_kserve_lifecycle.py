@@ -66,6 +66,19 @@ def test_eager_serves_the_same_answers_without_tuned_backends_and_sigterm_drains
         assert result.get_response()["parameters"]["aitune_backend"] == "eager (no tuned module ran)"
 
 
+def test_sigterm_while_the_model_loads_exits_0_without_serving(artifact, tmp_path):
+    """Its warm-up call takes a second (the slow eager model), so the signal lands in the load."""
+    with running(artifact, tmp_path / "serve.log", "--eager", factory="kserve_testmodel:build_slow") as server:
+        deadline = time.monotonic() + 120
+        while "loading" not in server.log.read_text():
+            assert server.process.poll() is None and time.monotonic() < deadline, server.output()
+            time.sleep(0.1)
+        code = server.stop()
+        assert code == 0, server.output()
+        said = server.output()
+        assert "stopped before serving" in said, said
+
+
 def test_a_ray_option_without_engine_ray_is_a_usage_error(artifact):
     done = subprocess.run(
         [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", "x:y", "--replicas", "2"],

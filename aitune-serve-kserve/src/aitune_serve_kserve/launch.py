@@ -10,9 +10,12 @@ decoder fails on with a ``ValueError``), which is answered 400 with what to send
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,28 @@ class _Server(ModelServer):
         super().setup_event_loop()
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[list[int]]:
+    """While the model loads (before kserve's server handles signals), SIGTERM and SIGINT are noted,
+    not fatal: the load finishes and the process exits 0 without serving. A second one exits at once."""
+    noted: list[int] = []
+
+    def note(signum: int, frame: Any) -> None:
+        if noted:
+            os._exit(128 + signum)
+        noted.append(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = {signum: signal.signal(signum, note) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield noted
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def serve(
     factory: Factory | str,
     artifact: str | Path,
@@ -91,7 +116,12 @@ def serve(
         eager=eager,
         max_rows=max_rows,
     )
-    model.load()
+    print(f"loading {artifact} into {factory if isinstance(factory, str) else 'the factory'}'s model", flush=True)
+    with _signals_deferred() as stopped:
+        model.load()
+    if stopped:
+        print("stopped before serving (a signal came while the model loaded)", flush=True)
+        return
     server = _Server(
         host,
         http_port=port,
