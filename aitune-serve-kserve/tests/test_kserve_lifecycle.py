@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,3 +102,19 @@ def test_a_factory_that_does_not_import_is_a_usage_error(artifact):
     assert done.returncode == 2, done.stderr
     said = " ".join(done.stderr.replace("│", " ").split())
     assert "cannot import the model factory 'no_such_package:build'" in said, said
+
+
+def test_an_artifact_that_does_not_load_is_one_error_line_and_exit_1(tmp_path):
+    broken = tmp_path / "broken.ait"
+    broken.write_bytes(b"not a zip")
+    done = subprocess.run(
+        [sys.executable, "-m", "aitune", "serve", str(broken), "--factory", "kserve_testmodel:build"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(kserve_testmodel.__file__).parent,
+    )
+    assert done.returncode == 1, done.stderr
+    said = " ".join(done.stderr.split())
+    assert said.startswith("error:") and "not a readable .ait artifact" in said, said
+    assert "Traceback" not in done.stderr
