@@ -308,6 +308,7 @@ def scripted_profile(eager_ms: float, candidate_ms: float) -> Any:
     return Clock()
 
 
+@pytest.mark.busy  # decided on scripted and virtual clocks: the load must change nothing
 def test_a_winner_slower_end_to_end_than_eager_is_not_kept(toy_backends, register_plugin, monkeypatch) -> None:
     """Its own figure says 2x, and the whole model, timed on a virtual clock, is 2x slower: the
     module runs eager, a warning names both figures, the report says why, nothing is frozen."""
@@ -337,6 +338,7 @@ def test_a_winner_slower_end_to_end_than_eager_is_not_kept(toy_backends, registe
     assert "not kept" in render_markdown(report)
 
 
+@pytest.mark.busy  # decided on scripted and virtual clocks: the load must change nothing
 def test_with_the_eager_gate_off_a_winner_slower_end_to_end_still_serves(
     toy_backends, register_plugin, monkeypatch, caplog
 ) -> None:
@@ -373,6 +375,7 @@ class VirtualLM(torch.nn.Module):
         return self.body(x)
 
 
+@pytest.mark.busy  # decided on scripted and virtual clocks: the load must change nothing
 @pytest.mark.parametrize(("static_cost_s", "kept"), [(0.001, True), (0.004, False)])
 def test_generate_is_judged_against_the_cache_the_user_asked_for(
     toy_backends, monkeypatch, static_cost_s: float, kept: bool

@@ -16,6 +16,7 @@ import torch
 import aitune.torch as ait
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.busy  # routes must not depend on a timing race
 
 
 def bert() -> torch.nn.Module:
