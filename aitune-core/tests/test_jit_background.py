@@ -178,3 +178,26 @@ def test_exit_while_the_tuner_runs_native_code_never_aborts(tmp_path: Any) -> No
             f"run {run}: exit code {done.returncode}\n{done.stderr[-2000:]}"
         )
         assert '"Encoder": "tuning"' in done.stdout, "the script returned before the tuner started"
+
+
+def test_the_tuner_shares_the_gil_while_it_runs_and_puts_the_switch_interval_back(background: None) -> None:
+    """While a module tunes, a program thread waiting for the GIL gets it back within 1 ms (not the
+    interpreter's 5 ms); once the tuner is done, the process's own interval is back."""
+    import sys
+
+    from aitune.engine.jit.background import SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    model = Encoder().eval()
+    seen: list[float] = []
+    with torch.no_grad():
+        for _ in range(400):
+            model(torch.randn(2, 8))
+            if jit.status().get("Encoder") == "tuning":
+                seen.append(sys.getswitchinterval())
+            if jit.status().get("Encoder", "").startswith("tuned"):
+                break
+            time.sleep(0.01)
+    assert jit.wait(30)
+    assert seen and max(seen) <= SWITCH_INTERVAL_S, seen[:5]
+    assert sys.getswitchinterval() == before
