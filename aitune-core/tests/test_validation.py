@@ -228,3 +228,25 @@ def test_on_a_gpu_a_full_fp32_candidate_meets_fp32s_bound_against_a_full_fp32_re
         report = validate(_Precision(ieee, tf32=False), conv, samples, graph)
     assert report.passed, report.reason
     assert report.outputs[0].max_rel_error < 1e-4, "both sides computed in IEEE fp32"
+
+
+def test_the_full_fp32_reference_covers_cudnn_rnns_and_restores_their_flag():
+    """torch 2.13 runs fp32 LSTM and GRU in TF32 by default (``cudnn.rnn.fp32_precision``): an
+    eager reference that switched only matmuls and convolutions judged candidates against TF32."""
+    from aitune import validation
+
+    rnn = getattr(torch.backends.cudnn, "rnn", None)
+    if not hasattr(rnn, "fp32_precision"):
+        pytest.skip("this torch has no cudnn.rnn.fp32_precision")
+    before = (*_flags(), rnn.fp32_precision)
+    try:
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "ieee"
+        rnn.fp32_precision = "tf32"
+        with validation.full_fp32():
+            assert rnn.fp32_precision == "ieee" and _flags() == ("ieee", "ieee")
+        assert rnn.fp32_precision == "tf32", "restored afterwards"
+        with pytest.raises(RuntimeError), validation.full_fp32():
+            raise RuntimeError("eager fails")
+        assert rnn.fp32_precision == "tf32" and not validation._TF32_FLAGS.locked()
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision, rnn.fp32_precision = before

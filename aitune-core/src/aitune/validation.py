@@ -70,26 +70,31 @@ def tolerance_for(
 
 @contextlib.contextmanager
 def full_fp32() -> Iterator[None]:
-    """CUDA fp32 matmuls and cuDNN convolutions in IEEE fp32 while the block runs, then torch's
-    flags as they were. Uses ``fp32_precision`` where torch has it (2.9 and later; mixing it with
-    the ``allow_tf32`` flags makes torch refuse to read them), else the ``allow_tf32`` flags."""
+    """CUDA fp32 matmuls, cuDNN convolutions and cuDNN RNNs (LSTM, GRU: torch 2.13 defaults their
+    ``fp32_precision`` to TF32) in IEEE fp32 while the block runs, then torch's flags as they were.
+    Uses ``fp32_precision`` where torch has it (2.9 and later; mixing it with the ``allow_tf32``
+    flags makes torch refuse to read them), else the ``allow_tf32`` flags (which cover RNNs too)."""
     backends = torch.backends
     with _TF32_FLAGS:
         if hasattr(backends.cudnn, "conv") and hasattr(backends.cuda.matmul, "fp32_precision"):
-            saved = (backends.cuda.matmul.fp32_precision, backends.cudnn.conv.fp32_precision)
+            flags = [backends.cuda.matmul, backends.cudnn.conv]
+            if hasattr(getattr(backends.cudnn, "rnn", None), "fp32_precision"):
+                flags.append(backends.cudnn.rnn)
+            saved = [flag.fp32_precision for flag in flags]
             try:
-                backends.cuda.matmul.fp32_precision = "ieee"
-                backends.cudnn.conv.fp32_precision = "ieee"
+                for flag in flags:
+                    flag.fp32_precision = "ieee"
                 yield
             finally:
-                backends.cuda.matmul.fp32_precision, backends.cudnn.conv.fp32_precision = saved
+                for flag, value in zip(flags, saved):
+                    flag.fp32_precision = value
         else:
-            saved = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32)
+            saved_flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32)
             try:
                 backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = False
                 yield
             finally:
-                backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = saved
+                backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = saved_flags
 
 
 def _on_cuda(sample: Sample) -> bool:
