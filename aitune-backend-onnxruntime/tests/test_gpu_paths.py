@@ -110,6 +110,15 @@ def test_shape_arithmetic_on_the_cpu_is_allowed_and_compute_is_not():
     assert placement.cpu_compute_from_profile({"not": "a list"}) == []
 
 
+@pytest.mark.parametrize("op", ["Einsum", "LSTM", "GRU"])
+def test_einsum_and_recurrent_layers_on_the_cpu_are_a_fallback(op):
+    """An LSTM or GRU, or the Einsum of attention scores, left to the CPU is the model's arithmetic."""
+    shapes = _subgraph("CPUExecutionProvider", ("/Shape", "Shape"), ("/layer", op))
+    assert placement.cpu_compute_from_assignment([shapes]) == [("/layer", op)]
+    error = placement.fallback_error([("/layer", op)], "CUDAExecutionProvider", "by the session's graph assignment")
+    assert error is not None and f"/layer ({op})" in error
+
+
 def test_gpu_sessions_record_placement_and_never_disable_the_cpu_fallback(tmp_path):
     """``session.disable_cpu_ep_fallback`` with the CPU provider listed is refused by ONNX Runtime
     ("Conflicting session configuration"), and without it any shape arithmetic on the CPU is."""

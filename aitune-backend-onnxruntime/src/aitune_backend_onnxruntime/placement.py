@@ -25,13 +25,14 @@ RECORD_KEY = "session.record_ep_graph_assignment_info"
 CPU_PROVIDER = "CPUExecutionProvider"
 COMPUTE_OPS = frozenset(
     {
-        "MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "MultiHeadAttention", "GroupQueryAttention",
+        "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "LSTM", "GRU", "RNN",
+        "Attention", "MultiHeadAttention", "GroupQueryAttention",
         "FusedConv", "FusedMatMul", "FusedGemm", "MatMulNBits", "MatMulInteger", "ConvInteger",
         "QLinearMatMul", "QLinearConv", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
     }
 )  # fmt: skip
-"""Operator types that carry a model's arithmetic (ONNX's, and com.microsoft's fused and quantized
-forms): on the CPU they are the fallback that makes a GPU candidate slow, not bookkeeping."""
+"""Operator types that carry a model's arithmetic (ONNX's, recurrent layers and ``Einsum``, which
+the exporters emit for attention scores, included; and com.microsoft's fused and quantized forms): on the CPU they are the fallback that makes a GPU candidate slow, not bookkeeping."""
 
 
 def records_assignment(session_class: Any) -> bool:
