@@ -279,3 +279,66 @@ def test_a_deep_copys_new_parameter_refits_the_copy_only() -> None:
             assert_matches_eager(model(x), mlp(0)(x))
     assert served[0] == 1 and "refitted" not in model.tuned_graphs[0].backend.build_info
     assert twin.tuned_graphs[0].backend.build_info["refitted"] is True
+
+
+class ConvNorm(torch.nn.Module):
+    """Conv -> BatchNorm: both exporters fold the norm into the convolution's weight and bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+class TransposedMatmul(torch.nn.Module):
+    """``x @ W.t()`` and ``@ W`` (a tied weight) past the exporter's folding limits: the graph keeps
+    Transpose(W), which ONNX Runtime folds when it opens the session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(96, 2800) / 50)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ self.weight.t()) @ self.weight
+
+
+def _seeded(cls: Any, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = cls().eval()
+    for module in model.modules():  # statistics far from the defaults, so a stale fold shows
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.normal_()
+            module.running_var.uniform_(0.5, 2.0)
+            torch.nn.init.normal_(module.weight)
+            torch.nn.init.normal_(module.bias)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("cls", "shape"), [(ConvNorm, (3, 8, 8)), (TransposedMatmul, (2800,))], ids=["conv-batchnorm", "transposed-matmul"]
+)
+def test_weights_folded_by_the_exporter_or_onnx_runtime_are_refitted(cls: Any, shape: tuple[int, ...]) -> None:
+    """Issue 55: new weights went in through SessionOptions.add_initializer, which ONNX Runtime ignores
+    for what it folds (a transposed weight), and the exporter had folded the batch norm into the
+    convolution: the refit's check failed and every later call ran eager."""
+    model = ait.Module(
+        _seeded(cls, 0), "m", strategy=ait.OneBackendStrategy(backend("onnxruntime"), performance_validation=False)
+    )
+    ait.tune(model, [torch.randn(2, *shape), torch.randn(6, *shape)], end_to_end=False)
+    fresh = _seeded(cls, 1)
+    x = torch.randn(5, *shape)
+    with torch.no_grad():
+        old, expected = model(x), fresh(x)
+    assert float((old - expected).abs().max()) > 0.1, "the new weights matter: the old payload would be off"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refitted and checked: no eager fallback
+        model.load_state_dict(fresh.state_dict())
+        served = served_by_winner(model)
+        with torch.no_grad():
+            y = model(x)
+    assert model.stale_reason is None and served[0] == 1, "served by ONNX Runtime, not eager"
+    assert_matches_eager(y, expected)
+    assert model.tuned_graphs[0].backend.build_info["refitted"] is True

@@ -21,6 +21,7 @@ from aitune.validation import validate
 from aitune_backend_onnxruntime import placement
 from aitune_backend_onnxruntime.backend import ONNXRuntimeBackend
 from aitune_backend_onnxruntime.config import ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from aitune_backend_onnxruntime.export import ExportedModel, write_refit_copy
 from aitune_backend_onnxruntime.runner import ORTRunner, config_entries, model_digest, provider_chain
 
 
@@ -291,17 +292,27 @@ def test_equal_graphs_with_other_weights_get_other_engine_cache_prefixes(tmp_pat
         torch.onnx.export(torch.nn.Linear(8, 4).eval(), (torch.zeros(2, 8),), str(path), dynamo=False)
         paths.append(path)
 
-    def prefix(model, initializers=None):
-        digest = model_digest(model, [], initializers)
-        chain = provider_chain(ONNXExecutionProvider.TENSORRT, 0, graph, ["x"], {}, tmp_path, model_digest=digest)
+    def prefix(model):
+        chain = provider_chain(
+            ONNXExecutionProvider.TENSORRT,
+            0,
+            graph,
+            ["x"],
+            {},
+            tmp_path,
+            model_digest=model_digest(model, [model.name]),
+        )
         return chain[0][1]["trt_engine_cache_prefix"]
 
+    def refitted(value, folder):
+        exported = ExportedModel(tmp_path, [paths[0].name], ("x",), ("y",), None, {}, model=paths[0].name)
+        return write_refit_copy(exported, {"weight": np.full((4, 8), value, np.float32)}, tmp_path / folder)[0]
+
     assert prefix(paths[0]) != prefix(paths[1]), "two payloads: same graph, other weights"
-    new = {"weight": np.ones((4, 8), np.float32)}
-    refit = prefix(paths[0], new)
-    assert refit != prefix(paths[0]), "a refit reopens the same file with new initializers: a new engine"
-    assert refit == prefix(paths[0], {"weight": np.ones((4, 8), np.float32)}), "the same weights reuse it"
-    assert refit != prefix(paths[0], {"weight": np.full((4, 8), 2, np.float32)})
+    refit = prefix(refitted(1.0, "a"))
+    assert refit != prefix(paths[0]), "a refit opens a copy with the new weights written in: a new engine"
+    assert refit == prefix(refitted(1.0, "b")), "the same weights reuse it"
+    assert refit != prefix(refitted(2.0, "c"))
 
 
 def test_the_tensorrt_provider_computes_fp32_in_tf32_and_declares_it():

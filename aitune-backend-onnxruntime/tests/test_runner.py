@@ -12,6 +12,7 @@ from aitune.errors import BuildError
 from aitune.graph import Sample, infer_graph
 from aitune.testing import assert_matches_eager
 from aitune_backend_onnxruntime.config import ONNXExecutionProvider, ONNXRuntimeBackendConfig
+from aitune_backend_onnxruntime.export import ExportedModel, write_refit_copy
 from aitune_backend_onnxruntime.runner import ORTRunner
 
 CPU = torch.device("cpu")
@@ -67,14 +68,15 @@ def test_a_failed_open_keeps_what_ran_before(linear, tmp_path):
 
 def test_a_copy_shares_onnx_runtime_until_it_opens_new_weights(linear, tmp_path):
     """A deep copy of a tuned module copies its runner: ONNX Runtime's objects are shared, and
-    opening the copy with new initializers (a refit) leaves the original running the old ones."""
+    opening the copy on a graph with new initializers (a refit) leaves the original running the old ones."""
     module, path = linear
     runner = _runner(tmp_path)
     runner.open(path, [path.name])
     twin = copy.deepcopy(runner)
     assert twin.inference is runner.inference and twin.out_shapes is not runner.out_shapes
     doubled = (module.weight.detach() * 2).numpy().astype(np.float32)
-    twin.open(path, [path.name], initializers={"weight": doubled})
+    exported = ExportedModel(path.parent, [path.name], ("x",), ("y",), None, {}, model=path.name)
+    twin.open(*write_refit_copy(exported, {"weight": doubled}, tmp_path / "refit"))
     x = torch.randn(3, 8)
     with torch.no_grad():
         assert_matches_eager(runner.run([x])[0], module(x))

@@ -36,7 +36,16 @@ from aitune.plugin import (
 
 from . import payload
 from .config import INT8_TOLERANCE, TF32_TOLERANCE, ONNXExecutionProvider, ONNXRuntimeBackendConfig
-from .export import NUMPY_DTYPES, ExportedModel, export_graph, quantize, refit_plan
+from .export import (
+    NUMPY_DTYPES,
+    ExportedModel,
+    batch_norm_eps,
+    export_graph,
+    plan_value,
+    quantize,
+    refit_plan,
+    write_refit_copy,
+)
 from .payload import OPTIMIZED_FILE
 from .plugin import provider_unavailable
 from .runner import ORTRunner, numpy_of
@@ -60,6 +69,8 @@ class ONNXRuntimeBackend(Backend):
         self.runner: ORTRunner | None = None
         """ONNX Runtime on ``exported``; None before a build or load succeeded."""
         self._dir: Path | None = None
+        self._refit_dir: Path | None = None
+        """The copy of the graph with refitted weights the session runs, inside ``_dir``."""
 
     @classmethod
     def default_configs(cls) -> list[ONNXRuntimeBackendConfig]:
@@ -150,7 +161,7 @@ class ONNXRuntimeBackend(Backend):
         if self.config.quantization is not None:
             self.build_info["quantize_s"] = round(quantize(exported, context, self.config.quantization), 3)
         else:  # which weight each initializer holds, found while they are the same values
-            exported.refit_plan = refit_plan(folder / exported.model, module.state_dict())
+            exported.refit_plan = refit_plan(folder / exported.model, module.state_dict(), batch_norm_eps(module))
         runner = self._runner(context.graph, context.device, provider, context.cache_dir)
         start = time.perf_counter()
         runner.open(
@@ -207,6 +218,8 @@ class ONNXRuntimeBackend(Backend):
             shutil.copytree(self._dir, folder, dirs_exist_ok=True)
             if new.exported is not None:
                 new.exported.folder = folder
+            if self._refit_dir is not None:
+                new._refit_dir = folder / self._refit_dir.name
         return new
 
     def _own_folder(self) -> Path:
@@ -227,25 +240,41 @@ class ONNXRuntimeBackend(Backend):
     # -- artifact -------------------------------------------------------------------------------
 
     def refit(self, weights: Mapping[str, torch.Tensor]) -> bool:
-        """ONNX Runtime opened anew on the same exported graph, its initializers the new weights
-        (``SessionOptions.add_initializer``), without exporting again. Which weight each initializer
-        holds was found when the graph was built, by name or by value (the exporters store a
-        ``Linear`` weight transposed as an anonymous constant); False for a quantized graph, whose
-        initializers are int8, and where nothing maps. A weight folded some other way (fused,
-        scaled) keeps its old value, and the check against eager that follows catches it."""
+        """ONNX Runtime opened anew on a copy of the exported graph whose initializers hold the new
+        weights, without exporting again. Which weight each initializer holds was found when the
+        graph was built (:func:`.export.refit_plan`): by name, by value (the exporters store a
+        ``Linear`` weight transposed as an anonymous constant) or as a layer folded with its batch
+        norm. The new values go into the file, not ``SessionOptions.add_initializer``, because ONNX
+        Runtime's constant folding reads the file's and ignores overrides of what it folded; the
+        TensorRT provider's engine-cache prefix follows the copy's digest, so no engine of the old
+        weights is reused. False for a quantized graph, whose initializers are int8, and where
+        nothing maps. A weight folded some other way keeps its old value, and the check against
+        eager that follows catches it."""
         exported = self.exported
         if self.runner is None or exported is None or self.config.quantization is not None:
             return False
-        overrides: dict[str, Any] = {}
-        for name, (key, transposed) in exported.refit_plan.items():
-            tensor = weights.get(key)
+        values: dict[str, Any] = {}
+        for name, entry in exported.refit_plan.items():
+            tensor = plan_value(entry, weights)
             if tensor is None or tensor.dtype not in NUMPY_DTYPES:
                 return False
-            overrides[name] = numpy_of(tensor.detach().t() if transposed else tensor)
-        if not overrides:
+            values[name] = numpy_of(tensor)
+        if not values:
             return False
-        self.runner.open(exported.folder / exported.model, exported.files, initializers=overrides)
-        self.build_info.update(refitted=True, refitted_initializers=len(overrides))
+        start = time.perf_counter()
+        folder = Path(tempfile.mkdtemp(prefix="refit-", dir=self._own_folder()))
+        try:
+            model, files = write_refit_copy(exported, values, folder)
+            self.runner.open(model, files)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if self._refit_dir is not None:  # the session of the old copy is gone: its files too
+            shutil.rmtree(self._refit_dir, ignore_errors=True)
+        self._refit_dir = folder
+        self.build_info.update(
+            refitted=True, refitted_initializers=len(values), refit_s=round(time.perf_counter() - start, 3)
+        )
         return True
 
     def save(self, directory: Path) -> dict[str, Any]:
@@ -270,7 +299,9 @@ class ONNXRuntimeBackend(Backend):
                 "the artifact is corrupt or hostile"
             )
         if not exported.refit_plan and self.config.quantization is None:  # saved before plans were: the module
-            exported.refit_plan = refit_plan(payload_file(exported.folder, exported.model), module.state_dict())
+            exported.refit_plan = refit_plan(
+                payload_file(exported.folder, exported.model), module.state_dict(), batch_norm_eps(module)
+            )
         runner = self._runner(context.graph, context.device, provider, context.cache_dir)
         start = time.perf_counter()
         try:

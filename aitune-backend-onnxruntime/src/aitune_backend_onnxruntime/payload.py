@@ -16,7 +16,7 @@ from typing import Any
 
 from aitune.plugin import MODEL_FILE, SerializationError, payload_file
 
-from .export import ExportedModel
+from .export import BatchNormFold, ExportedModel, PlanEntry
 
 OPTIMIZED_FILE = "model.optimized.onnx"
 
@@ -34,7 +34,7 @@ def save(exported: ExportedModel, directory: Path) -> dict[str, Any]:
         "input_names": list(exported.input_names),
         "output_names": list(exported.output_names),
         "output_structure": exported.output_structure,
-        "refit_plan": {name: [key, transposed] for name, (key, transposed) in exported.refit_plan.items()},
+        "refit_plan": {name: plan_entry_json(entry) for name, entry in exported.refit_plan.items()},
     }
 
 
@@ -78,20 +78,38 @@ def copied_to(exported: ExportedModel, folder: Path) -> ExportedModel:
     return exported
 
 
-def plan_from_metadata(data: Any) -> dict[str, tuple[str, bool]]:
-    """A refit plan from a payload's metadata (untrusted): names and flags only, anything else ignored."""
+def plan_entry_json(entry: PlanEntry) -> Any:
+    """A refit plan entry as saved: ``[key, transposed]``, or a fold's fields."""
+    if isinstance(entry, BatchNormFold):
+        return entry.to_json()
+    return [entry[0], entry[1]]
+
+
+def plan_from_metadata(data: Any) -> dict[str, PlanEntry]:
+    """A refit plan from a payload's metadata (untrusted): names, flags and numbers only, anything
+    else ignored (the refit's check against eager still judges what the plan gives)."""
     if not isinstance(data, dict):
         return {}
-    plan = {}
+    plan: dict[str, PlanEntry] = {}
     for name, entry in data.items():
-        if (
-            isinstance(name, str)
-            and isinstance(entry, list)
-            and len(entry) == 2
-            and isinstance(entry[0], str)
-            and isinstance(entry[1], bool)
-        ):
+        if not isinstance(name, str):
+            continue
+        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], bool):
             plan[name] = (entry[0], entry[1])
+        elif isinstance(entry, dict) and entry.get("fold") == "batch_norm":
+            part, layer, norm = entry.get("part"), entry.get("layer"), entry.get("norm")
+            eps, axis = entry.get("eps"), entry.get("axis", 0)
+            if (
+                part in ("weight", "bias")
+                and (layer is None or isinstance(layer, str))
+                and (layer is not None or part == "bias")
+                and isinstance(norm, str)
+                and isinstance(eps, float)
+                and 0 < eps < 1
+                and axis in (0, 1)
+                and not isinstance(axis, bool)
+            ):
+                plan[name] = BatchNormFold(part, layer, norm, eps, axis)
     return plan
 
 

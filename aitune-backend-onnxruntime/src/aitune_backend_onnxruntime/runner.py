@@ -36,7 +36,7 @@ _TORCH_FROM_ORT = {
     "tensor(int8)": torch.int8, "tensor(uint8)": torch.uint8, "tensor(bool)": torch.bool,
 }  # fmt: skip
 
-_SHARED_ON_COPY = frozenset({"inference", "stream", "run_options", "initializers"})
+_SHARED_ON_COPY = frozenset({"inference", "stream", "run_options"})
 """What a deep copy shares with the original: ONNX Runtime objects, which cannot be copied."""
 
 
@@ -75,7 +75,6 @@ class ORTRunner:
         self.out_shapes: collections.OrderedDict[tuple[tuple[int, ...], ...], list[tuple[int, ...]]] = (
             collections.OrderedDict()
         )
-        self.initializers: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         self.profiling = False
         """Runs are profiled until the first one shows where the nodes ran (ONNX Runtime < 1.24)."""
 
@@ -96,7 +95,6 @@ class ORTRunner:
         *,
         optimized_to: Path | None = None,
         preoptimized: bool = False,
-        initializers: Mapping[str, Any] | None = None,
         profile_to: Path | None = None,
     ) -> None:
         """ONNX Runtime on ``model`` (``files``: it and its external data). On a GPU provider, where its
@@ -106,9 +104,6 @@ class ORTRunner:
 
         provider, device, config = self.provider, self.device, self.config
         options = ort.SessionOptions()
-        values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in (initializers or {}).items()}
-        for name, value in values.items():  # refit: these replace the graph's own initializers
-            options.add_initializer(name, value)
         level = "disabled" if preoptimized else config.graph_optimization_level
         options.graph_optimization_level = {
             "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -156,7 +151,7 @@ class ORTRunner:
             config.provider_options,
             self.cache_dir,
             stream=stream.cuda_stream if stream is not None else None,
-            model_digest=model_digest(model, files, initializers) if provider is ONNXExecutionProvider.TENSORRT else "",
+            model_digest=model_digest(model, files) if provider is ONNXExecutionProvider.TENSORRT else "",
         )
         try:
             inference = ort.InferenceSession(str(model), options, providers=chain)
@@ -182,7 +177,6 @@ class ORTRunner:
             self.notes["placement"] = "no compute node on the CPU (the session's graph assignment)"
         self.profiling = profiling
         self.inference = inference
-        self.initializers = (dict(initializers or {}), values)  # ONNX Runtime reads these buffers: keep them alive
         self.bound = provider is not ONNXExecutionProvider.CPU and config.use_io_binding
         self.stream, self.out_shapes = stream, collections.OrderedDict()
         self.run_options = ort.RunOptions()
@@ -273,7 +267,7 @@ def provider_chain(
     For TensorRT, the graph's min/opt/max shapes become the engine's optimisation profile and
     engines are cached under aitune's cache folder, so a load does not rebuild them. The provider's
     cache key hashes names, not weights, so each payload's engines get a prefix of their own from
-    ``model_digest`` (which covers a refit's new initializers): neither a fine-tune nor a refit
+    ``model_digest`` (a refit's copy holds the new weights, so its digest differs): neither a fine-tune nor a refit
     reuses the engine of the old weights. CUDA runs fp32 as fp32
     (``use_tf32`` off, unless the options say otherwise), so fp32's bound holds. ``stream`` (a CUDA
     stream handle) is the stream the GPU providers run on.
@@ -307,19 +301,15 @@ def config_entries(provider: ONNXExecutionProvider, record_assignment: bool) -> 
     return {RECORD_KEY: "1"}
 
 
-def model_digest(model: Path, files: Sequence[str], initializers: Mapping[str, Any] | None = None) -> str:
-    """SHA-256 of the graph, the external-data files beside it and the initializers that replace the
-    graph's own (a refit): what its TensorRT engine is of."""
+def model_digest(model: Path, files: Sequence[str]) -> str:
+    """SHA-256 of the graph and the external-data files beside it: what its TensorRT engine is of
+    (a refit opens a copy with the new weights written in, so its digest is the new weights')."""
     digest = hashlib.sha256()
     for path in [model, *(model.parent / f for f in files if f != model.name)]:
         if path.is_file():
             with open(path, "rb") as f:
                 while block := f.read(1 << 20):
                     digest.update(block)
-    for name in sorted(initializers or {}):
-        array = initializers[name]  # type: ignore[index]
-        digest.update(f"\0{name}\0{array.dtype.str}\0{array.shape}\0".encode())
-        digest.update(array.tobytes())
     return digest.hexdigest()
 
 
