@@ -83,7 +83,44 @@ def test_engines_are_counted_by_name_or_class_and_wrappers_count_none():
     holder.add_module("engine", TorchTensorRTModule())
     holder.add_module("_run_on_gpu_1", torch.nn.Identity())
     assert tensorrt_engines(holder) == 2
-    assert tensorrt_engines(lambda *a: a) == 0, "an aot_autograd wrapper shows no engine"
+    assert tensorrt_engines(lambda *a: a) == 0, "a function holding no module has no engine"
+
+
+def _aot_autograd_backend(convert: bool):
+    """What Torch-TensorRT 2.12+'s backend does under distributed tracing (world size above 1) or
+    for graphs with higher-order ops (``backends.py``): it returns
+    ``aot_autograd(fw_compiler=functools.partial(_pretraced_backend, settings=...))(gm, inputs)``,
+    a plain function; the forward compiler is where the engines are made."""
+    import functools
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    def pretraced_backend(gm, example_inputs, settings):
+        if convert:
+            gm.add_submodule("_run_on_acc_0", TorchTensorRTModule())
+        return gm
+
+    def backend(gm, sample_inputs, **kwargs):
+        compiler = functools.partial(pretraced_backend, settings=kwargs.get("options"))
+        return aot_autograd(fw_compiler=compiler)(gm, sample_inputs)
+
+    return backend
+
+
+def test_engines_behind_an_aot_autograd_function_are_counted():
+    """Issue 55: from Torch-TensorRT 2.12 a torchrun process gets an aot_autograd function back; it
+    counted no engine and the build failed with "converted no part"."""
+    torch._dynamo.reset()
+    module, graph, samples = _setup()
+    compiled, counter = compile_counting(module, graph, samples, _aot_autograd_backend(True), {"min_block_size": 1})
+    assert counter.engines >= 2, "an engine in each graph, found behind the function"
+    with torch.no_grad():
+        x = torch.randn(3, 8)
+        assert torch.allclose(compiled(x), module(x))
+    torch._dynamo.reset()
+    with pytest.raises(BuildError, match="no part of the"):  # and none found is still none
+        compile_counting(module, graph, samples, _aot_autograd_backend(False), {"min_block_size": 1})
+    torch._dynamo.reset()
 
 
 def test_the_parts_left_to_pytorch_follow_torchs_tf32_flags(monkeypatch):

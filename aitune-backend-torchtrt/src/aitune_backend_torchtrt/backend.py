@@ -6,6 +6,8 @@ loads TensorRT's native libraries, which must never happen while listing backend
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -105,12 +107,73 @@ def compile_and_warm(
     return compiled
 
 
-def tensorrt_engines(module: Any) -> int:
-    """The TensorRT engines among ``module``'s children: Torch-TensorRT names each converted part
-    ``_run_on_acc_<i>`` and runs it in a ``TorchTensorRTModule`` (or ``PythonTorchTensorRTModule``)."""
-    if not isinstance(module, torch.nn.Module):
-        return 0  # an aot_autograd wrapper (distributed or higher-order ops): nothing to inspect
+def tensorrt_engines(compiled: Any) -> int:
+    """The TensorRT engines in what Torch-TensorRT's backend returned: Torch-TensorRT names each
+    converted part ``_run_on_acc_<i>`` and runs it in a ``TorchTensorRTModule`` (or
+    ``PythonTorchTensorRTModule``). Under distributed tracing (from 2.12, on by itself when the
+    world size is above 1) and for graphs with higher-order ops, the backend returns an
+    ``aot_autograd`` function, whose forward compiler made the module: it is found there."""
+    return sum(_engines_in(m) for m in compiled_modules(compiled))
+
+
+def _engines_in(module: torch.nn.Module) -> int:
     return sum(n.startswith("_run_on_acc") or "TensorRT" in type(c).__name__ for n, c in module.named_children())
+
+
+_WALK_LIMIT = 4096
+"""Objects looked at when searching a compiled function for its modules (a bound, not a depth)."""
+
+
+def compiled_modules(compiled: Any) -> list[torch.nn.Module]:
+    """The ``torch.nn.Module`` objects ``compiled`` is or runs: itself, or those reachable from a
+    compiled function through its closures, ``functools.partial`` and ``__wrapped__`` links, bound
+    methods and the attributes of the wrapper objects on the way (``aot_autograd`` keeps the forward
+    compiler's module a few closures deep). Modules are not searched further; each counts once."""
+    if isinstance(compiled, torch.nn.Module):
+        return [compiled]
+    found: dict[int, torch.nn.Module] = {}
+    seen: set[int] = set()
+    stack: list[Any] = [compiled]
+    while stack and len(seen) < _WALK_LIMIT:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _NOT_WALKED):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            found.setdefault(id(obj), obj)
+            continue
+        stack.extend(_links(obj))
+    return list(found.values())
+
+
+_NOT_WALKED = (str, bytes, int, float, bool, type(None), type, types.ModuleType, torch.Tensor, torch.dtype)
+
+
+def _links(obj: Any) -> list[Any]:
+    """What a compiled function or its wrappers hold that may lead to the compiled module."""
+    links: list[Any] = []
+    if isinstance(obj, functools.partial):
+        links += [obj.func, *obj.args, *obj.keywords.values()]
+    elif isinstance(obj, types.MethodType):
+        links += [obj.__func__, obj.__self__]
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        links += list(obj)
+    elif isinstance(obj, dict):
+        links += list(obj.values())
+    if isinstance(obj, types.FunctionType):
+        for cell in obj.__closure__ or ():
+            try:
+                links.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    wrapped = getattr(obj, "__wrapped__", None) if not isinstance(obj, (list, tuple, dict)) else None
+    if wrapped is not None:
+        links.append(wrapped)
+    if not isinstance(obj, (types.FunctionType, functools.partial, list, tuple, set, frozenset, dict)):
+        attributes = getattr(obj, "__dict__", None)
+        if isinstance(attributes, dict):
+            links += list(attributes.values())
+    return links
 
 
 class EngineCounter:
@@ -131,9 +194,9 @@ class EngineCounter:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         compiled = self.tensorrt_backend(gm, example_inputs, **kwargs)
         self.graphs += 1
-        self.engines += tensorrt_engines(compiled)
-        if isinstance(compiled, torch.nn.Module):
-            self.torch_parts += sum(n.startswith("_run_on_gpu") for n, _ in compiled.named_children())
+        modules = compiled_modules(compiled)
+        self.engines += sum(_engines_in(m) for m in modules)
+        self.torch_parts += sum(n.startswith("_run_on_gpu") for m in modules for n, _ in m.named_children())
         return compiled
 
 
