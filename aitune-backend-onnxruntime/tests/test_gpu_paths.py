@@ -396,7 +396,14 @@ def test_tensorrt_11_beside_the_tensorrt_provider_is_refused_with_the_fix(monkey
     assert "pip install 'tensorrt-cu12>=10,<11' 'tensorrt-cu12-libs>=10,<11'" in conflict
     assert plugin.tensorrt_conflict(("tensorrt-cu13-libs", "10.13.3.9"), "13") is None
     assert plugin.tensorrt_conflict(None, "13") is None
+    assert "Torch-TensorRT 2.13 cannot then share" in conflict
+    with_torchtrt = plugin.tensorrt_conflict(("tensorrt-cu13", "11.0.0.11"), "13", "2.13.0")
+    assert "Torch-TensorRT 2.13.0 requires TensorRT 11.0, so pinning TensorRT 10 would break it" in with_torchtrt
+    assert "pip install" not in with_torchtrt and "use the CUDA provider" in with_torchtrt
+    older = plugin.tensorrt_conflict(("tensorrt-cu13", "11.0.0.11"), "13", "2.12.1")
+    assert "pip install 'tensorrt-cu13>=10,<11'" in older, "Torch-TensorRT 2.12 is on TensorRT 10.16: the pin fixes it"
 
+    monkeypatch.setattr(plugin, "installed_torch_tensorrt", lambda: None)
     monkeypatch.setattr(plugin, "installed_runtime", lambda: ("onnxruntime-gpu", "1.32.0"))
     monkeypatch.setattr(plugin, "runtime_cuda_major", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

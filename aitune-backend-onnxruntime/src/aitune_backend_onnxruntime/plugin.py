@@ -132,7 +132,8 @@ def provider_unavailable(provider: str) -> str | None:
         reasons.append(mismatch)
     if not reasons and provider == "tensorrt":
         major = (torch.version.cuda or "13").split(".")[0]
-        reasons.append(tensorrt_conflict(installed_tensorrt(), major) or tensorrt_library()[1] or "")
+        conflict = tensorrt_conflict(installed_tensorrt(), major, installed_torch_tensorrt())
+        reasons.append(conflict or tensorrt_library()[1] or "")
     return "; ".join(r for r in reasons if r) or None
 
 
@@ -146,21 +147,52 @@ def installed_tensorrt() -> tuple[str, str] | None:
     return None
 
 
-def tensorrt_conflict(installed: tuple[str, str] | None, cuda_major: str) -> str | None:
+TORCHTRT_TENSORRT = {"2.11": "10.15", "2.12": "10.16", "2.13": "11.0"}
+"""The TensorRT minor each Torch-TensorRT release requires (``tensorrt>=X,<X+0.1`` in its
+``setup.py``, x86_64): only a release on TensorRT 10 can share an environment with the provider."""
+
+
+def installed_torch_tensorrt() -> str | None:
+    """The installed Torch-TensorRT's version, found by metadata alone (None when there is none)."""
+    try:
+        return importlib.metadata.version("torch-tensorrt")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def tensorrt_conflict(
+    installed: tuple[str, str] | None, cuda_major: str, torch_tensorrt: str | None = None
+) -> str | None:
     """Why pip's TensorRT cannot serve the TensorRT provider: another major than it links (TensorRT 11,
-    which ``aitune-backend-tensorrt[cu12]``/``[cu13]`` resolve to, beside the provider's TensorRT 10)."""
+    which ``aitune-backend-tensorrt[cu12]``/``[cu13]`` resolve to, beside the provider's TensorRT 10).
+    ``torch_tensorrt``: the installed Torch-TensorRT, whose own TensorRT pin decides whether pinning
+    TensorRT 10 is a fix at all (Torch-TensorRT 2.13, torch 2.13's, requires TensorRT 11.0)."""
     if installed is None:
         return None
     dist, version = installed
     head = version.split(".")[0]
     if not head.isdigit() or int(head) == TENSORRT_MAJOR:
         return None
-    return (
+    why = (
         f"{dist} {version} is TensorRT {head}, but ONNX Runtime's TensorRT provider is built against TensorRT "
-        f"{TENSORRT_MAJOR} ({NVINFER}), and one environment holds one TensorRT; pin TensorRT {TENSORRT_MAJOR} for "
+        f"{TENSORRT_MAJOR} ({NVINFER}), and one environment holds one TensorRT"
+    )
+    pinned = TORCHTRT_TENSORRT.get(".".join((torch_tensorrt or "").split(".")[:2]))
+    if torch_tensorrt is not None and (pinned is None or not pinned.startswith(f"{TENSORRT_MAJOR}.")):
+        requires = f"TensorRT {pinned}" if pinned else f"a TensorRT other than {TENSORRT_MAJOR}"
+        return (
+            f"{why}; the installed Torch-TensorRT {torch_tensorrt} requires {requires}, so pinning TensorRT "
+            f"{TENSORRT_MAJOR} would break it: here use the CUDA provider (or aitune's tensorrt backend), or "
+            "run the TensorRT provider from an environment without Torch-TensorRT (or with torch 2.12 and "
+            "Torch-TensorRT 2.12, whose TensorRT 10.16 serves all three); the README's GPU install section "
+            "has the table"
+        )
+    return (
+        f"{why}; pin TensorRT {TENSORRT_MAJOR} for "
         f"both (pip install 'tensorrt-cu{cuda_major}>={TENSORRT_MAJOR},<{TENSORRT_MAJOR + 1}' "
         f"'tensorrt-cu{cuda_major}-libs>={TENSORRT_MAJOR},<{TENSORRT_MAJOR + 1}', which aitune-backend-tensorrt "
-        "accepts too), or use the CUDA provider or aitune's tensorrt backend here"
+        "accepts too; Torch-TensorRT 2.13 cannot then share the environment: it requires TensorRT 11.0), or use "
+        "the CUDA provider or aitune's tensorrt backend here"
     )
 
 
