@@ -32,7 +32,7 @@ def _conv_norm(seed: int) -> torch.nn.Sequential:
 
 def _graph(tmp_path, initializers, *, external=False):
     """A graph whose outputs are its initializers (enough for the plan and the copy)."""
-    inits = [numpy_helper.from_array(np.ascontiguousarray(a), name) for name, a in initializers.items()]
+    inits = [numpy_helper.from_array(np.array(a, order="C"), name) for name, a in initializers.items()]
     outputs = [helper.make_tensor_value_info(f"out_{n}", onnx.TensorProto.FLOAT, None) for n in initializers]
     nodes = [helper.make_node("Identity", [n], [f"out_{n}"]) for n in initializers]
     graph = helper.make_graph(nodes, "g", [], outputs, inits)
@@ -106,3 +106,16 @@ def test_the_plan_survives_the_payload_and_junk_in_it_is_dropped():
         "v": ["0.weight", "yes"],
     }
     assert plan_from_metadata(junk) == {}
+
+
+def test_a_scalar_weight_maps_by_its_name_and_a_constant_never_by_its_value(tmp_path):
+    weights = {"scale": torch.tensor(1.0), "w": torch.arange(6.0).reshape(2, 3)}
+    _graph(
+        tmp_path,
+        {
+            "module.scale": np.float32(1.0),
+            "one": np.float32(1.0),
+            "w_t": np.arange(6.0, dtype=np.float32).reshape(2, 3).T,
+        },
+    )
+    assert refit_plan(tmp_path / "model.onnx", weights) == {"module.scale": ("scale", False), "w_t": ("w", True)}

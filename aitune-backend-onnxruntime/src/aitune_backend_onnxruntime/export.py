@@ -234,10 +234,9 @@ def refit_plan(
     plan: dict[str, PlanEntry] = {}
     unmapped: dict[str, torch.Tensor] = {}
     for init in proto.graph.initializer:
-        if not init.dims:
-            continue  # a scalar constant, never a weight
         key = init.name.removeprefix("module.")
-        candidates = list(by_shape.get(tuple(init.dims), []))
+        # a scalar maps by its name only: by value, every constant 1.0 would be some weight's twin
+        candidates = list(by_shape.get(tuple(init.dims), [])) if init.dims else []
         if key in hosts and tuple(hosts[key].shape) == tuple(init.dims):
             candidates.insert(0, (key, hosts[key], False))
         if not candidates and not norms:
@@ -252,7 +251,7 @@ def refit_plan(
         found = {(k, t) for k, host, t in candidates if host.shape == value.shape and torch.equal(host, value)}
         if len({k for k, _ in found}) == 1:
             plan[init.name] = next(iter(found))
-        elif not found and value.is_floating_point():
+        elif not found and value.is_floating_point() and init.dims:
             unmapped[init.name] = value
     if norms and unmapped:
         plan.update(_batch_norm_folds(unmapped, hosts, norms))
@@ -373,6 +372,7 @@ def write_refit_copy(exported: ExportedModel, values: Mapping[str, Any], folder:
         if name == exported.model:
             continue
         target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.unlink(missing_ok=True)
         if name not in patches:
             _link_or_copy(exported.folder / name, target)
