@@ -119,3 +119,42 @@ def test_a_scalar_weight_maps_by_its_name_and_a_constant_never_by_its_value(tmp_
         },
     )
     assert refit_plan(tmp_path / "model.onnx", weights) == {"module.scale": ("scale", False), "w_t": ("w", True)}
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_an_external_data_export_is_refitted_through_a_patched_copy(tmp_path, exporter):
+    """Weights kept in ``model.onnx.data`` (a model past 1 GiB, or ``external_data=True``): the refit
+    patches a copy of that file, and the session serves the new weights, folds included."""
+    from aitune.backend import BuildContext
+    from aitune.graph import Sample, infer_graph
+    from aitune.onnx_export import ONNXExportConfig
+    from aitune.testing import assert_matches_eager
+    from aitune_backend_onnxruntime.backend import ONNXRuntimeBackend
+    from aitune_backend_onnxruntime.config import ONNXRuntimeBackendConfig
+
+    def model(seed):
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(_conv_norm(seed), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3)).eval()
+        return m
+
+    module = model(0)
+    samples = [Sample((torch.randn(b, 3, 8, 8),)) for b in (2, 4)]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+    export = ONNXExportConfig(exporter=exporter, external_data=True, fallback_to_torchscript=False)
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(export=export))
+    with torch.no_grad():
+        backend.build(module, BuildContext(graph, samples, torch.device("cpu"), tmp_path, tmp_path))
+    exported = backend.exported
+    assert len(exported.files) == 2, "the weights are in an external-data file"
+    data = (exported.folder / exported.files[1]).read_bytes()
+    fresh = model(1)
+    assert backend.refit(fresh.state_dict())
+    assert (exported.folder / exported.files[1]).read_bytes() == data, "the export keeps the old weights"
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        assert_matches_eager(backend.infer(x), fresh(x))
+    first = backend._refit_dir
+    assert backend.refit(model(2).state_dict()) and backend._refit_dir != first and not first.exists()
+    with torch.no_grad():
+        assert_matches_eager(backend.infer(x), model(2)(x))
