@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from aitune_serve_kserve.batching import Batcher, BatchRunner, ClientError, Stopping
-from aitune_serve_kserve.plan import BatchPlan, InputSpec
+from aitune.torch.serving import BatchPlan, BatchRunner, ClientError, InputSpec
+from aitune_serve_kserve.batching import Batcher, Stopping
 
 
 class Recording(torch.nn.Module):

@@ -1,4 +1,6 @@
-"""Batching within the tuned batch sizes, request bodies and their errors: no Ray needed."""
+"""Request bodies and their errors, and the runner answering with this engine's BadRequest: no Ray needed.
+
+The plan and the runner themselves are every engine's: aitune-core/tests/test_serving.py."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import torch
 from aitune_testkit import serving
 
 import aitune.torch as ait
+from aitune.torch.serving import BatchPlan, InputSpec, input_specs
 from aitune_serve_ray.batching import BatchRunner
-from aitune_serve_ray.codec import BadRequest, decode, encode, named_outputs
-from aitune_serve_ray.plan import BatchPlan, InputSpec, input_specs, intersect, merge
+from aitune_serve_ray.codec import BadRequest, decode, encode
 
 TOL = 1e-4
 
@@ -21,38 +23,6 @@ TOL = 1e-4
 @pytest.fixture
 def loaded(artifact):
     return ait.load(serving.build(), artifact)
-
-
-# -- the plan -----------------------------------------------------------------------------------------
-
-
-def test_calls_are_split_above_and_padded_below_the_tuned_batch_sizes():
-    plan = BatchPlan(((2, 4),))
-    assert plan.max_batch_size == 4
-    assert plan.chunks(1) == [(1, 2)]
-    assert plan.chunks(3) == [(3, 3)]
-    assert plan.chunks(9) == [(4, 4), (4, 4), (1, 2)]
-
-
-def test_a_gap_between_ranges_is_padded_to_the_next_range():
-    plan = BatchPlan(((1, 2), (8, 16)))
-    assert plan.chunks(5) == [(5, 8)]
-    assert plan.chunks(17) == [(16, 16), (1, 1)]
-
-
-def test_without_a_tuned_batch_axis_a_request_is_one_call_as_sent():
-    assert BatchPlan(()).chunks(7) == [(7, 7)]
-    assert BatchPlan(()).max_batch_size == 1
-
-
-def test_every_module_must_cover_a_batch_size():
-    assert merge([(4, 8), (1, 2), (3, 3)]) == ((1, 8),)
-    assert intersect(((1, 8),), ((2, 4), (6, 16))) == ((2, 4), (6, 8))
-
-
-def test_the_plan_and_the_inputs_come_from_the_loaded_artifact(loaded):
-    assert BatchPlan.of(loaded).ranges == ((2, 4),)
-    assert input_specs(loaded) == {"x": InputSpec("x", True, torch.float32, 3, 0)}
 
 
 # -- bodies ------------------------------------------------------------------------------------------------
@@ -110,12 +80,6 @@ def test_npy_and_safetensors_round_trip():
     with pytest.raises(BadRequest) as caught:
         encode({"a": x, "b": x}, "application/x-npy")
     assert caught.value.status == 406
-
-
-def test_outputs_are_named_by_their_structure():
-    t = torch.zeros(1)
-    assert list(named_outputs(t)) == ["output"]
-    assert list(named_outputs((t, {"logits": t, "n": 3}))) == ["output_0", "output_1.logits"]
 
 
 # -- the runner --------------------------------------------------------------------------------------------

@@ -19,8 +19,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from aitune.torch.serving import Factory, resolve_factory
+
 from ._kserve import INFERENCE_CONTENT_LENGTH_HEADER, DataPlane, InferRequest, InvalidInput, ModelServer
-from .model import Factory, TunedModel, resolve_factory
+from .model import TunedModel
 
 
 class _DataPlane(DataPlane):

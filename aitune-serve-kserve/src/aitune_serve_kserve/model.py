@@ -8,12 +8,8 @@ graceful shutdown) is kserve's own ``ModelServer``.
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
-import os
-import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +18,26 @@ import torch
 from prometheus_client import Counter, Histogram
 
 import aitune.torch as ait
-
-from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Model, ModelNotReady
-from .batching import Answer, Batcher, BatchRunner, ClientError, Stopping
-from .plan import (
+from aitune.torch.serving import (
+    Answer,
     BatchPlan,
+    BatchRunner,
+    Call,
+    ClientError,
+    Factory,
     InputSpec,
-    OutputSpec,
-    datatype,
     input_specs,
     model_graph,
-    output_specs,
+    resolve_factory,
+    tuned_threads,
 )
+
+from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Model, ModelNotReady
+from .batching import Batcher, Stopping
+from .plan import OutputSpec, datatype, input_datatype, input_metadata, output_specs
 
 logger = logging.getLogger("aitune.serve")
 
-Factory = Callable[[], torch.nn.Module]
-MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 ROWS_PER_BATCH = 8
 """The default row cap of one request, in largest tuned batches: a bigger request would hold the
 requests queued behind it for that many model calls."""
@@ -64,36 +63,6 @@ ROUTES = Counter(
 EAGER_FALLBACKS = Counter(
     "aitune_serve_eager_fallbacks", "Calls where a tuned module ran eager", ["model_name", "module"]
 )
-
-
-def resolve_factory(factory: Factory | str) -> Factory:
-    """A callable, or ``package.module:name`` (the user's own choice, never read from the artifact)."""
-    if callable(factory):
-        return factory
-    module_name, _, attr = str(factory).partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"factory must be a callable or 'package.module:name', got {factory!r}")
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot import the model factory {factory!r}: {exc}") from exc
-    if not callable(found):
-        raise ValueError(f"the model factory {factory!r} is not callable")
-    return found
-
-
-def tuned_threads(artifact: str | Path) -> int | None:
-    """The torch threads the artifact was tuned (and timed) with, bounded by this machine's cores."""
-    try:
-        with zipfile.ZipFile(artifact) as archive:
-            if archive.getinfo("manifest.json").file_size > MAX_MANIFEST_BYTES:
-                return None
-            threads = json.loads(archive.read("manifest.json")).get("environment", {}).get("threads")
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        return None  # ait.load says what is wrong with the file
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        return None
-    return min(threads, os.cpu_count() or 1)
 
 
 class TunedModel(Model):
@@ -175,7 +144,7 @@ class TunedModel(Model):
     def get_input_types(self) -> list[dict[str, Any]]:
         """The tuned inputs, and any other the forward requires (optional ones the artifact never saw,
         like a BERT's ``position_ids``, are left out)."""
-        return [spec.metadata() for spec in self.inputs.values() if spec.dtype is not None or spec.required]
+        return [input_metadata(spec) for spec in self.inputs.values() if spec.dtype is not None or spec.required]
 
     def get_output_types(self) -> list[dict[str, Any]]:
         return [spec.metadata() for spec in self.outputs.values()]
@@ -208,9 +177,9 @@ class TunedModel(Model):
                 raise InvalidInput(f"unknown input {item.name!r}; this model takes: {self._described()}")
             if item.name in tensors:
                 raise InvalidInput(f"input {item.name!r} is sent twice; send each input once")
-            if spec.dtype is not None and item.datatype != spec.datatype:
+            if spec.dtype is not None and item.datatype != input_datatype(spec):
                 raise InvalidInput(
-                    f"{item.name}: datatype {item.datatype}, this model takes {spec.datatype} for {item.name}"
+                    f"{item.name}: datatype {item.datatype}, this model takes {input_datatype(spec)} for {item.name}"
                 )
             try:
                 array = np.array(item.as_numpy(), copy=True)
@@ -220,7 +189,7 @@ class TunedModel(Model):
                     f"send shape[0] x shape[1] x ... values"
                 ) from None
             if array.dtype == object:
-                raise InvalidInput(f"{item.name}: this model takes numbers ({spec.datatype}), not BYTES")
+                raise InvalidInput(f"{item.name}: this model takes numbers ({input_datatype(spec)}), not BYTES")
             tensor = torch.from_numpy(array)
             if spec.dtype is not None and tensor.dtype != spec.dtype:
                 tensor = tensor.to(spec.dtype)  # bfloat16, which the protocol sends as FP32
@@ -282,17 +251,17 @@ class TunedModel(Model):
             requested_outputs=request.request_outputs,
         )
 
-    def _observe(self, size: int, rows: int, routes: Sequence[ait.Route]) -> None:
-        BATCH_ROWS.labels(self.name).observe(size)
-        if size > rows:
-            PADDING_ROWS.labels(self.name).inc(size - rows)
-        for route in routes:
+    def _observe(self, call: Call) -> None:
+        BATCH_ROWS.labels(self.name).observe(call.size)
+        if call.size > call.rows:
+            PADDING_ROWS.labels(self.name).inc(call.size - call.rows)
+        for route in call.routes:
             ROUTES.labels(self.name, route.module, route.backend).inc()
             if route.reason:
                 EAGER_FALLBACKS.labels(self.name, route.module).inc()
 
     def _described(self) -> str:
-        return ", ".join(f"{s.name} ({s.datatype} {list(s.shape or [-1])})" for s in self.inputs.values())
+        return ", ".join(f"{s.name} ({input_datatype(s)} {list(s.shape or [-1])})" for s in self.inputs.values())
 
 
 def _warm_up_request(model: torch.nn.Module, plan: BatchPlan) -> dict[str, torch.Tensor] | None:

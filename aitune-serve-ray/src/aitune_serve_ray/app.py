@@ -4,13 +4,10 @@ HTTP requests in batches of the sizes the artifact was tuned for (Ray Serve's ow
 from __future__ import annotations
 
 import asyncio
-import importlib
-import json
 import logging
 import os
 import time
-import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -21,47 +18,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import aitune.torch as ait
+from aitune.torch.serving import (
+    Answer,
+    BatchPlan,
+    ClientError,
+    Factory,
+    input_specs,
+    resolve_factory,
+    tuned_threads,
+)
 
-from .batching import Answer, BatchRunner
+from .batching import BatchRunner
 from .codec import BadRequest, body_format, decode, encode
 from .metrics import Metrics
-from .plan import BatchPlan, input_specs
 
 logger = logging.getLogger("aitune.serve")
 
-Factory = Callable[[], torch.nn.Module]
 MAX_BODY_BYTES = 64 * 1024 * 1024
-MAX_MANIFEST_BYTES = 64 * 1024 * 1024
-
-
-def resolve_factory(factory: Factory | str) -> Factory:
-    """A callable, or ``package.module:name`` (the user's own choice, never read from the artifact)."""
-    if callable(factory):
-        return factory
-    module_name, _, attr = str(factory).partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"factory must be a callable or 'package.module:name', got {factory!r}")
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot import the model factory {factory!r}: {exc}") from exc
-    if not callable(found):
-        raise ValueError(f"the model factory {factory!r} is not callable")
-    return found
-
-
-def tuned_threads(artifact: str | Path) -> int | None:
-    """The torch threads the artifact was tuned (and timed) with, bounded by this machine's cores."""
-    try:
-        with zipfile.ZipFile(artifact) as archive:
-            if archive.getinfo("manifest.json").file_size > MAX_MANIFEST_BYTES:
-                return None
-            threads = json.loads(archive.read("manifest.json")).get("environment", {}).get("threads")
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        return None  # ait.load says what is wrong with the file
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        return None
-    return min(threads, os.cpu_count() or 1)
 
 
 @attrs.frozen
@@ -140,7 +113,7 @@ class TunedModel:
             tensors = decode(body, content_type, self.specs)
             rows = self.runner.rows(tensors)
             answer = await self._batched(_Item(tensors, min(rows, self.plan.max_batch_size), arrived))
-            if isinstance(answer, BadRequest):
+            if isinstance(answer, ClientError):  # a BadRequest: this engine's runner answers with one
                 raise answer
             accept = request.headers.get("accept")
             payload, kind = encode(answer.outputs, accept if body_format_given(accept) else content_type)
@@ -166,13 +139,13 @@ class TunedModel:
         return body
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.005, batch_size_fn=_weight)
-    async def _batched(self, items: list[_Item]) -> list[Answer | BadRequest]:
+    async def _batched(self, items: list[_Item]) -> list[Answer | ClientError]:
         started = time.perf_counter()
         for item in items:
             self.metrics.queued(started - item.arrived)
         return await asyncio.to_thread(self._run, [item.tensors for item in items])
 
-    def _run(self, requests: list[dict[str, torch.Tensor]]) -> list[Answer | BadRequest]:
+    def _run(self, requests: list[dict[str, torch.Tensor]]) -> list[Answer | ClientError]:
         torch.set_num_threads(self.threads)  # the intra-op budget of this worker thread too
         return self.runner.run(requests)
 

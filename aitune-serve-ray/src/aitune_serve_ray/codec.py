@@ -12,12 +12,11 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
 
-from .plan import InputSpec
+from aitune.torch.serving import ClientError, InputSpec
 
 JSON = "application/json"
 NPY = "application/x-npy"
@@ -25,7 +24,7 @@ SAFETENSORS = "application/safetensors"
 FORMATS = (JSON, NPY, SAFETENSORS)
 
 
-class BadRequest(Exception):
+class BadRequest(ClientError):
     """What the client must change; ``status`` is the HTTP status to answer with."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -163,23 +162,6 @@ def encode(outputs: Mapping[str, torch.Tensor], accept: str | None) -> tuple[byt
     from safetensors.torch import save
 
     return save({name: t.contiguous() for name, t in outputs.items()}), SAFETENSORS
-
-
-def named_outputs(output: Any, prefix: str = "") -> dict[str, torch.Tensor]:
-    """A model's output as named tensors: ``output`` for one tensor, keys for a mapping (a
-    ``ModelOutput`` too), ``output_0``... for a sequence, dotted for nested ones; other values dropped."""
-    if isinstance(output, torch.Tensor):
-        return {prefix or "output": output}
-    if isinstance(output, Mapping):
-        items = [(str(k), v) for k, v in output.items()]
-    elif isinstance(output, (tuple, list)):
-        items = [(f"output_{i}" if not prefix else str(i), v) for i, v in enumerate(output)]
-    else:
-        return {}
-    out: dict[str, torch.Tensor] = {}
-    for key, value in items:
-        out.update(named_outputs(value, f"{prefix}.{key}" if prefix else key))
-    return out
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,9 @@ def start(
     import ray
     from ray import serve
 
-    from .app import deployment, resolve_factory
+    from aitune.torch.serving import resolve_factory
+
+    from .app import deployment
 
     sys.path.insert(0, os.getcwd())
     resolve_factory(factory)  # fails here, with the import error, rather than in every replica

@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from .batching import Call
+from aitune.torch.serving import Call
 
 SIZE_BOUNDARIES: list[float] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 QUEUE_MS_BOUNDARIES: list[float] = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
