@@ -42,6 +42,49 @@ NUMPY_DTYPES = frozenset(
 """Weight dtypes numpy holds as they are (bfloat16 has no numpy twin: such a graph is not refitted)."""
 
 
+@attrs.frozen
+class BatchNormFold:
+    """An initializer the exporter computed from a layer and the batch norm after it (both exporters
+    fold ``Conv``/``Linear`` -> ``BatchNorm`` in eval mode): the layer's weight scaled per channel by
+    ``gamma / sqrt(var + eps)`` (``part="weight"``), or its bias shifted by the norm
+    (``part="bias"``; ``layer`` None where the layer has no bias)."""
+
+    part: str
+    layer: str | None
+    """The state-dict key of the layer's weight (``part="weight"``) or bias."""
+    norm: str
+    """The batch norm's module path (its ``running_var`` is ``<norm>.running_var``)."""
+    eps: float
+    axis: int = 0
+    """The weight's output-channel axis (1 for a transposed convolution)."""
+
+    def value(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        """The folded tensor from ``weights``, or None when one it needs is missing."""
+        var, mean = weights.get(f"{self.norm}.running_var"), weights.get(f"{self.norm}.running_mean")
+        layer = weights.get(self.layer) if self.layer is not None else None
+        if var is None or mean is None or (self.layer is not None and layer is None):
+            return None
+        gamma, beta = weights.get(f"{self.norm}.weight"), weights.get(f"{self.norm}.bias")
+        dtype = (layer if layer is not None else var).dtype  # computed in fp32, stored as the graph's
+        var, mean = var.detach().float(), mean.detach().float()
+        scale = torch.rsqrt(var + self.eps) * (gamma.detach().float() if gamma is not None else 1.0)
+        if self.part == "weight":
+            assert layer is not None
+            shape = [1] * layer.dim()
+            shape[self.axis] = -1
+            return (layer.detach().float() * scale.reshape(shape)).to(dtype)
+        shift = beta.detach().float() if beta is not None else torch.zeros_like(mean)
+        base = layer.detach().float() if layer is not None else torch.zeros_like(mean)
+        return ((base - mean) * scale + shift).to(dtype)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fold": "batch_norm", **attrs.asdict(self)}
+
+
+PlanEntry = tuple[str, bool] | BatchNormFold
+"""How to compute one initializer from the module's weights: (key, transposed), or a fold."""
+
+
 @attrs.define
 class ExportedModel:
     """An exported graph in ``folder``: what the runner opens and the payload saves and loads."""
@@ -147,48 +190,6 @@ def quantize(exported: ExportedModel, context: BuildContext, quantization: str) 
         ) from exc
     exported.model, exported.files = INT8_FILE, list(model_files(target))
     return time.perf_counter() - start
-
-
-@attrs.frozen
-class BatchNormFold:
-    """An initializer the exporter computed from a layer and the batch norm after it (both exporters
-    fold ``Conv``/``Linear`` -> ``BatchNorm`` in eval mode): the layer's weight scaled per channel by
-    ``gamma / sqrt(var + eps)`` (``part="weight"``), or its bias shifted by the norm
-    (``part="bias"``; ``layer`` None where the layer has no bias)."""
-
-    part: str
-    layer: str | None
-    """The state-dict key of the layer's weight (``part="weight"``) or bias."""
-    norm: str
-    """The batch norm's module path (its ``running_var`` is ``<norm>.running_var``)."""
-    eps: float
-    axis: int = 0
-    """The weight's output-channel axis (1 for a transposed convolution)."""
-
-    def value(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
-        """The folded tensor from ``weights``, or None when one it needs is missing."""
-        var, mean = weights.get(f"{self.norm}.running_var"), weights.get(f"{self.norm}.running_mean")
-        layer = weights.get(self.layer) if self.layer is not None else None
-        if var is None or mean is None or (self.layer is not None and layer is None):
-            return None
-        gamma, beta = weights.get(f"{self.norm}.weight"), weights.get(f"{self.norm}.bias")
-        var, mean = var.detach().float(), mean.detach().float()
-        scale = torch.rsqrt(var + self.eps) * (gamma.detach().float() if gamma is not None else 1.0)
-        if self.part == "weight":
-            assert layer is not None
-            shape = [1] * layer.dim()
-            shape[self.axis] = -1
-            return (layer.detach().float() * scale.reshape(shape)).to(layer.dtype)
-        shift = beta.detach().float() if beta is not None else torch.zeros_like(mean)
-        base = layer.detach().float() if layer is not None else torch.zeros_like(mean)
-        return ((base - mean) * scale + shift).to(var.dtype if layer is None else layer.dtype)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"fold": "batch_norm", **attrs.asdict(self)}
-
-
-PlanEntry = tuple[str, bool] | BatchNormFold
-"""How to compute one initializer from the module's weights: (key, transposed), or a fold."""
 
 
 def plan_value(entry: PlanEntry, weights: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
