@@ -76,7 +76,8 @@ def test_strict_mode_raises_instead_of_falling_back(toy_backends):
 
 
 def test_batch_sizes_widen_the_tuned_range(toy_backends):
-    model = ait.Module(SlowModule(), "m", strategy=fast())
+    # the gate off: at batch 16 the toy's lead is a few percent, which a busy machine can hide
+    model = ait.Module(SlowModule(), "m", strategy=fast().enable_performance_validation(False))
     ait.tune(model, [torch.randn(4, 8)], batch_sizes=[1, 16])
     [(graph, backend)] = model.tuned_graphs
     assert (graph.batch.min, graph.batch.max) == (1, 16)
