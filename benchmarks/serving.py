@@ -38,6 +38,19 @@ SEQ = 32
 """The BERT case's sequence length (tuned static; every request has it)."""
 
 
+def _figures(total: int, latencies: list[float], wall: float) -> dict[str, Any]:
+    """What every closed-loop run reports: requests, answers, throughput, p50 and p99 (ms)."""
+    ms = sorted(x * 1000 for x in latencies)
+    return {
+        "requests": total,
+        "answered": len(latencies),
+        "wall_s": wall,
+        "throughput_rps": len(latencies) / wall,
+        "p50_ms": statistics.median(ms) if ms else None,
+        "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
+    }
+
+
 def tune_demo(folder: Path) -> Path:
     """The demo model tuned with ONNX Runtime for batches of 4 and 8 (MaxThroughput, eager kept if faster)."""
     import aitune.torch as ait
@@ -155,15 +168,8 @@ def load(url: str, case: str, clients: int, total: int, on_progress: Any = None,
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         for future in [pool.submit(client) for _ in range(clients)]:
             future.result()
-    wall = time.perf_counter() - start
-    ms = sorted(x * 1000 for x in latencies)
     return {
-        "requests": total,
-        "answered": len(latencies),
-        "wall_s": wall,
-        "throughput_rps": len(latencies) / wall,
-        "p50_ms": statistics.median(ms) if ms else None,
-        "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
+        **_figures(total, latencies, time.perf_counter() - start),
         "failures": failures,
         "answered_on_retry": retried_ok,
         "lost": lost,
@@ -318,15 +324,9 @@ def load_kserve(url: str, model: str, case: str, clients: int, total: int) -> di
         for future in [pool.submit(client) for _ in range(clients)]:
             future.result()
     wall = time.perf_counter() - start
-    ms = sorted(x * 1000 for x in latencies)
     routes = [route.strip() for served in backends for route in served.split(",") if "=" in route]
     return {
-        "requests": total,
-        "answered": len(latencies),
-        "wall_s": wall,
-        "throughput_rps": len(latencies) / wall,
-        "p50_ms": statistics.median(ms) if ms else None,
-        "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
+        **_figures(total, latencies, wall),
         "failures": failures,
         "lost": len(failures),
         "tuned_share": sum(not r.endswith("=torch_eager") for r in routes) / len(routes) if routes else None,
