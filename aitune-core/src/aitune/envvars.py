@@ -75,27 +75,26 @@ def home() -> Path | None:
 
 def config_base() -> Path | None:
     """``$XDG_CONFIG_HOME``, else ``~/.config``; None with no home (then nothing is configured)."""
-    explicit = os.environ.get("XDG_CONFIG_HOME")
+    return _xdg("XDG_CONFIG_HOME", ".config")
+
+
+def cache_base() -> Path:
+    """``$XDG_CACHE_HOME``, else ``~/.cache``; with no home, a folder of this user's under the
+    temporary folder (``aitune-<uid>``, checked like any cache folder), with one warning."""
+    return _xdg("XDG_CACHE_HOME", ".cache") or homeless_cache()
+
+
+def _xdg(variable: str, in_home: str) -> Path | None:
+    """The XDG base folder ``variable`` names (an absolute path), else ``~/<in_home>``; None with no
+    home, warned once."""
+    explicit = os.environ.get(variable)
     if explicit and os.path.isabs(explicit):
         return Path(explicit)
     found = home()
     if found is None:
         _warn_homeless()
         return None
-    return found / ".config"
-
-
-def cache_base() -> Path:
-    """``$XDG_CACHE_HOME``, else ``~/.cache``; with no home, a folder of this user's under the
-    temporary folder (``aitune-<uid>``, checked like any cache folder), with one warning."""
-    explicit = os.environ.get("XDG_CACHE_HOME")
-    if explicit and os.path.isabs(explicit):
-        return Path(explicit)
-    found = home()
-    if found is None:
-        _warn_homeless()
-        return homeless_cache()
-    return found / ".cache"
+    return found / in_home
 
 
 def homeless_cache() -> Path:
