@@ -97,6 +97,14 @@ def full_fp32() -> Iterator[None]:
                 backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = saved_flags
 
 
+def _eager_answer(reference: Callable[..., Any], sample: Sample, tf32: bool) -> tuple[Any, Sample]:
+    """Eager's answer on a fresh copy of ``sample`` (returned too: a call may update its inputs), in
+    full fp32 on a GPU unless the candidate itself computes in TF32."""
+    inputs = sample.fresh()
+    with full_fp32() if _on_cuda(sample) and not tf32 else contextlib.nullcontext():
+        return reference(*inputs.args, **inputs.kwargs), inputs
+
+
 def _on_cuda(sample: Sample) -> bool:
     return any(t.is_cuda for t in sample.tensors())
 
@@ -138,11 +146,9 @@ def validate(
         report.checks.append("eager reference under torch's TF32 flags" if tf32 else "eager reference in full fp32")
     try:
         for index, (label, sample) in enumerate(cases):
-            eager_inputs = sample.fresh()
             on_gpu = _on_cuda(sample)
             try:
-                with full_fp32() if on_gpu and not tf32 else contextlib.nullcontext():
-                    expected = reference(*eager_inputs.args, **eager_inputs.kwargs)
+                expected, eager_inputs = _eager_answer(reference, sample, tf32)
             except Exception as exc:
                 if index < recorded:
                     raise
@@ -209,11 +215,9 @@ def check_loaded(
         tensors = sample.tensors()
         row += max((math.prod(t.shape[:-1]) if t.dim() else 1 for t in tensors), default=1)
         label = f"{which} shapes, {'shuffled' if shuffled else 'swept'} values"
-        eager_inputs = sample.fresh()
         on_gpu = _on_cuda(sample)
         try:
-            with full_fp32() if on_gpu and not tf32 else contextlib.nullcontext():
-                expected = reference(*eager_inputs.args, **eager_inputs.kwargs)
+            expected, eager_inputs = _eager_answer(reference, sample, tf32)
         except Exception as exc:
             result.skipped.append(f"{label}: eager raises {type(exc).__name__}: {exc}")
             continue
