@@ -540,8 +540,7 @@ def demo(
     model.features = ait.Module(model.features, "features", strategy=ait.MaxThroughputStrategy(backends=backends))
     model.head = ait.Module(model.head, "head", strategy=ait.MaxThroughputStrategy(backends=backends))
     result = ait.tune(model, dataset, manager=manager)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    ait.save(model, output_dir / "classifier.ait", manager=manager)
+    ait.save(model, output_dir / "classifier.ait", manager=manager)  # makes the folder, 0700 (aitune.files)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, default=str))
     else:
