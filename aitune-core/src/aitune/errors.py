@@ -81,6 +81,10 @@ class HooksChangedError(UnsupportedCallError):
     """Strict mode: hooks were added to the tuned module or a submodule after tuning (tuned backends do not run them)."""
 
 
+class ServeStartError(AituneError):
+    """``aitune serve`` could not load the model it was asked to serve (the message says why and what to do)."""
+
+
 class ArtifactError(AituneError):
     """An artifact cannot be written or read (corrupt, tampered, incompatible...)."""
 

@@ -29,6 +29,7 @@ from ..converter import structure
 from ..engine.generation import StaticCacheSwitch
 from ..engine.install import install
 from ..engine.module import Module, freeze_tuned, wrapped_modules
+from ..engine.options import check_pad
 from ..engine.routes import Winner
 from ..engine.settings import settings
 from ..envvars import check_switches
@@ -42,9 +43,9 @@ from . import ownkey, seal
 from .archive import FORMAT_VERSION, MANIFEST, MAX_MANIFEST_BYTES, REPORT, Reader, open_artifact
 from .bounds import graph_problem
 from .format import GraphEntry, Manifest, ModuleEntry
+from .options import DeviceMap, LoadOptions
 from .signing import signature_path, verify_signature
 
-DeviceMap = str | torch.device | Mapping[str, str | torch.device] | None
 FILE_DEVICES = ("cpu", "cuda")
 """The device types a manifest may name; ``meta`` and the rest would move the user's weights away."""
 
@@ -64,7 +65,10 @@ def read_manifest(reader: Reader) -> Manifest:
             "install the aitune version that wrote it, or tune again"
         )
     try:
-        return structure(data, Manifest, "manifest")
+        manifest = structure(data, Manifest, "manifest")
+        for entry in manifest.modules:  # bounded before anything uses it: names and finite numbers, at most 64
+            entry.pad = check_pad(entry.pad, f"module {entry.name!r}'s pad")
+        return manifest
     except AituneError as exc:
         raise ArtifactError(f"{reader.path}: the manifest is malformed: {exc}") from exc
     except RecursionError as exc:
@@ -270,6 +274,7 @@ def load(
     check: bool | None = None,
     static_cache: bool = True,
     manager: AituneManager | None = None,
+    options: LoadOptions | Mapping[str, Any] | None = None,
 ) -> Any:
     """Load the artifact at ``path`` into ``obj`` and return it tuned, with no build.
 
@@ -320,20 +325,40 @@ def load(
 
     ``manager``: the plugin manager whose backends read the payloads (default: the process's,
     :func:`aitune.plugins.get_manager`).
+
+    ``options``: every option above as one :class:`~aitune.artifact.options.LoadOptions` (or a
+    mapping of them, as a Serve config file holds), instead of the keyword arguments: what the
+    serving engines pass on. Given with any of those keyword arguments, it is refused.
     """
-    if fallback not in (None, "eager"):
-        raise ValueError("fallback must be None or 'eager'")
-    if weights not in (None, "artifact", "model"):
-        raise ValueError("weights must be 'artifact', 'model' or None")
+    given = LoadOptions.of(
+        {
+            "device_map": device_map,
+            "fallback": fallback,
+            "expected_sha256": expected_sha256,
+            "trusted_keys": trusted_keys,
+            "signature": signature,
+            "trust_native_code": trust_native_code,
+            "freeze": freeze,
+            "weights": weights,
+            "check": check,
+            "static_cache": static_cache,
+        }
+    )
+    if options is not None:
+        if given.changed():
+            raise ValueError(
+                f"ait.load got options= and {', '.join(given.changed())}: put every option in one of the two"
+            )
+        given = LoadOptions.of(options)
     check_switches()
     path = Path(path)
     with only_artifact_errors(path, "loading"):
-        asked = Asked(expected_sha256, trusted_keys, signature, trust_native_code)
+        asked = Asked(given.expected_sha256, given.trusted_keys, given.signature, given.trust_native_code)
         session = (get_manager() if manager is None else manager).session()
-        obj = _load(obj, path, device_map, fallback, asked, weights, check, session=session)
-    if static_cache and any(w.graph.mutated for m in wrapped_modules(obj) for w in m.tuned_graphs):
+        obj = _load(obj, path, given.device_map, given.fallback, asked, given.weights, given.check, session=session)
+    if given.static_cache and any(w.graph.mutated for m in wrapped_modules(obj) for w in m.tuned_graphs):
         StaticCacheSwitch.apply(obj).settle(used=True, by="ait.load")
-    if settings.freeze if freeze is None else freeze:
+    if settings.freeze if given.freeze is None else given.freeze:
         freeze_tuned(obj)
     return obj
 
@@ -387,6 +412,7 @@ def _load(
                 for entry in manifest.modules:
                     with _as_artifact_error(path, entry):
                         _apply_plan(reader, plans[entry.name], targets[entry.name], fallback, Path(tmp), session, check)
+                    object.__setattr__(targets[entry.name], "pad", dict(entry.pad))
         except BaseException:
             for kept in saved:
                 try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from ..artifact import load, save
+from ..artifact import LoadOptions, load, save
 from ..engine.dispatch import Route, observe_routes
 from ..engine.inspection import InspectResult, inspect
 from ..engine.module import Module
@@ -45,6 +45,7 @@ __all__ = [
     "HighestThroughputStrategy",
     "InspectResult",
     "LatencyBudgetStrategy",
+    "LoadOptions",
     "MaxThroughputStrategy",
     "MinLatencyStrategy",
     "Module",
