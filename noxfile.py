@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -58,10 +59,19 @@ def _cpu_requirements(member: str) -> list[str]:
     return plain + list(meta.get("optional-dependencies", {}).get("test", []))
 
 
+def _local_dependencies(member: str) -> list[str]:
+    """The members ``member`` requires (aitune-serve-ray builds on aitune-serve-kserve), theirs first:
+    installed from here, since pip would look for them on an index."""
+    meta = tomllib.loads((ROOT / member / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0] for r in meta.get("dependencies", [])}
+    found = [m for m in MEMBERS if m in names and m != CORE]
+    return [d for m in found for d in [*_local_dependencies(m), m]]
+
+
 def _install(session: nox.Session, *members: str) -> None:
     session.install(*CONSTRAINTS, TORCH)
     session.install(*CONSTRAINTS, *DEV)
-    wanted = list(dict.fromkeys([CORE, *members]))
+    wanted = list(dict.fromkeys([CORE, *(d for m in members for d in [*_local_dependencies(m), m])]))
     session.install(*CONSTRAINTS, *(_requirement(m) for m in wanted if m not in GPU_MEMBERS))
     for member in (m for m in wanted if m in GPU_MEMBERS):
         session.install("--no-deps", f"./{member}")

@@ -2,16 +2,17 @@
 
 ``python -m benchmarks.serving [--engines ray,kserve] [--artifact demo.ait] [--clients 8] [--requests 400] [--out r.json]``.
 The same Ray Serve setup serves, one after the other: (a) the eager model, one call per request;
-(b) the eager model with the tuned artifact's batching; (c) the tuned artifact with it. Then
-``aitune serve`` on KServe's ModelServer (a process of its own) serves (d) the tuned artifact and
-(e) the same with ``--eager``, and, for the BERT case, (f) the yardstick: the same graph written by
-hand, a kserve ``Model`` running an ONNX Runtime session on a TorchScript export, one call per
-request; all three driven by Triton's own HTTP client with binary tensors. Each client
-sends one-row ``.npy`` requests back to back (a fixed number in all, so a run stops by itself) and
-times each; the table gives throughput, p50/p99 latency and the share of model calls served by a
-tuned backend (from the replicas' own metrics). Then the kill run: two replicas of (c), one killed
-by ``ray.kill`` a third of the way through; every request is answered, or fails with an error
-that a retry (up to 30 s) answers; a request neither answered nor retried to an answer is lost.
+(b) the eager model with the tuned artifact's batching; (c) the tuned artifact with it; (g) the
+ceiling: a deployment that reads the body and answers, no model. Then ``aitune serve`` on KServe's
+ModelServer (a process of its own) serves (d) the tuned artifact and (e) the same with ``--eager``,
+and, for the BERT case, (f) the yardstick: the same graph written by hand, a kserve ``Model``
+running an ONNX Runtime session on a TorchScript export, one call per request. Both engines answer
+the Open Inference Protocol, and every setup is driven by Triton's own HTTP client with binary
+tensors: each client sends one-row requests back to back (a fixed number in all, so a run stops by
+itself) and times each; the table gives throughput, p50/p99 latency and the share of model calls
+served by a tuned backend. Then the kill run: two replicas of (c), one killed by ``ray.kill`` a
+third of the way through; every request is answered, or fails with an error that a retry (up to
+30 s) answers; a request neither answered nor retried to an answer is lost.
 
 Without ``--artifact``, the demo model (``aitune.demo``) is tuned for batches of 4 and 8 with
 MaxThroughput over ONNX Runtime, and saved to a temporary folder.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import io
 import json
 import os
 import platform
@@ -102,34 +102,36 @@ def tune_bert(folder: Path) -> Path:
     return path
 
 
-def _demo_body() -> tuple[bytes, dict[str, str]]:
-    """One image as ``.npy``."""
-    import numpy as np
+def _oip_body(case: str) -> tuple[bytes, dict[str, str]]:
+    """One request of the case as the protocol's binary body (what Triton's client sends), for the
+    kill run's plain HTTP client, which retries."""
+    import tritonclient.http as httpclient
 
-    buffer = io.BytesIO()
-    np.save(buffer, np.random.default_rng(0).standard_normal((1, 3, 32, 32), dtype=np.float32))
-    return buffer.getvalue(), {"content-type": "application/x-npy"}
-
-
-def _bert_body() -> tuple[bytes, dict[str, str]]:
-    """One row of tokens and its mask as safetensors."""
-    from safetensors.torch import save
-
-    return save(_tokens(1, 3)), {"content-type": "application/safetensors"}
+    inputs = []
+    for name, array in _kserve_inputs(case).items():
+        tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype.kind == "f" else "INT64")
+        tensor.set_data_from_numpy(array, binary_data=True)
+        inputs.append(tensor)
+    outputs = [httpclient.InferRequestedOutput(KSERVE_OUTPUTS[case], binary_data=True)]
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
+    headers = {"Content-Type": "application/octet-stream"}
+    if json_size is not None:
+        headers["Inference-Header-Content-Length"] = str(json_size)
+    return body, headers
 
 
 CASES = {
-    "demo": ("aitune.demo:build_model", tune_demo, _demo_body),
-    "bert": ("benchmarks.serving:build_bert", tune_bert, _bert_body),
+    "demo": ("aitune.demo:build_model", tune_demo),
+    "bert": ("benchmarks.serving:build_bert", tune_bert),
 }
-"""Per case: the factory every replica imports, how to tune it, and one request body."""
+"""Per case: the factory every replica imports, and how to tune it."""
 
 
 def load(url: str, case: str, clients: int, total: int, on_progress: Any = None, retry: bool = False) -> dict[str, Any]:
     """``total`` requests from ``clients`` closed-loop clients; latencies, and what failed and why."""
     import requests
 
-    body, headers = CASES[case][2]()
+    body, headers = _oip_body(case)
     latencies: list[float] = []
     failures: list[str] = []
     retried_ok = 0
@@ -222,18 +224,45 @@ def _tuned_share(stats: list[dict[str, Any]]) -> float | None:
 
 
 def run_setup(url: str, case: str, artifact: Path, args: argparse.Namespace, **options: Any) -> dict[str, Any]:
+    """One Ray Serve setup, driven as the kserve engine is: Triton's client, binary tensors."""
     from ray import serve
 
     import aitune_serve_ray
 
     app = aitune_serve_ray.deployment(CASES[case][0], artifact, threads=args.threads, **options)
     serve.run(app, name=APP, route_prefix="/")
-    load(url, case, args.clients, args.warmup)  # warm-up, not counted
-    result = load(url, case, args.clients, args.requests)
+    address, model = url.removeprefix("http://").rstrip("/"), artifact.stem
+    load_kserve(address, model, case, args.clients, args.warmup)  # warm-up, not counted
+    result = load_kserve(address, model, case, args.clients, args.requests)
     stats = _stats()
     result["tuned_share"] = _tuned_share(stats)
     sizes = [s for replica in stats for s in replica["batch_sizes"]]
     result["mean_batch_size"] = statistics.mean(sizes) if sizes else None
+    serve.delete(APP)
+    return result
+
+
+NOOP_ANSWER = b'{"model_name":"noop","outputs":[{"name":"output","datatype":"FP32","shape":[1,1],"data":[0.0]}]}'
+"""What the ceiling's deployment answers every request: a valid protocol answer, one number."""
+
+
+def run_noop(url: str, case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """(g) the ceiling: plain Ray Serve, a deployment that reads the body and answers a canned protocol
+    answer, no model and no codec, driven like the others. No server on Ray Serve answers faster."""
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": args.threads})
+    class Noop:
+        async def __call__(self, request: Request) -> Response:
+            await request.body()
+            return Response(NOOP_ANSWER, media_type="application/json")
+
+    serve.run(Noop.bind(), name=APP, route_prefix="/")
+    address = url.removeprefix("http://").rstrip("/")
+    load_kserve(address, "noop", case, args.clients, args.warmup)  # warm-up, not counted
+    result = load_kserve(address, "noop", case, args.clients, args.requests)
     serve.delete(APP)
     return result
 
@@ -246,6 +275,7 @@ def run_kill(url: str, artifact: Path, args: argparse.Namespace) -> dict[str, An
 
     app = aitune_serve_ray.deployment(CASES["demo"][0], artifact, replicas=2, threads=args.threads)
     serve.run(app, name=APP, route_prefix="/")
+    url = f"{url}v2/models/{artifact.stem}/infer"
     load(url, "demo", args.clients, args.warmup)
     killed: list[str] = []
 
@@ -520,6 +550,10 @@ def run_ray(cases: list[str], artifacts: dict[str, Path], args: argparse.Namespa
                 result = run_setup(url, case, artifacts[case], args, **options)
                 results["setups"][case][name] = result
                 print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+            name = "(g) Ray Serve, a deployment that does nothing (the ceiling)"
+            result = run_noop(url, case, args)
+            results["setups"][case][name] = result
+            print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
         if not args.no_kill and "demo" in cases:
             results["kill"] = run_kill(url, artifacts["demo"], args)
     finally:

@@ -1,4 +1,5 @@
-"""``aitune serve`` as a user runs it: a process that starts a local Ray, serves, and stops on Ctrl-C."""
+"""``aitune serve --engine ray`` as a user runs it: a process that starts a local Ray, serves the Open
+Inference Protocol, and stops on Ctrl-C; and a Serve config file run by Ray's own ``serve run``."""
 
 from __future__ import annotations
 
@@ -10,59 +11,154 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from aitune_testkit import serving
 
-requests = pytest.importorskip("requests")
+from aitune.testing import assert_matches_eager
+
+httpclient = pytest.importorskip("tritonclient.http")
 pytestmark = pytest.mark.slow
 
 
-def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_path):
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def _wait_ready(process: subprocess.Popen, log, url: str, models: list[str], within_s: float = 180) -> None:
+    client = httpclient.InferenceServerClient(url, network_timeout=10)
+    deadline = time.monotonic() + within_s
+    try:
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:
+                if all(client.is_model_ready(m) for m in models):
+                    return
+            except Exception:  # not listening yet, or the application not deployed yet
+                pass
+            assert time.monotonic() < deadline, f"not ready within {within_s:.0f} s:\n{log.read_text()[-3000:]}"
+            time.sleep(1)
+    finally:
+        client.close()
+
+
+def _logits(url: str, model: str, x: np.ndarray) -> torch.Tensor:
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    try:
+        tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        result = client.infer(model, [tensor], outputs=[httpclient.InferRequestedOutput("logits")])
+        return torch.tensor(result.as_numpy("logits"))
+    finally:
+        client.close()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=180)  # Serve takes its replicas down gracefully: slow on a busy machine
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_path):
+    port = _free_port()
     command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--engine", "ray"]
-    command += ["--factory", "aitune_testkit.serving:build"]
-    log = (tmp_path / "serve.log").open("w")
+    command += ["--factory", "aitune_testkit.serving:build_two_heads", "--port", str(port), "--threads", "1"]
+    log = tmp_path / "serve.log"
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's sockets need a short path; nox's TMPDIR is long
     process = subprocess.Popen(
-        [*command, "--port", str(port), "--threads", "1"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "RAY_TMPDIR": temp},
+        command, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "RAY_TMPDIR": temp}
     )
-    url = f"http://127.0.0.1:{port}/"
+    url = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                if requests.get(url, timeout=10).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline, "aitune serve did not answer within 180 s"
-            time.sleep(1)
-        x = torch.randn(3, 8, 16)
-        answer = requests.post(url, json={"x": x.tolist()}, timeout=60)
-        assert answer.status_code == 200, answer.text
+        _wait_ready(process, log, url, ["twoheads"])  # the model is named after the artifact's stem
+        deadline = time.monotonic() + 60
+        while f"at http://{url}/v2/models/twoheads" not in log.read_text():  # printed once serve.run returned
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        x = np.random.default_rng(0).standard_normal((3, 8, 16)).astype(np.float32)
         with torch.no_grad():
-            assert torch.allclose(torch.tensor(answer.json()["output"]), serving.build()(x), atol=1e-4)
+            assert_matches_eager(_logits(url, "twoheads", x), serving.build_two_heads()(torch.from_numpy(x))["logits"])
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=180)  # Serve takes its replicas down gracefully: slow on a busy machine
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
     shutil.rmtree(temp, ignore_errors=True)
-    output = (tmp_path / "serve.log").read_text()
+    output = log.read_text()
     assert process.returncode == 0, output[-3000:]
     # Ctrl-C may land while serve.run is still returning (the first requests are answered before it
     # does): it is noted there and acted on, never lost
     assert "stopping: taking the application down" in output, output[-3000:]
+
+
+def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, tmp_path):
+    """Ray's own ``serve run config.yaml``: two applications built by ``aitune_serve_ray:app`` from
+    their ``args:``, each under a route prefix of its own, both answering Triton's client."""
+    import yaml
+
+    second = tmp_path / "second.ait"
+    shutil.copyfile(artifact, second)
+    port = _free_port()
+    common = {"factory": "aitune_testkit.serving:build_two_heads", "threads": 1, "max_batch_size": 4}
+    config = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [
+            {
+                "name": "first",
+                "route_prefix": "/first",
+                "import_path": "aitune_serve_ray:app",
+                "args": {**common, "artifact": str(artifact), "batch_wait_timeout_s": 0.01},
+            },
+            {
+                "name": "second",
+                "route_prefix": "/second",
+                "import_path": "aitune_serve_ray:app",
+                "args": {**common, "artifact": str(second), "name": "other", "load_options": {"check": False}},
+            },
+        ],
+    }
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    serve_cli = Path(sys.executable).parent / "serve"
+    log = tmp_path / "serve.log"
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    process = subprocess.Popen(
+        [str(serve_cli), "run", str(path)],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RAY_TMPDIR": temp},
+        cwd=tmp_path,
+    )
+    try:
+        _wait_ready(process, log, f"127.0.0.1:{port}/first", ["twoheads"])
+        _wait_ready(process, log, f"127.0.0.1:{port}/second", ["other"])
+        x = np.random.default_rng(1).standard_normal((2, 8, 16)).astype(np.float32)
+        with torch.no_grad():
+            eager = serving.build_two_heads()(torch.from_numpy(x))["logits"]
+        assert_matches_eager(_logits(f"127.0.0.1:{port}/first", "twoheads", x), eager)
+        assert_matches_eager(_logits(f"127.0.0.1:{port}/second", "other", x), eager)
+    finally:
+        _stop(process)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_the_application_builder_refuses_what_it_does_not_take(artifact):
+    import aitune_serve_ray
+
+    with pytest.raises(ValueError, match="unknown argument 'batch_size'"):
+        aitune_serve_ray.app({"artifact": str(artifact), "factory": "m:b", "batch_size": 4})
+    with pytest.raises(ValueError, match="needs factory"):
+        aitune_serve_ray.app({"artifact": str(artifact)})
+    app = aitune_serve_ray.app(
+        {"artifact": str(artifact), "factory": "m:b", "autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}
+    )
+    assert app._bound_deployment._deployment_config.autoscaling_config.max_replicas == 2
 
 
 def test_a_factory_that_does_not_import_is_a_usage_error(artifact):

@@ -1,29 +1,34 @@
-"""The deployment on a real local Ray Serve: one replica, loopback only, a bounded number of requests.
+"""The deployment on a real local Ray Serve, driven by Triton's own client (nobody here wrote it): one
+replica, loopback only, a bounded number of requests.
 
-Ray and Serve start once for the module (about 15 s); every test talks HTTP to 127.0.0.1.
+Ray and Serve start once for the module (about 15 s); every test talks to that one application.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import io
+import json
 import shutil
 import socket
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
 import torch
 from aitune_testkit import serving
 
+from aitune.testing import assert_matches_eager
+
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
-requests = pytest.importorskip("requests")
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 pytestmark = pytest.mark.slow
-TOL = 1e-4
 APP = "aitune-test"
+MODEL = "twoheads"  # the artifact's stem
 
 
 def _free_port() -> int:
@@ -34,6 +39,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def url(artifact):
+    """``host:port`` of the one application every test of this module talks to."""
     import aitune_serve_ray
 
     # a folder of its own under /tmp: nox points TMPDIR into the virtualenv, too long for Ray's sockets
@@ -41,139 +47,191 @@ def url(artifact):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = aitune_serve_ray.deployment("aitune_testkit.serving:build", artifact, threads=1, batch_wait_timeout_s=0.05)
+    app = aitune_serve_ray.deployment(
+        "aitune_testkit.serving:build_two_heads", artifact, threads=1, batch_wait_timeout_s=0.05
+    )
     serve.run(app, name=APP, route_prefix="/")
-    yield f"http://127.0.0.1:{port}/"
+    yield f"127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()
     shutil.rmtree(temp, ignore_errors=True)
 
 
-def _eager(x: torch.Tensor) -> torch.Tensor:
+@pytest.fixture
+def client(url):
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    yield client
+    client.close()
+
+
+def _eager(x: np.ndarray) -> dict[str, torch.Tensor]:
     with torch.no_grad():
-        return serving.build()(x)
+        return serving.build_two_heads()(torch.from_numpy(x))
 
 
-def _post(url: str, x: torch.Tensor, **kw) -> requests.Response:
-    return requests.post(url, json={"x": x.tolist()}, timeout=60, **kw)
+def _x(rows: int, seed: int = 0, length: int = serving.LENGTH) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, length, serving.FEATURES)).astype(np.float32)
+
+
+def _infer(client, x: np.ndarray, *, binary: bool = True, outputs=None, name: str = "x", datatype: str = "FP32"):
+    tensor = httpclient.InferInput(name, list(x.shape), datatype)
+    tensor.set_data_from_numpy(x, binary_data=binary)
+    wanted = [httpclient.InferRequestedOutput(o, binary_data=binary) for o in outputs] if outputs else None
+    return client.infer(MODEL, [tensor], outputs=wanted)
 
 
 def _stats() -> dict:
     return serve.get_app_handle(APP).stats.remote().result(timeout_s=60)
 
 
-def test_get_says_what_it_takes_and_the_tuned_batch_sizes(url):
-    info = requests.get(url, timeout=60).json()
-    assert info["inputs"] == {"x": {"dtype": "float32", "rank": 3, "batch_axis": 0, "required": True}}
-    assert info["tuned_batch_sizes"] == [[2, 4]] and info["threads"] == 1
+def test_live_ready_and_metadata_from_the_tuned_graph(client):
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
+    meta = client.get_model_metadata(MODEL)
+    assert meta["name"] == MODEL
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 8, 16]}]
+    assert {o["name"]: (o["datatype"], o["shape"]) for o in meta["outputs"]} == {
+        "logits": ("FP32", [-1, 4]),
+        "pooled": ("FP32", [-1, 32]),
+    }
 
 
-def test_single_and_concurrent_requests_answer_as_eager_within_the_tuned_range(url):
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_inference_equals_eager_within_the_tuned_batch_sizes(client, binary):
     before = len(_stats()["batch_sizes"])
-    g = torch.Generator().manual_seed(3)
-    xs = [torch.randn(rows, 8, 16, generator=g) for rows in (1, 1, 2, 3, 1, 6, 1, 1)]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda x: _post(url, x), xs))
-    for x, answer in zip(xs, answers):
-        assert answer.status_code == 200, answer.text
-        assert torch.allclose(torch.tensor(answer.json()["output"]), _eager(x), atol=TOL)
-        assert answer.headers["x-aitune-backend"] == "encoder=onnxruntime"
-        assert "x-aitune-eager-reason" not in answer.headers
-        assert all(2 <= int(s) <= 4 for s in answer.headers["x-aitune-batch-size"].split(", "))
-    stats = _stats()
-    sizes = stats["batch_sizes"][before:]
-    assert sizes and all(2 <= s <= 4 for s in sizes), sizes
-    assert stats["batches_by_backend"]["encoder=onnxruntime"] >= len(sizes)
+    for rows in (1, 3, 7):  # below, inside and above the tuned sizes 2..4
+        x = _x(rows, seed=rows)
+        result = _infer(client, x, binary=binary)
+        got = {name: torch.tensor(result.as_numpy(name)) for name in ("logits", "pooled")}
+        assert_matches_eager(got, _eager(x))
+        parameters = result.get_response()["parameters"]
+        assert parameters["aitune_backend"] == "encoder=onnxruntime"
+        assert "aitune_eager_reason" not in parameters
+    sizes = _stats()["batch_sizes"][before:]
+    assert sizes and all(2 <= s <= 4 for s in sizes), sizes  # one row padded to 2; seven split 4 + 3
 
 
-def test_binary_bodies_in_and_out(url):
-    from safetensors.torch import load, save
-
-    x = torch.randn(2, 8, 16)
-    buffer = io.BytesIO()
-    np.save(buffer, x.numpy())
-    answer = requests.post(url, data=buffer.getvalue(), headers={"content-type": "application/x-npy"}, timeout=60)
-    assert answer.status_code == 200, answer.text
-    assert answer.headers["content-type"] == "application/x-npy"
-    assert torch.allclose(torch.from_numpy(np.load(io.BytesIO(answer.content))), _eager(x), atol=TOL)
-    answer = requests.post(
-        url,
-        data=save({"x": x}),
-        headers={"content-type": "application/safetensors", "accept": "application/json"},
-        timeout=60,
-    )
-    assert answer.status_code == 200, answer.text
-    assert torch.allclose(torch.tensor(answer.json()["output"]), _eager(x), atol=TOL)
-    answer = _post(url, x, headers={"accept": "application/safetensors"})
-    assert torch.allclose(load(answer.content)["output"], _eager(x), atol=TOL)
+def test_output_selection_returns_only_what_was_asked(client):
+    x = _x(2)
+    result = _infer(client, x, outputs=["pooled"])
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["pooled"]
+    assert result.as_numpy("logits") is None
+    assert_matches_eager(torch.tensor(result.as_numpy("pooled")), _eager(x)["pooled"])
 
 
-def test_an_input_outside_the_tuned_shapes_is_answered_eager_with_the_reason(url):
-    before = _stats()["eager_fallbacks"]
-    x = torch.randn(1, 5, 16)  # tuned for length 8
-    answer = _post(url, x)
-    assert answer.status_code == 200, answer.text
-    assert torch.allclose(torch.tensor(answer.json()["output"]), _eager(x), atol=TOL)
-    assert answer.headers["x-aitune-backend"] == "encoder=torch_eager"
-    assert "axis 1 is 5, tuned for the static size 8" in answer.headers["x-aitune-eager-reason"]
-    after = _stats()["eager_fallbacks"]
-    assert sum(after.values()) == sum(before.values()) + 1
+def test_an_input_outside_the_tuned_shapes_runs_eager_and_says_why(client):
+    x = _x(1, length=5)  # tuned for length 8
+    result = _infer(client, x, outputs=["logits"])
+    assert_matches_eager(torch.tensor(result.as_numpy("logits")), _eager(x)["logits"])
+    parameters = result.get_response()["parameters"]
+    assert parameters["aitune_backend"] == "encoder=torch_eager"
+    assert "axis 1 is 5, tuned for the static size 8" in parameters["aitune_eager_reason"]
 
 
 @pytest.mark.parametrize(
-    ("body", "headers", "status", "words"),
+    ("send", "said"),
     [
-        (b'{"y": [[[1.0]]]}', {}, 422, "unknown input 'y'"),
-        (b'{"x": [[1.0]]}', {}, 422, "rank 2, this model takes rank 3"),
-        (b'{"x": [[[1.0], [1.0, 2.0]]]}', {}, 422, "ragged"),
-        (b"{not json", {}, 400, "not JSON"),
-        (b"x", {"content-type": "text/csv"}, 415, "application/json"),
-        (b'{"x": ' + str(torch.zeros(1, 8, 24).tolist()).encode() + b"}", {}, 422, "axis 2 is 24"),
+        (dict(x=_x(2).astype(np.float64), datatype="FP64"), "this model takes FP32"),
+        (dict(x=_x(2)[0]), "has rank 2, this model takes [-1, 8, 16]"),
+        (dict(x=_x(2), name="y"), "unknown input 'y'; this model takes: x (FP32 [-1, 8, 16])"),
+        (dict(x=_x(2), outputs=["nope"]), "unknown output 'nope'; this model answers: logits, pooled"),
+        (dict(x=_x(40)), "40 rows in one request; this server takes at most 32"),
     ],
+    ids=["dtype", "rank", "input-name", "output-name", "rows"],
 )
-def test_bad_input_is_a_4xx_with_a_message_never_a_traceback(url, body, headers, status, words):
-    answer = requests.post(url, data=body, headers={"content-type": "application/json", **headers}, timeout=60)
-    assert answer.status_code == status, answer.text
-    assert words in answer.json()["error"]
-    assert "Traceback" not in answer.text
+def test_a_client_error_is_a_400_that_says_what_to_send(client, send, said):
+    x = send.pop("x")
+    with pytest.raises(InferenceServerException) as raised:
+        _infer(client, x, **send)
+    assert raised.value.status() == "400", raised.value
+    assert said in raised.value.message()
 
 
-def test_another_method_is_a_405_that_names_post_and_get(url):
-    answer = requests.put(url, json={"x": [[[0.0] * 16] * 8]}, timeout=60)
-    assert answer.status_code == 405 and "POST tensors" in answer.json()["error"]
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        (b'{"inputs": [{"name": "x", "shape": [2, 8, 16], "datatype": "FP32", "data": [1, 2]}]}', {}),
+        (b'{"inputs": [3]}', {"Inference-Header-Content-Length": "15"}),
+        (b"{not json", {"Content-Type": "application/json"}),
+    ],
+    ids=["too-few-values", "inputs-not-objects", "not-json"],
+)
+def test_a_malformed_body_is_a_4xx_not_a_500(url, body, headers):
+    request = urllib.request.Request(f"http://{url}/v2/models/{MODEL}/infer", data=body, headers=headers, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(request, timeout=30)
+    assert 400 <= raised.value.code < 500, raised.value.read()
+    assert json.loads(raised.value.read()), "the answer says what was wrong"
 
 
-def test_a_killed_replica_is_replaced_and_serves_again(url):
-    pid = _stats()["pid"]
-    [name] = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "TunedModel" in a["name"]]
-    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
-    x = torch.randn(1, 8, 16)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            answer = _post(url, x)
-            if answer.status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        assert time.monotonic() < deadline, "no new replica answered within 120 s"
-        time.sleep(0.5)
-    assert torch.allclose(torch.tensor(answer.json()["output"]), _eager(x), atol=TOL)
-    assert _stats()["pid"] != pid
+def test_concurrent_requests_join_batches_within_the_tuned_sizes(url):
+    """Eight clients at once, one row each: Ray Serve's batches join them, never past the tuned 4 rows."""
+    before = len(_stats()["batch_sizes"])
+    client = httpclient.InferenceServerClient(url, concurrency=8, network_timeout=60)
+    try:
+        joined = []
+        xs = [_x(1, seed=i) for i in range(24)]
+        pending = []
+        for x in xs:
+            tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            pending.append(client.async_infer(MODEL, [tensor], outputs=[httpclient.InferRequestedOutput("logits")]))
+        for x, request in zip(xs, pending):
+            result = request.get_result()
+            assert_matches_eager(torch.tensor(result.as_numpy("logits")), _eager(x)["logits"])
+            joined.append(result.get_response()["parameters"]["aitune_requests_joined"])
+    finally:
+        client.close()
+    assert max(joined) > 1, "no two requests ever shared a model call"
+    sizes = _stats()["batch_sizes"][before:]
+    assert sizes and all(2 <= s <= 4 for s in sizes), sizes
+
+
+def test_another_deployment_calls_the_model_through_its_handle(url):
+    """``infer`` on the handle: named arrays in, named arrays out, through the same checks and batches."""
+    handle = serve.get_app_handle(APP)
+    x = _x(3, seed=9)
+    got = handle.infer.remote({"x": x}).result(timeout_s=60)
+    assert set(got) == {"logits", "pooled"}
+    assert_matches_eager({k: torch.tensor(v) for k, v in got.items()}, _eager(x))
+    only = handle.infer.remote({"x": torch.from_numpy(x)}, ["pooled"]).result(timeout_s=60)
+    assert list(only) == ["pooled"]
+    with pytest.raises(Exception, match="unknown input 'y'"):
+        handle.infer.remote({"y": x}).result(timeout_s=60)
 
 
 def test_the_eager_baseline_keeps_the_batching_and_runs_no_tuned_backend(url, artifact):
-    from aitune_serve_ray import TunedModel
+    from aitune_serve_ray.replica import ReplicaModel
 
-    replica = TunedModel.func_or_class("aitune_testkit.serving:build", str(artifact), 1, eager=True)
-    x = torch.randn(1, 8, 16)
-    [answer] = replica.runner.run([{"x": x}])
-    assert torch.allclose(answer.outputs["output"], _eager(x), atol=TOL)
+    x = torch.from_numpy(_x(1))
+    replica = ReplicaModel(MODEL, "aitune_testkit.serving:build_two_heads", artifact, threads=1, eager=True)
+    replica.load()
+    assert replica.batcher is not None
+    [answer] = replica.batcher.runner.run([{"x": x}])
+    assert_matches_eager(answer.outputs, _eager(x.numpy()))
     assert answer.backends == () and answer.batch_sizes == (2,)  # padded to the tuned batch sizes all the same
-    unbatched = TunedModel.func_or_class("aitune_testkit.serving:build", str(artifact), 1, batching=False)
+    unbatched = ReplicaModel(MODEL, "aitune_testkit.serving:build_two_heads", artifact, threads=1, batching=False)
+    unbatched.load()
+    assert unbatched.batcher is not None
     with pytest.warns(RuntimeWarning, match="outside what was tuned"):
-        [answer] = unbatched.runner.run([{"x": x}])  # one row, as sent: below the tuned 2..4
+        [answer] = unbatched.batcher.runner.run([{"x": x}])  # one row, as sent: below the tuned 2..4
     assert answer.backends == ("encoder=torch_eager",) and answer.batch_sizes == (1,)
+
+
+def test_a_killed_replica_is_replaced_and_serves_again(client):
+    pid = _stats()["pid"]
+    [name] = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "TunedModel" in a["name"]]
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    x = _x(1, seed=4)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            result = _infer(client, x, outputs=["logits"])
+            break
+        except Exception:  # the proxy's 500 (or no replica yet) until the new replica is up
+            assert time.monotonic() < deadline, "no new replica answered within 120 s"
+            time.sleep(0.5)
+    assert_matches_eager(torch.tensor(result.as_numpy("logits")), _eager(x)["logits"])
+    assert _stats()["pid"] != pid
 
 
 def test_deployment_options_reach_ray_serve_and_threads_set_the_cpus(artifact):
@@ -181,10 +239,15 @@ def test_deployment_options_reach_ray_serve_and_threads_set_the_cpus(artifact):
 
     autoscaling = {"min_replicas": 1, "max_replicas": 3}
     app = aitune_serve_ray.deployment(
-        "aitune_testkit.serving:build", artifact, threads=2, deployment_options={"autoscaling_config": autoscaling}
+        "aitune_testkit.serving:build_two_heads",
+        artifact,
+        threads=2,
+        deployment_options={"autoscaling_config": autoscaling},
     )
     bound = app._bound_deployment  # Ray Serve has no public accessor for a bound application's options
     assert bound._deployment_config.autoscaling_config.max_replicas == 3
     assert bound.ray_actor_options["num_cpus"] == 2
     with pytest.raises(FileNotFoundError, match="no such artifact"):
-        aitune_serve_ray.deployment("aitune_testkit.serving:build", artifact.parent / "missing.ait")
+        aitune_serve_ray.deployment("aitune_testkit.serving:build_two_heads", artifact.parent / "missing.ait")
+    with pytest.raises(ValueError, match="give ait.load's options once"):
+        aitune_serve_ray.deployment("m:b", artifact, load_options={"check": False}, trust_native_code=True)

@@ -1,4 +1,5 @@
-"""``aitune serve``: start Ray (a local instance, or join ``--address``), serve, and wait for Ctrl-C or SIGTERM."""
+"""``aitune serve --engine ray``: start Ray (a local instance, or join ``--address``), serve the
+artifact on the Open Inference Protocol v2, and wait for Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def start(
     address: str | None = None,
     **options: Any,
 ) -> str:
-    """Serve ``artifact`` with ``factory`` as the Ray Serve application ``aitune``; its URL.
+    """Serve ``artifact`` with ``factory`` as the Ray Serve application ``aitune``; the model's URL
+    (``.../v2/models/{name}``, the name the artifact's stem unless ``name=`` says).
 
     Without ``address`` a local Ray starts here, its workers seeing this directory (so
     ``--factory mymodels:build`` imports from where the command runs); with it, the cluster's
@@ -33,11 +35,12 @@ def start(
 
     from aitune.torch.serving import resolve_factory
 
-    from .app import deployment
+    from .replica import deployment
 
     sys.path.insert(0, os.getcwd())
     resolve_factory(factory)  # fails here, with the import error, rather than in every replica
-    app = deployment(factory, artifact, **options)
+    name = options.pop("name", None) or Path(artifact).stem
+    app = deployment(factory, artifact, name=name, **options)
     if not ray.is_initialized():
         if address:
             ray.init(address=address)
@@ -46,7 +49,7 @@ def start(
             ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
     serve.start(http_options={"host": host, "port": port})
     serve.run(app, name=APP, route_prefix="/")
-    return f"http://{host}:{port}/"
+    return f"http://{host}:{port}/v2/models/{name}"
 
 
 def serve_until_interrupted(factory: str, artifact: str | Path, **options: Any) -> None:
@@ -72,9 +75,7 @@ def serve_until_interrupted(factory: str, artifact: str | Path, **options: Any) 
     try:
         url = start(factory, artifact, **options)
         if not stop.is_set():
-            print(
-                f"serving {artifact} at {url} (POST tensors, GET the inputs and batch sizes); Ctrl-C stops", flush=True
-            )
+            print(f"serving {artifact} at {url} (Open Inference Protocol v2); Ctrl-C or SIGTERM stops", flush=True)
         while not stop.wait(1.0):
             pass
         print("stopping: taking the application down (Ctrl-C again exits at once)", flush=True)

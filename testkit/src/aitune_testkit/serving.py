@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,19 +28,33 @@ class TinyEncoder(torch.nn.Module):
         return self.head(torch.nn.functional.gelu(self.proj(x)).mean(dim=1))
 
 
+class TwoHeads(TinyEncoder):
+    """The same encoder answering two named outputs, ``{"logits": [batch, 4], "pooled": [batch, 32]}``,
+    so a client can select one."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]  # a dict, on purpose
+        pooled = torch.nn.functional.gelu(self.proj(x)).mean(dim=1)
+        return {"logits": self.head(pooled), "pooled": pooled}
+
+
 def build() -> torch.nn.Module:
     """The factory a deployment calls: the model freshly built, as ``ait.load`` takes it."""
     return TinyEncoder().eval()
 
 
-def tune(path: str | Path, backend: str = "onnxruntime") -> Path:
-    """Tune :func:`build`'s model with one backend (no timing race: the first that validates wins)
-    for batches of 2 to 4 rows of length 8, and save it to ``path``."""
+def build_two_heads() -> torch.nn.Module:
+    """:class:`TwoHeads`' factory."""
+    return TwoHeads().eval()
+
+
+def tune(path: str | Path, backend: str = "onnxruntime", factory: Callable[[], torch.nn.Module] = build) -> Path:
+    """Tune ``factory()``'s model (:func:`build`'s by default) with one backend (no timing race: the
+    first that validates wins) for batches of 2 to 4 rows of length 8, and save it to ``path``."""
     import aitune.torch as ait
     from aitune.plugins import get_manager
 
     model = ait.Module(
-        build(),
+        factory(),
         "encoder",
         strategy=ait.FirstWinsStrategy([get_manager().registry.backend_class(backend)()], performance_validation=False),
     )

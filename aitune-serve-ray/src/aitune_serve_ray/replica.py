@@ -1,0 +1,313 @@
+"""The Ray Serve deployment: each replica builds the model, loads the artifact into it and answers the
+Open Inference Protocol v2 over REST, in batches that Ray Serve's own ``serve.batch`` forms within
+the batch sizes the artifact was tuned for.
+
+The protocol is the single-machine engine's, not a second one: the replica serves the kserve
+engine's model (:class:`aitune_serve_kserve.TunedModel`: load, warm-up, metadata from the tuned
+graphs, the request checked against the tuned inputs, the response with its ``aitune_*``
+parameters) through kserve's own REST routes, codecs and error handlers
+(:func:`aitune_serve_kserve.protocol.v2_app`) as the replica's ASGI app. What is Ray's here: the
+queue (``serve.batch``, counted in rows), the metrics (Ray Serve's), the replicas, their placement
+and their replacement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import attrs
+import numpy as np
+import torch
+from ray import serve
+
+from aitune.torch.serving import Answer, BatchPlan, BatchRunner, ClientError, Factory, Request, tuned_threads
+from aitune_serve_kserve.batching import Batcher
+from aitune_serve_kserve.model import TunedModel as ProtocolModel
+from aitune_serve_kserve.protocol import v2_app
+
+from .metrics import Metrics
+
+logger = logging.getLogger("aitune.serve")
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+BATCH_WAIT_S = 0.005
+
+
+@attrs.frozen
+class _Item:
+    """One checked request waiting for its batch."""
+
+    request: Request
+    weight: int
+    """Its rows, counted at most up to the batch's size in rows (a larger request is split by the runner)."""
+    arrived: float
+
+
+def _weight(items: Sequence[_Item]) -> int:
+    return sum(item.weight for item in items)
+
+
+class _BatchSettings(Protocol):
+    """What a ``@serve.batch`` method offers besides its call (Ray documents both setters; its type
+    hints give the decorated method only its call)."""
+
+    def set_max_batch_size(self, new_max_batch_size: int) -> None: ...
+
+    def set_batch_wait_timeout_s(self, new_batch_wait_timeout_s: float) -> None: ...
+
+
+class ServeBatcher(Batcher):
+    """The kserve engine's queue, replaced by Ray Serve's own ``serve.batch``: a request waits up to
+    ``wait_s`` for others, the batch holds up to ``max_batch_size`` rows, and one worker thread runs
+    the runner on it (one batch at a time, with the replica's torch threads).
+
+    ``serve.batch`` keeps one queue per decorated method in a process: one replica serves one model.
+    """
+
+    def __init__(
+        self, runner: BatchRunner, *, max_batch_size: int, wait_s: float, threads: int, metrics: Metrics
+    ) -> None:
+        super().__init__(runner)
+        self.max_batch_size = max_batch_size
+        self.threads = threads
+        self.metrics = metrics
+        settings = cast(_BatchSettings, self._batched)
+        settings.set_max_batch_size(max_batch_size)
+        settings.set_batch_wait_timeout_s(wait_s)
+
+    async def submit(self, request: Request) -> Answer:
+        """This request's answer, computed in a batch Ray Serve formed (raises :class:`ClientError`)."""
+        weight = min(self.runner.rows(request), self.max_batch_size)
+        answer = await self._batched(_Item(request, weight, time.perf_counter()))
+        if isinstance(answer, ClientError):
+            raise answer
+        return answer
+
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=BATCH_WAIT_S, batch_size_fn=_weight)
+    async def _batched(self, items: list[_Item]) -> list[Answer | ClientError]:
+        started = time.perf_counter()
+        for item in items:
+            self.metrics.queued(started - item.arrived)
+        answers = await asyncio.to_thread(self._run, [item.request for item in items])
+        self.last_call_ok = time.monotonic()  # what the model's health probe reads, as with kserve's queue
+        return answers
+
+    def _run(self, requests: list[Request]) -> list[Answer | ClientError]:
+        torch.set_num_threads(self.threads)  # the intra-op budget of this worker thread too
+        return self.runner.run(requests)
+
+
+class ReplicaModel(ProtocolModel):
+    """The kserve engine's model (load and warm-up, metadata, request checks, response), its calls
+    queued by Ray Serve's ``serve.batch`` and observed by Ray Serve's metrics.
+
+    ``max_batch_size`` is a batch's size in rows (default: the largest tuned batch size; a larger one
+    is cut into calls of tuned sizes); ``batching=False`` makes each request one model call, as sent
+    (the baseline a load test compares against).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        factory: Factory | str,
+        artifact: str | Path,
+        *,
+        load_options: Any = None,
+        threads: int | None = None,
+        eager: bool = False,
+        max_rows: int | None = None,
+        max_batch_size: int | None = None,
+        batch_wait_timeout_s: float = BATCH_WAIT_S,
+        batching: bool = True,
+    ) -> None:
+        super().__init__(
+            name, factory, artifact, load_options=load_options, threads=threads, eager=eager, max_rows=max_rows
+        )
+        self.max_batch_size = max_batch_size
+        self.batch_wait_timeout_s = batch_wait_timeout_s
+        self.batching = batching
+        self.metrics = Metrics()
+
+    def load(self) -> bool:
+        super().load()  # built, loaded, warmed up through the kserve engine's queue
+        assert self.batcher is not None
+        runner = self.batcher.runner
+        self.batcher.close()
+        runner.on_call = self.metrics.call
+        if not self.batching:
+            runner.plan = BatchPlan(())
+        self.batcher = ServeBatcher(
+            runner,
+            max_batch_size=self.max_batch_size or runner.plan.max_batch_size,
+            wait_s=self.batch_wait_timeout_s,
+            threads=self.threads,
+            metrics=self.metrics,
+        )
+        return self.ready
+
+
+@serve.deployment(max_ongoing_requests=64)
+@serve.ingress()
+class TunedModel:
+    """One replica: ``factory()`` loaded with the artifact, served as model ``name`` on the Open
+    Inference Protocol v2 (``/v2/models/{name}/infer``...), and to other deployments through its
+    handle (:meth:`infer`)."""
+
+    def __init__(
+        self,
+        factory: Factory | str,
+        artifact: str,
+        name: str | None = None,
+        threads: int | None = None,
+        load_options: Any = None,
+        max_batch_size: int | None = None,
+        batch_wait_timeout_s: float = BATCH_WAIT_S,
+        max_rows: int | None = None,
+        eager: bool = False,
+        batching: bool = True,
+    ) -> None:
+        self.model = ReplicaModel(
+            name or Path(artifact).stem,
+            factory,
+            artifact,
+            load_options=load_options,
+            threads=threads,
+            eager=eager,
+            max_rows=max_rows,
+            max_batch_size=max_batch_size,
+            batch_wait_timeout_s=batch_wait_timeout_s,
+            batching=batching,
+        )
+        self.model.load()
+
+    def __serve_build_asgi_app__(self) -> Any:
+        """The replica's HTTP side: kserve's v2 routes over this replica's model (Ray Serve calls it
+        once the model is loaded)."""
+        return v2_app([self.model])
+
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray | torch.Tensor], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The model's outputs for named tensors (numpy arrays or CPU tensors, the batch axis
+        included), through the same checks and batches as an HTTP request: what another deployment
+        calls through a handle (``await handle.infer.remote({"input_ids": ids})``). ``outputs``
+        selects some; a request the model cannot take raises ``kserve.errors.InvalidInput``."""
+        from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
+        from kserve.utils.numpy_codec import from_np_dtype
+
+        tensors = []
+        for name, value in inputs.items():
+            array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            tensors.append(InferInput(name, list(array.shape), from_np_dtype(array.dtype) or "BYTES", data=array))
+        wanted = [RequestedOutput(name) for name in outputs] if outputs else None
+        request = InferRequest(self.model.name, tensors, request_outputs=wanted)
+        response = await self.model.predict(request)
+        return {output.name: output.as_numpy() for output in response.outputs}
+
+    async def check_health(self) -> None:
+        """Ray Serve's periodic health check: the model's own readiness (loaded, and a model call
+        answered lately or made now); a replica that fails it is replaced."""
+        if not await self.model.healthy():
+            raise RuntimeError(f"model {self.model.name!r} is not healthy: see the replica's log")
+
+    def stats(self) -> dict[str, Any]:
+        """This replica's metrics so far (what it exports to Ray's metrics, as numbers), and what it
+        serves."""
+        return {
+            "model": self.model.name,
+            "inputs": [spec["name"] for spec in self.model.get_input_types()],
+            "tuned_batch_sizes": [list(r) for r in self.model.plan.ranges],
+            "threads": self.model.threads,
+            **self.model.metrics.snapshot(),
+            "pid": os.getpid(),
+        }
+
+
+def deployment(
+    factory: Factory | str,
+    artifact: str | Path,
+    *,
+    name: str | None = None,
+    replicas: int = 1,
+    threads: int | None = None,
+    max_batch_size: int | None = None,
+    batch_wait_timeout_s: float = BATCH_WAIT_S,
+    max_rows: int | None = None,
+    max_ongoing_requests: int = 64,
+    ray_actor_options: dict[str, Any] | None = None,
+    deployment_options: dict[str, Any] | None = None,
+    load_options: Any = None,
+    expected_sha256: str | None = None,
+    trusted_keys: Sequence[str | Path] | None = None,
+    signature: str | Path | None = None,
+    trust_native_code: bool = False,
+    weights: str | None = None,
+    fallback: str | None = None,
+    eager: bool = False,
+    batching: bool = True,
+) -> serve.Application:
+    """A Ray Serve application serving ``artifact`` loaded into ``factory()`` as model ``name``
+    (default: the artifact's stem) on the Open Inference Protocol v2 (``serve.run`` it).
+
+    ``factory`` is a callable or ``"package.module:name"`` that every replica can import; it returns
+    the model freshly built, as ``ait.load`` takes it. ``load_options`` are ``ait.load``'s (an
+    ``ait.LoadOptions`` or a mapping of its keyword arguments), or give the trust ones as keyword
+    arguments here (``expected_sha256``, ``trusted_keys``...), not both: a native payload runs only
+    from a pinned, signed or trusted artifact. ``threads`` (default: what the artifact was tuned
+    with) is each replica's torch thread count and its Ray CPU request. ``artifact`` must be readable
+    at the same path on every node that runs a replica.
+
+    Batching is Ray Serve's ``serve.batch``: a batch holds up to ``max_batch_size`` rows (default:
+    the largest tuned batch size) and waits up to ``batch_wait_timeout_s`` for them; ``max_rows``
+    caps one request's rows (default eight largest tuned batches).
+
+    ``deployment_options`` go to Ray Serve's ``Deployment.options`` as they are (``autoscaling_config``,
+    ``health_check_period_s``...); with ``autoscaling_config``, ``replicas`` is left to it.
+
+    Baselines for load tests and A/B comparisons: ``eager=True`` serves the factory's model with
+    the artifact's weights and batching but none of its tuned backends; ``batching=False`` makes
+    each request one model call, as sent.
+    """
+    path = Path(artifact).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"{artifact}: no such artifact")
+    for label, value in (("replicas", replicas), ("threads", threads), ("max_batch_size", max_batch_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{label} must be an int >= 1, got {value!r}")
+    trust = {
+        "expected_sha256": expected_sha256,
+        "trusted_keys": [str(Path(k).resolve()) for k in trusted_keys] if trusted_keys else None,
+        "signature": str(Path(signature).resolve()) if signature else None,
+        "trust_native_code": trust_native_code,
+        "weights": weights,
+        "fallback": fallback,
+    }
+    given = {k: v for k, v in trust.items() if v not in (None, False)}
+    if load_options is not None and given:
+        raise ValueError(
+            f"give ait.load's options once: as load_options, or as keyword arguments ({', '.join(given)}), not both"
+        )
+    per_replica = threads or tuned_threads(path) or 1
+    actor = {"num_cpus": per_replica, **(ray_actor_options or {})}
+    chosen = {"ray_actor_options": actor, "max_ongoing_requests": max_ongoing_requests, **(deployment_options or {})}
+    if "autoscaling_config" not in chosen:
+        chosen["num_replicas"] = replicas
+    # TunedModel is a Ray Serve Deployment: mypy keeps a decorated class's own type (python/mypy#3135)
+    return TunedModel.options(**chosen).bind(  # type: ignore[attr-defined]
+        factory,
+        str(path),
+        name=name or path.stem,
+        threads=threads,
+        load_options=load_options if load_options is not None else given,
+        max_batch_size=max_batch_size,
+        batch_wait_timeout_s=batch_wait_timeout_s,
+        max_rows=max_rows,
+        eager=eager,
+        batching=batching,
+    )
