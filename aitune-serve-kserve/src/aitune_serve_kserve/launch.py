@@ -21,29 +21,9 @@ from typing import Any
 
 from aitune.torch.serving import Factory, resolve_factory
 
-from ._kserve import INFERENCE_CONTENT_LENGTH_HEADER, DataPlane, InferRequest, InvalidInput, ModelServer
+from ._kserve import ModelServer
 from .model import TunedModel
-
-
-class _DataPlane(DataPlane):
-    """kserve's data plane, reading what its v2 decoder does not: a body it cannot parse is the client's
-    error (400), not 500; a body without ``Inference-Header-Content-Length`` is all JSON, as the
-    protocol's binary extension says (Triton's client sends JSON requests without a Content-Type,
-    which kserve then takes for a binary one missing that header)."""
-
-    def decode_inference_request(self, body: Any, headers: Any, model_name: str) -> Any:
-        try:
-            if isinstance(body, bytes) and INFERENCE_CONTENT_LENGTH_HEADER not in (headers or {}):
-                return InferRequest.from_bytes(body, len(body), model_name)
-            return super().decode_inference_request(body, headers, model_name)
-        except InvalidInput:
-            raise
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            raise InvalidInput(
-                f"the body is not an Open Inference Protocol v2 request ({type(exc).__name__}: {exc}); send "
-                f'{{"inputs": [{{"name", "shape", "datatype", "data"}}]}}, or binary tensors whose '
-                f"parameters.binary_data_size and Inference-Header-Content-Length match the body"
-            ) from None
+from .protocol import ProtocolDataPlane
 
 
 class _Server(ModelServer):
@@ -52,7 +32,7 @@ class _Server(ModelServer):
     def __init__(self, host: str, **options: Any) -> None:
         super().__init__(**options)
         self.host = host
-        self.dataplane = _DataPlane(model_registry=self.registered_models)
+        self.dataplane = ProtocolDataPlane(model_registry=self.registered_models)
 
     def setup_event_loop(self) -> None:
         # start() has made the REST server (its uvicorn config binds 0.0.0.0) and not yet started it
