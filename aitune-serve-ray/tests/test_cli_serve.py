@@ -148,6 +148,30 @@ def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, tmp_path):
         shutil.rmtree(temp, ignore_errors=True)
 
 
+def test_serve_build_writes_the_config_of_a_deployment(artifact, tmp_path):
+    """``serve build`` takes a built application (a module of the user's own holding
+    ``deployment(...)``'s result; a builder with ``args:`` is for config files) and writes its config."""
+    import yaml
+
+    (tmp_path / "mydeploy.py").write_text(
+        "import aitune_serve_ray\n"
+        f"app = aitune_serve_ray.deployment('aitune_testkit.serving:build_two_heads', {str(artifact)!r}, replicas=2)\n"
+    )
+    serve_cli = Path(sys.executable).parent / "serve"
+    out = tmp_path / "built.yaml"
+    done = subprocess.run(
+        [str(serve_cli), "build", "mydeploy:app", "-d", str(tmp_path), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [application] = yaml.safe_load(out.read_text())["applications"]
+    assert application["import_path"] == "mydeploy:app"
+    [deployment] = application["deployments"]
+    assert deployment["name"] == "TunedModel" and deployment["num_replicas"] == 2
+
+
 def test_the_application_builder_refuses_what_it_does_not_take(artifact):
     import aitune_serve_ray
 
