@@ -54,7 +54,7 @@ def test_every_recorded_call_counts_not_only_the_samples_kept() -> None:
 def test_a_manifest_without_recorded_values_still_reads_and_draws_as_before() -> None:
     graph = infer_graph([Sample((torch.tensor([[1, 2]]), torch.tensor([True])))], ["ids", "flag"])
     data = unstructure(graph)
-    assert data["inputs"][0]["values"] == {"low": 1, "high": 2, "finite": True}
+    assert data["inputs"][0]["values"] == {"low": 1, "high": 2, "finite": True, "rows": None}
     assert structure(data, GraphSpec) == graph
     for spec in data["inputs"]:
         del spec["values"]
@@ -87,6 +87,13 @@ def _graph(spec: TensorSpec) -> GraphSpec:
         ("int64", ValueFacts(low=3), "one end only"),
         ("float32", ValueFacts(low=0, high=1), "floating input carries an integer value range"),
         ("float32", ValueFacts(finite=False), None),
+        ("int64", ValueFacts(low=0, high=99, rows=100), None),
+        ("int64", ValueFacts(low=0, high=100, rows=100), "do not index the recorded 100 embedding rows"),
+        ("int64", ValueFacts(low=-1, high=5, rows=100), "do not index"),
+        ("int64", ValueFacts(low=0, high=5, rows=0), "not a count"),
+        ("int64", ValueFacts(low=0, high=5, rows=True), "not a count"),
+        ("bool", ValueFacts(low=0, high=1, rows=2), "only integer ids index a table"),
+        ("float32", ValueFacts(rows=2), "floating input carries an integer value range"),
     ],
 )
 def test_recorded_values_read_from_a_file_are_bounded(dtype: str, facts: ValueFacts, problem: str | None) -> None:

@@ -126,11 +126,27 @@ class ValueFacts:
     floating inputs and for an integer input that was always empty."""
     finite: bool = True
     """Floating inputs: no infinity was seen (NaN inputs are refused while recording)."""
+    rows: int | None = None
+    """Integer inputs that an ``nn.Embedding`` (or ``EmbeddingBag``) of the module indexes as they
+    are: that table's rows (the fewest, where several do), so values in ``0..rows-1`` are ids eager
+    takes though tuning never saw them; None where tuning saw no table index it."""
 
     @property
     def mask(self) -> bool:
         """Only 0 and 1 were seen, both: a mask (attention, padding), drawn mostly ones."""
         return self.low == 0 and self.high == 1
+
+    @property
+    def accepted(self) -> tuple[int, int | None] | None:
+        """The values a call of a tuned backend may hold, ``(low, high)`` (high None: no upper end), or
+        None when any value may reach it. A backend's gather wraps a negative id where eager raises, so
+        an input that tuning never saw below 0 accepts ``0..``, up to ``rows - 1`` where a table's size
+        is known; the upper end is the table's, not the largest id seen, which would send ids that
+        tuning happened not to see to eager. An input seen negative indexes nothing as it is, nor does
+        a 0/1 mask that no table indexes (it multiplies), and checking it would cost every call."""
+        if self.low is None or self.low < 0 or (self.rows is None and self.mask):
+            return None
+        return 0, None if self.rows is None else self.rows - 1
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> ValueFacts:
@@ -154,10 +170,12 @@ class ValueFacts:
             return self
         lows = [v for v in (self.low, other.low) if v is not None]
         highs = [v for v in (self.high, other.high) if v is not None]
+        rows = [v for v in (self.rows, other.rows) if v is not None]
         return ValueFacts(
             low=min(lows) if lows else None,
             high=max(highs) if highs else None,
             finite=self.finite and other.finite,
+            rows=min(rows) if rows else None,
         )
 
 
@@ -246,6 +264,19 @@ class GraphSpec:
         """This graph with no recorded values: what a build depends on. Keys that must not change with
         the data's values (a build cache's, a remembered JIT decision's, the ranks' agreement) use it."""
         return attrs.evolve(self, inputs=tuple(attrs.evolve(spec, values=None) for spec in self.inputs))
+
+    def with_rows(self, rows: Sequence[int | None]) -> GraphSpec:
+        """This graph with, per input, the rows of the embedding table it indexes (None: none seen);
+        ``rows`` of another length than the inputs (nothing was found) leave it as it is."""
+        if len(rows) != len(self.inputs) or all(r is None for r in rows):
+            return self
+        inputs = tuple(
+            attrs.evolve(spec, values=attrs.evolve(spec.values, rows=r))
+            if r is not None and spec.values is not None
+            else spec
+            for spec, r in zip(self.inputs, rows)
+        )
+        return attrs.evolve(self, inputs=inputs)
 
     @property
     def counters(self) -> tuple[str, ...]:

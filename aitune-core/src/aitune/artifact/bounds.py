@@ -5,8 +5,9 @@ backend's warm-up, ``check=True``): a 17 KB file that claims a batch of 2**22 wo
 loader allocate gigabytes. A graph is accepted when it is consistent with itself (every axis
 named in its inputs has a range, each range is ``0 <= min <= opt <= max`` with opt at least 1
 (where max is), dtypes and devices are ones aitune writes, every recorded value range fits its
-input's dtype) and when its largest example stays under the documented caps below. An opt of 0
-would make the load check's example empty, so that it compared nothing.
+input's dtype and the embedding rows recorded with it) and when its largest example stays under
+the documented caps below. An opt of 0 would make the load check's example empty, so that it
+compared nothing.
 """
 
 from __future__ import annotations
@@ -72,10 +73,16 @@ def _values_problem(facts: ValueFacts | None, dtype: torch.dtype) -> str | None:
         return None
     if not isinstance(facts.finite, bool):
         return f"the recorded 'finite' is {facts.finite!r}, not true or false"
+    if facts.rows is not None and (
+        isinstance(facts.rows, bool) or not isinstance(facts.rows, int) or not 1 <= facts.rows <= _INT64[1]
+    ):
+        return f"the recorded embedding rows {facts.rows!r} are not a count from 1 to {_INT64[1]}"
     if dtype.is_floating_point or dtype.is_complex:
-        if facts.low is not None or facts.high is not None:
+        if facts.low is not None or facts.high is not None or facts.rows is not None:
             return "a floating input carries an integer value range"
         return None
+    if facts.rows is not None and dtype == torch.bool:
+        return "a bool input carries embedding rows; only integer ids index a table"
     if (facts.low is None) != (facts.high is None):
         return "the recorded value range has one end only"
     if facts.low is None or facts.high is None:
@@ -87,6 +94,8 @@ def _values_problem(facts: ValueFacts | None, dtype: torch.dtype) -> str | None:
     lowest, highest = max(info[0], _INT64[0]), min(info[1], _INT64[1])
     if not lowest <= facts.low <= facts.high <= highest:
         return f"the recorded values {facts.low}..{facts.high} are not a range of {dtype} ({lowest}..{highest})"
+    if facts.rows is not None and not 0 <= facts.low <= facts.high < facts.rows:
+        return f"the recorded values {facts.low}..{facts.high} do not index the recorded {facts.rows} embedding rows"
     return None
 
 

@@ -3,8 +3,10 @@
 No signature binding for calls made the way the graph's recorded calls were, no copies: the structure key is built
 in one pass that also collects the tensors, then each candidate graph's precomputed shape checks
 run on them. Anything outside what was tuned runs eager for that call, with one warning (or, in
-strict mode, raises); so does a call whose tuned backend raises, and one the :class:`Guard` stops
-(training mode, autograd, weights changed since tuning).
+strict mode, raises): another structure or shape, and integer values a tuned backend may take where
+eager raises (:class:`ValueCheck`: a token id below 0 or past its embedding's rows); so does a call
+whose tuned backend raises, and one the :class:`Guard` stops (training mode, autograd, weights
+changed since tuning).
 
 Thread safety: a dispatcher only adds entries to its lookup table and its set of warnings given
 (single dict and set operations, atomic in CPython), so one tuned module may be called from many
@@ -41,9 +43,11 @@ _NO_KWARGS = tree.call_key({}, [])
 """The key of an empty kwargs dict, built once: most calls pass none."""
 _NO_ARGS = tree.call_key((), [])
 """The key of no positional arguments, built once: a call by keyword (as BERT's) passes none."""
-_Entry = tuple["Layout | None", list[tuple["ShapeCheck", Runner]], bool, dict[tuple[torch.Size, ...], "Runner | None"]]
+_Fit = tuple["ValueCheck | None", Runner]
+"""A graph a call's shapes fit: its value check (None: none needed) and its runner."""
+_Entry = tuple["Layout | None", list[tuple["ShapeCheck", Runner]], bool, dict[tuple[torch.Size, ...], "_Fit | None"]]
 """Per call key: the layout to rearrange calls to (None: as made), the candidate graphs, whether
-the call can be described to a backend at all, and the runner each set of input shapes seen so
+the call can be described to a backend at all, and the graph each set of input shapes seen so
 far fits (None: none fits), so a shape is checked against the graphs' ranges once."""
 MAX_SHAPES = 1024
 """Input shapes remembered per call key (a server sees one per batch size and sequence length)."""
@@ -94,7 +98,8 @@ class ShapeCheck:
     ``bounds`` holds the axes to check as ``(leaf, axis, lo, hi)`` (a static axis has ``lo == hi``);
     ``ties`` pairs a place where a named dimension appears again with its first place, which must
     hold the same size. A leaf whose axes are all those of an earlier leaf (a mask and token types
-    beside the token ids) is checked as one comparison of whole shapes (``same``).
+    beside the token ids) is checked as one comparison of whole shapes (``same``). ``values``: the
+    graph's :class:`ValueCheck`, run once the shapes fit.
     """
 
     def __init__(self, graph: GraphSpec) -> None:
@@ -121,6 +126,7 @@ class ShapeCheck:
         self.bounds = tuple(bounds)
         self.ties = tuple(ties)
         self.same = tuple(same)
+        self.values = ValueCheck.of(graph)
 
     def fits(self, leaves: Sequence[torch.Tensor]) -> bool:
         if len(leaves) != self.n:
@@ -136,6 +142,60 @@ class ShapeCheck:
             if shapes[i] != shapes[j]:
                 return False
         return True
+
+
+_SIGNED = frozenset({"int8", "int16", "int32", "int64"})
+_UNSIGNED = frozenset({"uint8", "uint16", "uint32", "uint64"})
+
+
+class ValueCheck:
+    """The integer inputs of a graph whose values a tuned backend may take where eager raises (a
+    negative id that a gather wraps), each with the range it accepts (:attr:`ValueFacts.accepted
+    <aitune.graph.ValueFacts.accepted>`): one min (or min and max) per such input and call, read back
+    to Python (on a GPU, one synchronisation each); a graph without them has none (:meth:`of` gives None)."""
+
+    def __init__(self, checks: Sequence[tuple[int, int, int | None, str]]) -> None:
+        self.checks = tuple(checks)
+        """Per checked input: its leaf, the lowest and highest value accepted (None: no upper end), and
+        what to say when a call's value lies outside (naming the input and its ranges, no value of
+        the call's: a warning given once per reason is given once per input)."""
+
+    @classmethod
+    def of(cls, graph: GraphSpec) -> ValueCheck | None:
+        checks = []
+        for i, spec in enumerate(graph.inputs):
+            facts = spec.values
+            accepted = facts.accepted if facts is not None else None
+            if facts is None or accepted is None or spec.dtype not in _SIGNED | _UNSIGNED:
+                continue
+            low, high = accepted
+            seen = f"tuning saw {facts.low}..{facts.high}"
+            if high is not None:
+                why = f"{spec.path} holds a value outside {low}..{high}, the rows of the embedding it indexes ({seen})"
+            elif spec.dtype in _SIGNED:
+                why = (
+                    f"{spec.path} holds a value below {low} ({seen}): a tuned backend may take a negative id "
+                    "where eager raises"
+                )
+            else:  # unsigned, no table known: nothing it holds can be out of range
+                continue
+            checks.append((i, low, high, why))
+        return cls(checks) if checks else None
+
+    def outside(self, leaves: Sequence[torch.Tensor]) -> str | None:
+        """Why these inputs hold a value outside an accepted range, or None when none does."""
+        for i, low, high, why in self.checks:
+            t = leaves[i]
+            if not t.numel():
+                continue
+            if high is None:
+                if t.min().item() < low:
+                    return why
+                continue
+            lo, hi = torch.aminmax(t)
+            if lo.item() < low or hi.item() > high:
+                return why
+        return None
 
 
 class Dispatcher:
@@ -190,15 +250,20 @@ class Dispatcher:
             leaves = []
             tree.call_key((c_args, c_kwargs), leaves)
         shapes = tuple(map(_shape, leaves))  # map and attrgetter run in C: no frame per leaf
-        runner = fitted.get(shapes, _NOT_SEEN)  # one lookup: another thread may clear the dict between two
-        if runner is _NOT_SEEN:
-            runner = self._fit(candidates, leaves, fitted, shapes)
-        if runner is None:
+        fit = fitted.get(shapes, _NOT_SEEN)  # one lookup: another thread may clear the dict between two
+        if fit is _NOT_SEEN:
+            fit = self._fit(candidates, leaves, fitted, shapes)
+        if fit is None:
             return self._fallback(candidates, leaves, args, kwargs)
+        values, runner = fit
         if runner is self.eager:  # a range or graph where eager won: nothing to fall back from
             if _observed.get() is not None:
                 _note(self.name, None)
             return runner(*args, **kwargs)
+        if values is not None:
+            outside = values.outside(leaves)
+            if outside is not None:
+                return self._outside(outside, "pass values in that range", args, kwargs)
         try:
             out = runner(*c_args, **c_kwargs)
         except Exception as exc:
@@ -219,16 +284,16 @@ class Dispatcher:
     def _fit(
         candidates: list[tuple[ShapeCheck, Runner]],
         leaves: list[torch.Tensor],
-        fitted: dict[tuple[torch.Size, ...], Runner | None],
+        fitted: dict[tuple[torch.Size, ...], _Fit | None],
         shapes: tuple[torch.Size, ...],
-    ) -> Runner | None:
-        """The runner of the first graph whose shape ranges these inputs fit (None: none), remembered
-        for their shapes: the ranges depend on nothing else."""
-        runner = next((r for check, r in candidates if check.fits(leaves)), None)
+    ) -> _Fit | None:
+        """The value check and runner of the first graph whose shape ranges these inputs fit (None:
+        none), remembered for their shapes: the ranges depend on nothing else."""
+        fit = next(((check.values, r) for check, r in candidates if check.fits(leaves)), None)
         if len(fitted) >= MAX_SHAPES:
             fitted.clear()
-        fitted[shapes] = runner
-        return runner
+        fitted[shapes] = fit
+        return fit
 
     def _blocked(self, blocked: tuple[str, type[Exception]], args: Any, kwargs: Any) -> Any:
         reason, error = blocked
@@ -289,10 +354,13 @@ class Dispatcher:
             reason = "; ".join(filter(None, (c.graph.mismatch(leaves) for c, _ in candidates)))
         else:
             reason = self._unseen(args, kwargs)
+        return self._outside(reason, "tune with inputs like this one", args, kwargs)
+
+    def _outside(self, reason: str, fix: str, args: Any, kwargs: Any) -> Any:
+        """A call outside what was tuned: eager, warned once per reason, or in strict mode an error."""
         if self.strict:
             raise UnsupportedCallError(
-                f"{self.name}: this call is outside what was tuned ({reason}); tune with inputs like this one, "
-                "or drop strict=True"
+                f"{self.name}: this call is outside what was tuned ({reason}); {fix}, or drop strict=True"
             )
         return self._eager_because(f"it is outside what was tuned ({reason})", args, kwargs)
 

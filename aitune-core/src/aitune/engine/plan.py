@@ -29,7 +29,7 @@ from .figures import SharedFigures
 from .graph_tuning import GraphTuning
 from .options import TuneOptions
 from .progress import TuneProgress
-from .recording import GraphRecording, ModuleRecording
+from .recording import GraphRecording, ModuleRecording, bypass
 from .strategies import MaxThroughputStrategy, TuneStrategy
 
 if TYPE_CHECKING:
@@ -208,7 +208,8 @@ def sizes_for(
 
 
 def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any:
-    """The graph spec of one recorded input structure of ``module``, for the batch sizes of :func:`sizes_for`."""
+    """The graph spec of one recorded input structure of ``module``, for the batch sizes of :func:`sizes_for`,
+    with the rows of the embedding tables its integer inputs index (:func:`table_rows`)."""
     graph = infer_graph(
         graph_rec.samples,
         module._canonicalize.arg_names,
@@ -217,9 +218,63 @@ def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any
         graph_rec.outputs,
         facts=graph_rec.values or None,  # every recorded call's values, not only the kept samples'
     )
+    graph = graph.with_rows(table_rows(graph_rec, module.module))
     if graph_rec.mutated:
         graph = attrs.evolve(graph, mutated=tuple(graph.inputs[i].path for i in sorted(graph_rec.mutated)))
     return graph
+
+
+_TABLES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+
+
+def table_rows(graph: GraphRecording, module: torch.nn.Module) -> list[int | None]:
+    """Per input leaf of ``graph``'s samples, the rows of the embedding table of ``module`` that indexes
+    it as it is (the fewest, where several do), else None (:attr:`ValueFacts.rows <aitune.graph.ValueFacts.rows>`).
+
+    Found by running ``module`` once more on a copy of the first sample with a pre-hook on each
+    ``nn.Embedding`` and ``nn.EmbeddingBag``: an input reaches a table as it is when the table's input
+    is that tensor or a view of all of it (``input_ids.view(-1, n)``). A graph with no integer input,
+    or a module with no table, is not run; a run that raises finds nothing.
+    """
+    tables = [m for m in module.modules() if isinstance(m, _TABLES)]
+    if not tables or not graph.samples or graph.error or graph.eager_reason:
+        return []
+    sample = graph.samples[0].fresh() if graph.mutated else graph.samples[0]
+    leaves = sample.tensors()
+    found: list[int | None] = [None] * len(leaves)
+    ids = [i for i, t in enumerate(leaves) if not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)]
+    if not ids:
+        return found
+
+    def seen(rows: int, table: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0] if args else None
+        for i in ids:
+            if isinstance(x, torch.Tensor) and _same_values(x, leaves[i]):
+                current = found[i]
+                found[i] = rows if current is None else min(current, rows)
+
+    handles = [table.register_forward_pre_hook(functools.partial(seen, table.num_embeddings)) for table in tables]
+    try:
+        with bypass(), torch.no_grad():
+            module(*sample.args, **sample.kwargs)
+    except Exception:  # it ran while recording; whatever stops it now, no table is known
+        return [None] * len(found)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` holds exactly ``b``'s values in ``b``'s order: ``b`` itself, or a contiguous view of all of it."""
+    return a is b or (
+        a.dtype == b.dtype
+        and a.device == b.device
+        and a.numel() == b.numel() > 0
+        and a.data_ptr() == b.data_ptr()
+        and a.is_contiguous()
+        and b.is_contiguous()
+    )
 
 
 def _batch_one(samples: Sequence[Any]) -> bool:
