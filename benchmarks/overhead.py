@@ -2,7 +2,8 @@
 
 ``python -m benchmarks.overhead`` installs a backend whose ``infer`` returns a ready tensor on two
 small modules (one positional tensor; three keyword tensors with dynamic batch and sequence, as a
-BERT call), then times, in turns, calling that ``infer`` directly and calling the tuned
+BERT call, once with the values a tune records, so the per-call check of ids eager would refuse
+runs, and once without, so the difference is that check's cost), then times, in turns, calling that ``infer`` directly and calling the tuned
 ``ait.Module`` (under ``torch.inference_mode()``, and under ``torch.no_grad()``). The per-call cost is
 the median over rounds of the difference within a round; the machine and its load average before and
 after are printed with it, since a busy machine inflates the figure. ``--backend NAME`` also tunes
@@ -26,6 +27,8 @@ import torch
 import aitune.torch as ait
 from aitune.backend import Backend, BuildContext, LoadContext
 from aitune.engine.install import install
+from aitune.engine.plan import table_rows
+from aitune.engine.recording import GraphRecording
 from aitune.graph import Sample, infer_graph
 
 
@@ -57,11 +60,12 @@ class Encoder(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = torch.nn.Embedding(100, 16)
+        self.types = torch.nn.Embedding(2, 16)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
-        return self.embed(input_ids + token_type_ids) * attention_mask.unsqueeze(-1)
+        return (self.embed(input_ids) + self.types(token_type_ids)) * attention_mask.unsqueeze(-1)
 
 
 def bert_call(batch: int, seq: int) -> dict[str, torch.Tensor]:
@@ -83,6 +87,10 @@ def constant_module(case: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
         names = ("input_ids", "attention_mask", "token_type_ids")
     wrapped = ait.Module(module, case)
     graph = infer_graph(samples, names, batch_sizes=[1, 4])
+    if case == "bert":  # as a tune records them: ids checked against 0..99, token types 0..1, the mask for >= 0
+        graph = graph.with_rows(table_rows(GraphRecording(samples=samples), module))
+    elif case == "bert-unchecked":  # no recorded values: no input is checked
+        graph = graph.without_values()
     with torch.no_grad():
         backend = ConstantBackend(module(*call[0], **call[1]))
     install(wrapped, [(graph, backend)], None)
@@ -168,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     results: dict[str, Any] = {"machine": machine(), "load_before": os.getloadavg(), "rows": []}
-    for case in ("linear", "bert"):
+    for case in CASES:
         call, direct = constant_module(case)
         for mode in (torch.inference_mode, torch.no_grad):
             with mode():
@@ -188,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 CASES = {
     "linear": "Linear(16, 16), one positional tensor (1, 16)",
     "bert": "three keyword tensors (1, 128), batch and sequence dynamic",
+    "bert-unchecked": "the same, no values recorded (no id check)",
 }
 
 
