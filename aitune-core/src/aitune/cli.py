@@ -593,6 +593,12 @@ def serve(
     grace_s: int = typer.Option(
         30, "--grace-s", min=0, help="kserve: seconds SIGTERM waits for in-flight requests before stopping."
     ),
+    pad: list[str] = typer.Option(
+        [],
+        "--pad",
+        help="kserve: how inputs are padded, NAME=VALUE,... (e.g. input_ids=0,attention_mask=0), over what "
+        "ait.tune(pad=...) recorded: requests of different lengths then join one call.",
+    ),
     replicas: int = typer.Option(1, "--replicas", min=1, help="ray: how many replicas serve it."),
     address: str | None = typer.Option(None, "--address", help="ray: an existing Ray cluster (default: a local Ray)."),
     sha256: str | None = typer.Option(None, "--sha256", help="Expected SHA-256 of the artifact (pins it)."),
@@ -612,11 +618,17 @@ def serve(
             "--replicas and --address are Ray Serve's: add --engine ray (kserve serves one process on this machine)",
             param_hint="--replicas/--address",
         )
-    if engine == "ray" and (grpc_port is not None or max_rows is not None or name is not None):
+    if engine == "ray" and (grpc_port is not None or max_rows is not None or name is not None or pad):
         raise typer.BadParameter(
-            "--grpc-port, --max-rows and --name are the kserve engine's: drop them or leave out --engine ray",
+            "--grpc-port, --max-rows, --name and --pad are the kserve engine's: drop them or leave out --engine ray",
             param_hint="--engine",
         )
+    from .torch.serving import parse_pad
+
+    try:
+        declared_pad = parse_pad(pad)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--pad") from None
     if not artifact.is_file():
         raise typer.BadParameter(f"{artifact}: no such file", param_hint="ARTIFACT")
     trust = {"expected_sha256": sha256, "trusted_keys": key or None, "trust_native_code": trust_native_code}
@@ -636,6 +648,7 @@ def serve(
                 threads=threads,
                 eager=eager,
                 max_rows=max_rows,
+                pad=declared_pad,
                 grace_s=grace_s,
                 load_options={k: v for k, v in trust.items() if v not in (None, False)},
             )

@@ -42,6 +42,9 @@ class ModuleEntry:
     written before aitune recorded it."""
     strict: bool = False
     """The wrapper's ``strict``: a call outside what was tuned raises instead of running eager."""
+    pad: dict[str, float] = attrs.field(factory=dict)
+    """How the model's inputs are padded, as ``ait.tune(pad=...)`` declared it (input name -> pad value),
+    for ``aitune serve``; empty when none was declared (and in artifacts written before aitune kept it)."""
 
 
 def _check_path(path: str | None) -> None:

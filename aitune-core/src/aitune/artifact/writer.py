@@ -121,7 +121,11 @@ def save(
         with tempfile.TemporaryDirectory(prefix="aitune-save-") as tmp:
             for i, (where, module) in enumerate(named):
                 entry = ModuleEntry(
-                    name=module.name, weights=f"modules/{i}/weights.safetensors", path=where, strict=module.strict
+                    name=module.name,
+                    weights=f"modules/{i}/weights.safetensors",
+                    path=where,
+                    strict=module.strict,
+                    pad=dict(module.pad),
                 )
                 writer.add_bytes(entry.weights, _weights_bytes(module.module))
                 for j, (graph, backend) in enumerate(module.tuned_graphs):

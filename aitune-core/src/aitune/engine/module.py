@@ -89,6 +89,9 @@ class Module(torch.nn.Module):
         object.__setattr__(self, "_state", "recording")
         object.__setattr__(self, "tuned_graphs", [])
         object.__setattr__(self, "report", None)
+        # how the model's inputs are padded, as ait.tune(pad=...) declared it (kept in the artifact for
+        # aitune serve): input name -> pad value; empty when none was declared
+        object.__setattr__(self, "pad", {})
         self._register_state_dict_hook(_drop_prefix)
         self._register_load_state_dict_pre_hook(_add_prefix)
         # on the inner module: it runs for load_state_dict on it, on this wrapper and on any parent

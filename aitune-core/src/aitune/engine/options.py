@@ -86,6 +86,38 @@ def _as_device(value: str | torch.device | None) -> torch.device | None:
     return torch.device(value) if value is not None else None
 
 
+MAX_PAD_INPUTS = 64
+"""The most inputs one padding declaration may name (a file's is bounded before use)."""
+MAX_PAD_VALUE = 2**53
+"""Pad values are kept as floats (JSON numbers): integers up to this size are exact."""
+
+
+def check_pad(pad: Mapping[str, Any] | None, what: str = "pad") -> dict[str, float]:
+    """A padding declaration checked: ``{input name: the value its padded positions take}``, each name
+    a non-empty string, each value a finite number (a bool is 0 or 1) that a float holds exactly.
+
+    ``ait.tune(pad=...)`` stores it in the artifact, ``aitune serve --pad`` adds to it, and the
+    server pads requests of different lengths with it (:mod:`aitune.torch.serving`). Values are kept
+    as floats: an integer input takes them back as integers."""
+    if pad is None:
+        return {}
+    if not isinstance(pad, Mapping):
+        raise InputError(f"{what} must map input names to pad values, e.g. {{'input_ids': 0, 'attention_mask': 0}}")
+    if len(pad) > MAX_PAD_INPUTS:
+        raise InputError(f"{what} names {len(pad)} inputs; at most {MAX_PAD_INPUTS}")
+    out: dict[str, float] = {}
+    for name, value in pad.items():
+        if not isinstance(name, str) or not name or len(name) > 256:
+            raise InputError(f"{what}: {name!r} is not an input name (a non-empty string of at most 256 characters)")
+        if not isinstance(value, (bool, int, float)) or not abs(value) <= MAX_PAD_VALUE:
+            raise InputError(
+                f"{what}[{name!r}] is {value!r}: give the number its padded positions take (0 for token ids "
+                f"padded with id 0 and for an attention mask), finite and at most {MAX_PAD_VALUE} in size"
+            )
+        out[name] = float(value)
+    return out
+
+
 @attrs.frozen(kw_only=True)
 class TuneOptions:
     """``ait.tune``'s arguments, validated (see its docstring for what each means). The defaults are
@@ -115,6 +147,10 @@ class TuneOptions:
     """The end-to-end figure's time budget; 0 measures nothing."""
     time_budget: float | None = attrs.field(default=None, validator=_seconds)
     static_cache: bool = True
+    pad: dict[str, float] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(lambda v: check_pad(v, "ait.tune(pad=...)"))
+    )
+    """How the model's inputs are padded (see :func:`check_pad`); None: not declared."""
 
     @classmethod
     def from_arguments(

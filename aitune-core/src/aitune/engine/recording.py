@@ -313,6 +313,20 @@ class Recording(Generic[W]):
         self.modules: dict[int, ModuleRecording[W]] = {}
         self.items: list[Any] = []
         """The first dataset items, kept for the end-to-end figure."""
+        self._making_up = False
+        self._made_up: set[tuple[int, Any]] = set()
+        """(module, graph key) of the graphs a made-up call opened (:meth:`made_up`)."""
+
+    @contextlib.contextmanager
+    def made_up(self) -> Iterator[None]:
+        """Calls made by aitune rather than taken from the dataset (an item with its mask unpadded): they
+        record only into graphs that such calls opened, so the dataset's own graphs keep the dataset's
+        samples and counts, and a call aitune could not describe adds no graph."""
+        self._making_up = True
+        try:
+            yield
+        finally:
+            self._making_up = False
 
     def before_call(self, module: W, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Before | None:
         """Note the inputs before ``module`` runs, so :meth:`record` can tell what the call updated
@@ -344,6 +358,8 @@ class Recording(Generic[W]):
     def record(
         self, module: W, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, before: Before | None = None
     ) -> None:
+        if self._making_up and not self._opens(module, args, kwargs):
+            return
         rec = self.modules.setdefault(id(module), ModuleRecording(module))
         rec.calls += 1
         canonicalize = module._canonicalize
@@ -403,6 +419,21 @@ class Recording(Generic[W]):
                 if graph.shapes.count(seen) > 1:
                     graph.samples[i], graph.outputs[i], graph.shapes[i] = sample, _detach(output), shapes
                     break
+
+    def _opens(self, module: W, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """A made-up call records: its graph is new (noted as made up) or one made-up calls opened, and its
+        inputs and layout are ones the dataset's calls could have recorded."""
+        rec = self.modules.get(id(module))
+        try:
+            key = structure_key(*module._canonicalize(args, kwargs))
+            _check_describable(args, kwargs, module._canonicalize.arg_names)
+        except Exception:
+            return False
+        graph = rec.graphs.get(key) if rec is not None else None
+        if graph is None:
+            self._made_up.add((id(module), key))
+            return True
+        return (id(module), key) in self._made_up and graph.layout == layout_of(args, kwargs)
 
 
 def find_updates(graph: GraphRecording, forward: Callable[..., Any]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import inspect
 import logging
 import os
 import platform
@@ -100,6 +101,7 @@ def tune(
     end_to_end: bool | float = True,
     time_budget: float | None = None,
     static_cache: bool = True,
+    pad: Mapping[str, float] | None = None,
     manager: AituneManager | None = None,
 ) -> TuneReport:
     """Run ``model_or_callable`` over ``dataset``, then tune every ``ait.Module`` it called.
@@ -157,6 +159,13 @@ def tune(
     now on (``generation_config.cache_implementation = "static"``, set before recording, logged
     and listed in the report's ``changes``), so its decode step can be tuned. It is put back when
     no recorded call used it, the tune fails or is a dry run; ``static_cache=False`` leaves it.
+    ``pad`` declares how the model's inputs are padded: ``{"input_ids": 0, "attention_mask": 0}``
+    (input name -> the value padded positions take). The artifact keeps it, so ``aitune serve`` joins
+    requests of different lengths into one call, padded, and cuts each answer back. An input declared
+    with pad value 0 that the dataset passes as a 0/1 mask with padding is also recorded unpadded (each
+    such item is run once more with that mask all ones): models that drop an all-ones mask (transformers
+    passes ``None`` on) call their wrapped modules another way then, and that graph is tuned too, so an
+    unpadded call runs tuned; calls it makes that the dataset's own calls already cover are not recorded.
     ``manager``: the plugin manager whose backends, executors and hooks the tune uses (default: the
     process's, :func:`aitune.plugins.get_manager`).
     """
@@ -182,6 +191,7 @@ def tune(
         end_to_end=end_to_end,
         time_budget=time_budget,
         static_cache=static_cache,
+        pad=pad,
     )
     if options.threads is not None:
         torch.set_num_threads(options.threads)
@@ -259,7 +269,7 @@ def _tune(
     started = time.perf_counter()
     group = distributed.coordinator()  # None in a single process
     with distributed.step(group, "recording") as outbox:
-        recorded = _record(model_or_callable, dataset, options.max_samples, progress)
+        recorded = _record(model_or_callable, dataset, options.max_samples, progress, options.pad or {})
         changes = switch.settle(_used_a_static_cache(recorded) and not options.dry_run)
         modules = [rec.module for rec in recorded.modules.values()]
         tune_device = options.device if options.device is not None else _device_of(modules)
@@ -318,6 +328,9 @@ def _tune(
             _end_to_end(model_or_callable, recorded, report, options.end_to_end_s, switch)
     if options.freeze and not options.dry_run:  # after the end-to-end check: winners it took back freeze nothing
         freeze_tuned(model_or_callable, report)
+    if options.pad is not None and not options.dry_run:
+        for module in wrapped_modules(model_or_callable):
+            object.__setattr__(module, "pad", dict(options.pad))
     report.environment["load_average_end"] = load_average()
     report.duration_s = time.perf_counter() - started
     _time_spent(report, progress)
@@ -352,9 +365,14 @@ def _time_spent(report: TuneReport, progress: TuneProgress) -> None:
 
 
 def _record(
-    model_or_callable: Any, dataset: Iterable[Any], max_samples: int, progress: TuneProgress
+    model_or_callable: Any,
+    dataset: Iterable[Any],
+    max_samples: int,
+    progress: TuneProgress,
+    pad: Mapping[str, float] | None = None,
 ) -> recording.Recording[Module]:
-    """Run the dataset through the model, recording every ait.Module it calls."""
+    """Run the dataset through the model, recording every ait.Module it calls; with ``pad``, each item
+    with a padded mask is run once more unpadded (:func:`unpadded`), recording only the graphs it adds."""
     known = wrapped_modules(model_or_callable)
     if isinstance(model_or_callable, torch.nn.Module) and not known:
         raise InputError(
@@ -378,6 +396,17 @@ def _record(
             except Exception as exc:
                 raise _item_error(samples_seen, sample, first, exc) from exc
             samples_seen += 1
+            variant = unpadded(model_or_callable, sample, pad or {})
+            if variant is not None:
+                with recorded.made_up():
+                    try:
+                        call_with_item(model_or_callable, variant)
+                    except AituneError:
+                        raise
+                    except Exception as exc:  # the model refuses a mask without padding: nothing to tune
+                        logger.info(
+                            "item %d with its mask all ones (unpadded) failed, not recorded: %s", samples_seen, exc
+                        )
     if samples_seen == 0:
         raise InputError("the dataset is empty: give ait.tune at least one input batch")
     if not recorded.modules:
@@ -386,6 +415,51 @@ def _record(
             "that the pipeline calls, or check that the dataset reaches them"
         )
     return recorded
+
+
+def unpadded(fn: Any, item: Any, pad: Mapping[str, float]) -> Any:
+    """``item`` with every input that ``pad`` declares padded with 0 and that holds a 0/1 mask with padding
+    (integers or bools, both values present) set to all ones: the same call with nothing padded. None when
+    the item has no such input (or its inputs cannot be named by ``fn``'s parameters)."""
+    if not pad:
+        return None
+    masks = {name for name, value in pad.items() if value == 0}
+    args, kwargs = _as_call(item)
+    try:
+        forward = fn.module.forward if isinstance(fn, Module) else fn.forward if isinstance(fn, torch.nn.Module) else fn
+        bound = inspect.signature(forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    changed = False
+    arguments = dict(bound.arguments)
+    for name in masks & set(arguments):
+        value = arguments[name]
+        if isinstance(value, torch.Tensor) and _padded_mask(value):
+            arguments[name] = torch.ones_like(value)
+            changed = True
+    if not changed:
+        return None
+    bound.arguments.update(arguments)
+    return (tuple(bound.args), dict(bound.kwargs))
+
+
+def _as_call(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A dataset item as the positional and keyword arguments :func:`call_with_item` passes."""
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], (tuple, list)) and isinstance(item[1], dict):
+        return tuple(item[0]), dict(item[1])
+    if isinstance(item, (tuple, list)):
+        return tuple(item), {}
+    if isinstance(item, dict):
+        return (), dict(item)
+    return (item,), {}
+
+
+def _padded_mask(tensor: torch.Tensor) -> bool:
+    """An integer or bool tensor of 0s and 1s, both present: a mask that pads some positions."""
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.numel() == 0:
+        return False
+    values = torch.unique(tensor.detach().to(torch.int64))
+    return values.numel() == 2 and int(values[0]) == 0 and int(values[1]) == 1
 
 
 END_TO_END_ITEMS = 8

@@ -10,10 +10,16 @@ here, and each engine keeps only its own side:
   above the largest, padded up to the smallest (or the next range above a gap);
 - :func:`input_specs` and :func:`model_graph`: the forward's named inputs, typed and shaped by the
   first tuned graph whose tensors are exactly them, so a request is checked before it joins a batch;
-- :class:`BatchRunner`: requests that agree on everything but the batch size joined, cut into calls
-  of tuned sizes (the last one padded by repeating its last row, the padding's answers dropped) and
-  split back per request; each call observed (:func:`observe_routes`), so every answer says which
-  backend served it and why a tuned module ran eager; a request the model cannot take fails alone;
+- :class:`Padding`: where the artifact (``ait.tune(pad=...)``) or the server (``aitune serve --pad``)
+  says how the model's inputs are padded, requests of different lengths join too: each padded to the
+  group's longest length (at least the tuned range's min), its answer cut back to its own length on
+  the output axes that follow it (found and checked against the unpadded answer when the server loads,
+  :meth:`Padding.probe`);
+- :class:`BatchRunner`: requests that agree on everything but the batch size (and, with padding,
+  the padded lengths) joined, cut into calls of tuned sizes (the last one padded by repeating its last
+  row, the padding's answers dropped) and split back per request; each call observed
+  (:func:`observe_routes`), so every answer says which backend served it and why a tuned module ran
+  eager; a request the model cannot take fails alone;
 - :func:`named_outputs`, :func:`resolve_factory`, :func:`tuned_threads`: outputs as named tensors,
   the user's model factory, the torch threads the artifact was tuned with.
 
@@ -37,6 +43,9 @@ import torch
 
 from ..engine.dispatch import Route, observe_routes
 from ..engine.module import Module
+from ..engine.options import check_pad
+from ..graph import BATCH, GraphSpec, resize
+from ..validation import DEFAULT_TOLERANCES
 
 __all__ = [
     "Answer",
@@ -46,6 +55,7 @@ __all__ = [
     "ClientError",
     "Factory",
     "InputSpec",
+    "Padding",
     "Ranges",
     "Request",
     "forward_of",
@@ -54,6 +64,7 @@ __all__ = [
     "merge",
     "model_graph",
     "named_outputs",
+    "parse_pad",
     "resolve_factory",
     "tuned_modules",
     "tuned_threads",
@@ -216,6 +227,249 @@ def named_outputs(output: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
+# -- requests of different lengths -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class Padding:
+    """How requests of different lengths join one call: which inputs are padded with what, on which axes
+    (the model graph's dynamic axes other than the batch), and which output axes are cut back.
+
+    Only declared padding is used (``ait.tune(pad=...)``, kept in the artifact, and ``aitune serve
+    --pad``), never inferred: a 0/1 input beside the token ids may be an attention mask or token type
+    ids, and the id a tokenizer pads with is the model's (0 for BERT, 1 for RoBERTa). A declaration is
+    still checked when the server loads (:meth:`probe`): a short example padded to a longer length must
+    answer as the short one does, cut back, or padding is not used and :attr:`reason` says why.
+    """
+
+    values: dict[str, float] = attrs.field(factory=dict)
+    """Input name -> the value its padded positions take (as declared)."""
+    axes: dict[str, dict[int, str]] = attrs.field(factory=dict)
+    """Padded input -> {axis: the graph's dim name}: the axes a request may be shorter on."""
+    ranges: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+    """Dim name -> its tuned (min, max): a call is padded up to min, and a longer request joins no one."""
+    cuts: dict[str, dict[int, str]] = attrs.field(factory=dict)
+    """Output name -> {axis: dim name}: the axes an answer is cut back on to the request's own length."""
+    reason: str | None = None
+    """Why requests of different lengths do not join (no padding known, ...); None when they do."""
+    tuned: frozenset[str] = frozenset()
+    """The model graph's inputs: a request sending another one (which the tuned graph never saw, and
+    which might hold the length too) joins no one."""
+
+    @property
+    def active(self) -> bool:
+        return self.reason is None and bool(self.axes)
+
+    def describe(self) -> str:
+        """One line for the server's log and answers: what is padded with what, or why nothing is."""
+        if not self.active:
+            return f"none: {self.reason}"
+        return ", ".join(f"{name}={_number(value)}" for name, value in self.values.items())
+
+    @classmethod
+    def of(
+        cls,
+        model: torch.nn.Module,
+        specs: Mapping[str, InputSpec],
+        declared: Mapping[str, float] | None = None,
+    ) -> Padding:
+        """The padding ``model``'s tuned modules recorded (``ait.tune(pad=...)``), ``declared`` added over
+        it (``aitune serve --pad``), on the axes the model graph has dynamic; :meth:`probe` finds the
+        output axes. Raises ``ValueError`` for a name the model does not take."""
+        values: dict[str, float] = {}
+        for module in tuned_modules(model):
+            if module.pad:
+                values = dict(module.pad)
+                break
+        values.update(check_pad(declared, "--pad"))
+        unknown = [n for n in values if n not in specs]
+        if unknown:
+            raise ValueError(
+                f"padding names {', '.join(map(repr, unknown))}, which the model does not take; its inputs are "
+                f"{', '.join(specs)}"
+            )
+        values = {name: values[name] for name in specs if name in values}  # in the forward's order
+        if not values:
+            return cls(
+                reason="no padding is known; declare it with ait.tune(..., pad={'input_ids': 0, "
+                "'attention_mask': 0}) or aitune serve --pad input_ids=0,attention_mask=0"
+            )
+        graph = model_graph(model)
+        if graph is None:
+            return cls(values, reason="no tuned graph takes the model's own inputs, so their padded axes are unknown")
+        axes = {
+            t.path: {a: d for a, d in enumerate(t.dims) if d is not None and d != BATCH}
+            for t in graph.inputs
+            if t.path in values
+        }
+        axes = {name: found for name, found in axes.items() if found}
+        dims = {d for found in axes.values() for d in found.values()}
+        if not dims:
+            return cls(
+                values,
+                reason="the padded inputs have no dynamic axis in the tuned graph: every request has the tuned length",
+            )
+        for t in graph.inputs:
+            if t.path not in values and any(d in dims for d in t.dims):
+                return cls(
+                    values,
+                    reason=f"{t.path} has the padded length too, and no pad value; declare one for it "
+                    f"(--pad {t.path}=VALUE)",
+                )
+        ranges = {d: (graph.dims[d].min, graph.dims[d].max) for d in sorted(dims)}
+        return cls(values, axes, ranges, tuned=frozenset(t.path for t in graph.inputs))
+
+    def lengths(self, request: Request) -> dict[str, int] | None:
+        """The request's size on each padded dim; None when its inputs disagree on one, one is outside the
+        tuned range, or it sends an input the tuned graph did not take (such a request joins no one: it
+        runs as sent)."""
+        if not set(request) <= self.tuned:
+            return None
+        found: dict[str, int] = {}
+        for name, axes in self.axes.items():
+            tensor = request.get(name)
+            if tensor is None:
+                return None
+            for axis, dim in axes.items():
+                if axis >= tensor.dim():
+                    return None
+                size = tensor.shape[axis]
+                high = self.ranges[dim][1]
+                if found.setdefault(dim, size) != size or not 1 <= size <= high:
+                    return None
+        return found
+
+    def target(self, lengths: Iterable[Mapping[str, int]]) -> dict[str, int]:
+        """The length each padded dim takes in a call of these requests: the longest, at least the tuned min."""
+        out = {dim: low for dim, (low, _) in self.ranges.items()}
+        for own in lengths:
+            for dim, size in own.items():
+                out[dim] = max(out[dim], size)
+        return out
+
+    def pad(self, request: Request, target: Mapping[str, int]) -> Request:
+        """``request`` with its padded inputs extended at the end of each padded axis to ``target``."""
+        out = dict(request)
+        for name, axes in self.axes.items():
+            tensor = out[name]
+            for axis, dim in axes.items():
+                extra = target[dim] - tensor.shape[axis]
+                if extra > 0:
+                    shape = list(tensor.shape)
+                    shape[axis] = extra
+                    value = self.values[name]
+                    fill = torch.full(shape, value if tensor.is_floating_point() else int(value), dtype=tensor.dtype)
+                    tensor = torch.cat([tensor, fill.to(tensor.device)], dim=axis)
+            out[name] = tensor
+        return out
+
+    def cut(self, outputs: Mapping[str, torch.Tensor], lengths: Mapping[str, int]) -> dict[str, torch.Tensor]:
+        """Each output cut back to the request's own lengths on the axes that follow them."""
+        out = dict(outputs)
+        for name, axes in self.cuts.items():
+            if name in out:
+                for axis, dim in axes.items():
+                    out[name] = out[name].narrow(axis, 0, lengths[dim])
+        return out
+
+    def probe(self, call: Callable[[Request], Answer], graph: GraphSpec, batch: int | None) -> Padding:
+        """Padding with its output axes found and checked: per padded dim, an example at a short length
+        (the tuned min) and the same padded to a longer one (opt, else max) run through ``call``; an
+        output axis that grows from the one length to the other is cut back, any other change refuses,
+        the cut answer must match the short one's within the dtype's bound (as validation compares with
+        eager), and the padded call must run where the short one ran (a pad value outside what was tuned
+        would send every padded call eager), else padding is off and :attr:`reason` says what differed."""
+        if not self.active:
+            return self
+        cuts: dict[str, dict[int, str]] = {}
+        for dim, (low, high) in self.ranges.items():
+            short = max(low, 1)
+            rng = graph.dims[dim]
+            long = rng.opt if rng.opt > short else high
+            if long <= short:
+                return attrs.evolve(self, reason=f"the tuned range of {dim} is one length ({short}): nothing to pad")
+            base = graph.example("opt", batch_size=batch)
+            sizes = {d: max(r.min, 1) if d in self.ranges else r.opt for d, r in graph.dims.items() if d != BATCH}
+            sample = resize(graph, base, sizes)
+            request = dict(zip([t.path for t in graph.inputs], sample.tensors()))
+            target = {d: (long if d == dim else sizes[d]) for d in self.ranges}
+            short_answer, long_answer = call(request), call(self.pad(request, target))
+            ran_eager = set(long_answer.eager_reasons) - set(short_answer.eager_reasons)
+            if ran_eager:
+                return attrs.evolve(
+                    self,
+                    reason=f"a padded call ran eager where the unpadded one did not: {'; '.join(sorted(ran_eager))}",
+                )
+            got = long_answer.outputs
+            for name, a in short_answer.outputs.items():
+                b = got.get(name)
+                if b is None or a.dim() != b.dim():
+                    return attrs.evolve(self, reason=f"output {name} changed its rank when the input was padded")
+                for axis in range(1, a.dim()):
+                    if a.shape[axis] == b.shape[axis]:
+                        continue
+                    if (a.shape[axis], b.shape[axis]) != (short, long):
+                        return attrs.evolve(
+                            self,
+                            reason=f"output {name} axis {axis} went from {a.shape[axis]} to {b.shape[axis]} when "
+                            f"{dim} went from {short} to {long}: it cannot be cut back to a request's length",
+                        )
+                    cuts.setdefault(name, {})[axis] = dim
+                cut = b
+                for axis, d in cuts.get(name, {}).items():
+                    if d == dim:
+                        cut = cut.narrow(axis, 0, short)
+                problem = _differs(cut, a)
+                if problem:
+                    return attrs.evolve(
+                        self,
+                        reason=f"padding {dim} from {short} to {long} changed output {name} at the real positions "
+                        f"({problem}): the declared pad values do not leave the answers as they were",
+                    )
+        return attrs.evolve(self, cuts=cuts)
+
+
+def parse_pad(text: str | Sequence[str] | None) -> dict[str, float]:
+    """``aitune serve --pad input_ids=0,attention_mask=0`` (the option may also be repeated) as a padding
+    declaration; raises ``ValueError`` saying what to write."""
+    items = [text] if isinstance(text, str) else list(text or ())
+    out: dict[str, float] = {}
+    for part in (p.strip() for item in items for p in item.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not sep or not name.strip() or number is None:
+            raise ValueError(
+                f"--pad {part!r}: write NAME=VALUE pairs, comma-separated, e.g. --pad input_ids=0,attention_mask=0"
+            )
+        out[name.strip()] = number
+    try:
+        return check_pad(out, "--pad")
+    except Exception as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _differs(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """How ``actual`` is off ``expected`` beyond the bound validation compares with, or None."""
+    if actual.shape != expected.shape:
+        return f"shape {list(actual.shape)}, unpadded {list(expected.shape)}"
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if not e.is_floating_point():
+        return None if torch.equal(a, e) else "integer values differ"
+    tol = DEFAULT_TOLERANCES.get(str(e.dtype).removeprefix("torch."), DEFAULT_TOLERANCES["float32"])
+    bound = tol.atol + tol.rtol * float(e.abs().max()) if e.numel() else 0.0
+    err = float((a.double() - e.double()).abs().max()) if e.numel() else 0.0
+    return None if err <= bound else f"max |padded - unpadded| = {err:.3g}, over the bound {bound:.3g}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
 # -- the model the server runs ----------------------------------------------------------------------------
 
 
@@ -269,6 +523,9 @@ class Answer:
     """The size of each model call (padding included) that served the request's rows."""
     joined: int
     """How many requests the call that served this one joined (this one included)."""
+    padded_to: dict[str, int] = attrs.field(factory=dict)
+    """Padded dim -> the length the call ran at (the request's own where it was the longest); empty when
+    no padding is known."""
 
 
 @attrs.frozen
@@ -282,7 +539,8 @@ class Call:
 
 class BatchRunner:
     """Runs ``model`` on batches of checked requests, every call inside ``plan``'s tuned sizes
-    (synchronous: an engine calls it in a thread of its own). ``on_call`` sees each model call."""
+    (synchronous: an engine calls it in a thread of its own). ``on_call`` sees each model call.
+    With ``padding`` active, requests of different lengths join one call too (:class:`Padding`)."""
 
     def __init__(
         self,
@@ -290,11 +548,13 @@ class BatchRunner:
         plan: BatchPlan,
         specs: Mapping[str, InputSpec],
         on_call: Callable[[Call], None] = lambda call: None,
+        padding: Padding | None = None,
     ) -> None:
         self.model = model
         self.plan = plan
         self.specs = specs
         self.on_call = on_call
+        self.padding = padding or Padding(reason="no padding was given to the runner")
         self._signature = inspect.signature(forward_of(model))  # read once: a wrapped forward's is slow to read
 
     def client_error(self, message: str) -> ClientError:
@@ -319,14 +579,30 @@ class BatchRunner:
         return [a for a in answers if a is not None]
 
     def _shape_key(self, request: Request) -> Any:
-        """Everything but the batch size: requests with one key can share a call."""
+        """Everything but the batch size (and the padded lengths, with padding): requests with one key
+        can share a call."""
+        padded = self.padding.axes if self.padding.active and self.padding.lengths(request) is not None else {}
         key = []
         for name in sorted(request):
             t, axis = request[name], self.specs[name].batch_axis
-            key.append((name, t.dtype, t.shape[:axis] + t.shape[axis + 1 :]))
+            free = set(padded.get(name, ())) | {axis}
+            key.append((name, t.dtype, tuple(-1 if a in free else n for a, n in enumerate(t.shape))))
         return tuple(key)
 
     def _run_group(self, requests: list[Request]) -> list[Answer | ClientError]:
+        padding = self.padding
+        lengths = [padding.lengths(r) for r in requests] if padding.active else []
+        if not lengths or any(own is None for own in lengths):
+            return self._run_joined(requests)
+        known = [own for own in lengths if own is not None]
+        target = padding.target(known)
+        answers = self._run_joined([padding.pad(r, target) for r in requests])
+        return [
+            attrs.evolve(a, outputs=padding.cut(a.outputs, own), padded_to=target) if isinstance(a, Answer) else a
+            for a, own in zip(answers, known)
+        ]
+
+    def _run_joined(self, requests: list[Request]) -> list[Answer | ClientError]:
         try:
             return self._joined(requests)
         except _ModelRefused as refused:
@@ -335,7 +611,7 @@ class BatchRunner:
                     raise refused.error from None
                 return [self.client_error(refused.message())]
         # one request the model cannot take must not fail the others: each one alone
-        return [answer for request in requests for answer in self._run_group([request])]
+        return [answer for request in requests for answer in self._run_joined([request])]
 
     def _joined(self, requests: list[Request]) -> list[Answer | ClientError]:
         counts = [self.rows(r) for r in requests]
