@@ -74,6 +74,7 @@ def serve(
     threads: int | None = None,
     eager: bool = False,
     max_rows: int | None = None,
+    pad: Mapping[str, float] | None = None,
     grace_s: int = 30,
     load_options: Mapping[str, Any] | None = None,
 ) -> None:
@@ -97,6 +98,7 @@ def serve(
         threads=threads,
         eager=eager,
         max_rows=max_rows,
+        pad=pad,
     )
     print(f"loading {artifact} into {factory if isinstance(factory, str) else 'the factory'}'s model", flush=True)
     with _signals_deferred() as stopped:

@@ -26,6 +26,7 @@ from aitune.torch.serving import (
     ClientError,
     Factory,
     InputSpec,
+    Padding,
     input_specs,
     model_graph,
     resolve_factory,
@@ -70,7 +71,9 @@ class TunedModel(Model):
 
     ``eager=True`` serves the factory's model with the artifact's weights, inputs and batching but
     none of its tuned backends (the A/B baseline). ``max_rows`` caps one request's rows (default
-    eight largest tuned batches).
+    eight largest tuned batches). ``pad`` (input name -> pad value) adds to the padding the artifact
+    declares (``ait.tune(pad=...)``): with padding known, requests of different lengths join one call
+    (:class:`aitune.torch.serving.Padding`).
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class TunedModel(Model):
         threads: int | None = None,
         eager: bool = False,
         max_rows: int | None = None,
+        pad: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(name)
         self.factory = factory
@@ -91,6 +95,8 @@ class TunedModel(Model):
         self.threads = threads or tuned_threads(artifact) or torch.get_num_threads()
         self.eager = eager
         self._max_rows = max_rows
+        self.pad = dict(pad or {})
+        self.padding = Padding(reason="not loaded yet")
         self.plan = BatchPlan(())
         self.inputs: dict[str, InputSpec] = {}
         self.outputs: dict[str, OutputSpec] = {}
@@ -108,12 +114,19 @@ class TunedModel(Model):
         model.eval()
         self.plan = BatchPlan.of(model)
         self.inputs = input_specs(model)
+        padding = Padding.of(model, self.inputs, self.pad)
         warm_up = _warm_up_request(model, self.plan)
         served = model
         if self.eager:  # the baseline: the same weights, batching and inputs, none of the tuned backends
             served = build().eval()
             served.load_state_dict(model.state_dict())
-        runner = BatchRunner(served, self.plan, self.inputs, on_call=self._observe)
+        graph = model_graph(model)
+        if padding.active and graph is not None:  # which outputs follow the length, and that padding holds
+            plain = BatchRunner(served, self.plan, self.inputs)
+            smallest = self.plan.ranges[0][0] if self.plan.ranges else None
+            padding = padding.probe(lambda request: _answered(plain.run([request])[0]), graph, smallest)
+        self.padding = padding
+        runner = BatchRunner(served, self.plan, self.inputs, on_call=self._observe, padding=padding)
         self.batcher = Batcher(
             runner,
             setup_thread=lambda: torch.set_num_threads(self.threads),
@@ -125,13 +138,14 @@ class TunedModel(Model):
                 raise RuntimeError(f"the warm-up call failed: {answer}")
             self.outputs = output_specs(model, answer.outputs)
         logger.info(
-            "serving %s as %r%s: inputs %s, tuned batch sizes %s, %d threads",
+            "serving %s as %r%s: inputs %s, tuned batch sizes %s, %d threads, padding %s",
             self.artifact,
             self.name,
             " (eager)" if self.eager else "",
             list(self.inputs),
             self.plan.ranges,
             self.threads,
+            self.padding.describe(),
         )
         self.ready = True
         return self.ready
@@ -237,7 +251,12 @@ class TunedModel(Model):
             "aitune_backend": ", ".join(answer.backends) or "eager (no tuned module ran)",
             "aitune_batch_size": max(answer.batch_sizes),
             "aitune_requests_joined": answer.joined,
+            # kserve's model metadata has fixed fields (REST and gRPC), so each answer says how requests
+            # of different lengths are padded, or why they are not
+            "aitune_padding": self.padding.describe(),
         }
+        if answer.padded_to:
+            parameters["aitune_padded_to"] = ", ".join(f"{dim}={n}" for dim, n in answer.padded_to.items())
         if answer.eager_reasons:
             parameters["aitune_eager_reason"] = "; ".join(answer.eager_reasons)
         return InferResponse(
@@ -272,6 +291,12 @@ def _warm_up_request(model: torch.nn.Module, plan: BatchPlan) -> dict[str, torch
     batch = plan.ranges[0][0] if plan.ranges else None
     sample = graph.example("opt", batch_size=batch)
     return dict(zip([t.path for t in graph.inputs], sample.tensors()))
+
+
+def _answered(answer: Answer | ClientError) -> Answer:
+    if isinstance(answer, ClientError):
+        raise RuntimeError(f"the padding check's call failed: {answer}")
+    return answer
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
