@@ -24,6 +24,7 @@ APP_ARGS = (
     "max_batch_size",
     "batch_wait_timeout_s",
     "max_rows",
+    "pad",
     "max_ongoing_requests",
     "load_options",
     "autoscaling_config",
@@ -47,6 +48,7 @@ def app(args: Mapping[str, Any]) -> Any:
               factory: mymodels:build_bert        # importable on every node
               max_batch_size: 8                   # rows per batch (default: the largest tuned)
               batch_wait_timeout_s: 0.005
+              pad: {input_ids: 0, attention_mask: 0}  # requests of different lengths join one call
               load_options: {expected_sha256: ...}  # ait.load's options
               autoscaling_config: {min_replicas: 1, max_replicas: 4}
 

@@ -109,7 +109,8 @@ class ReplicaModel(ProtocolModel):
 
     ``max_batch_size`` is a batch's size in rows (default: the largest tuned batch size; a larger one
     is cut into calls of tuned sizes); ``batching=False`` makes each request one model call, as sent
-    (the baseline a load test compares against).
+    (the baseline a load test compares against). ``pad`` (input name -> pad value) adds to the
+    padding the artifact declares, so that requests of different lengths join one call.
     """
 
     def __init__(
@@ -122,12 +123,20 @@ class ReplicaModel(ProtocolModel):
         threads: int | None = None,
         eager: bool = False,
         max_rows: int | None = None,
+        pad: Mapping[str, float] | None = None,
         max_batch_size: int | None = None,
         batch_wait_timeout_s: float = BATCH_WAIT_S,
         batching: bool = True,
     ) -> None:
         super().__init__(
-            name, factory, artifact, load_options=load_options, threads=threads, eager=eager, max_rows=max_rows
+            name,
+            factory,
+            artifact,
+            load_options=load_options,
+            threads=threads,
+            eager=eager,
+            max_rows=max_rows,
+            pad=pad,
         )
         self.max_batch_size = max_batch_size
         self.batch_wait_timeout_s = batch_wait_timeout_s
@@ -169,6 +178,7 @@ class TunedModel:
         max_batch_size: int | None = None,
         batch_wait_timeout_s: float = BATCH_WAIT_S,
         max_rows: int | None = None,
+        pad: Mapping[str, float] | None = None,
         eager: bool = False,
         batching: bool = True,
     ) -> None:
@@ -180,6 +190,7 @@ class TunedModel:
             threads=threads,
             eager=eager,
             max_rows=max_rows,
+            pad=pad,
             max_batch_size=max_batch_size,
             batch_wait_timeout_s=batch_wait_timeout_s,
             batching=batching,
@@ -239,6 +250,7 @@ def deployment(
     max_batch_size: int | None = None,
     batch_wait_timeout_s: float = BATCH_WAIT_S,
     max_rows: int | None = None,
+    pad: Mapping[str, float] | None = None,
     max_ongoing_requests: int = 64,
     ray_actor_options: dict[str, Any] | None = None,
     deployment_options: dict[str, Any] | None = None,
@@ -265,7 +277,9 @@ def deployment(
 
     Batching is Ray Serve's ``serve.batch``: a batch holds up to ``max_batch_size`` rows (default:
     the largest tuned batch size) and waits up to ``batch_wait_timeout_s`` for them; ``max_rows``
-    caps one request's rows (default eight largest tuned batches).
+    caps one request's rows (default eight largest tuned batches). ``pad`` (input name -> pad value,
+    as ``aitune serve --pad``) adds to the padding the artifact declares: requests of different
+    lengths then join one call, each answer cut back to its own length.
 
     ``deployment_options`` go to Ray Serve's ``Deployment.options`` as they are (``autoscaling_config``,
     ``health_check_period_s``...); with ``autoscaling_config``, ``replicas`` is left to it.
@@ -308,6 +322,7 @@ def deployment(
         max_batch_size=max_batch_size,
         batch_wait_timeout_s=batch_wait_timeout_s,
         max_rows=max_rows,
+        pad=dict(pad) if pad else None,
         eager=eager,
         batching=batching,
     )
