@@ -58,3 +58,8 @@ def tune(path: str | Path) -> Path:
     ait.tune(model, [torch.randn(b, LENGTH, FEATURES, generator=g) for b in BATCH_SIZES])
     ait.save(model, path)
     return Path(path)
+
+
+def build_failing() -> torch.nn.Module:
+    """A factory that fails as a real one can (a missing checkpoint, no such device)."""
+    raise RuntimeError("the checkpoint weights.bin is missing\n(a second line the user need not see)")

@@ -73,6 +73,19 @@ def test_output_selection_returns_only_what_was_asked(client):
     assert_matches_eager(torch.tensor(result.as_numpy("pooled")), _eager(x)["pooled"])
 
 
+def test_nan_in_a_json_answer_is_null_and_exact_in_a_binary_one(client):
+    x = _x(2)
+    x[1] = np.nan  # eager answers NaN for the second row (sent binary: JSON has no NaN)
+    tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    as_json = client.infer(MODEL, [tensor], outputs=[httpclient.InferRequestedOutput("logits", binary_data=False)])
+    raw = json.dumps(as_json.get_response(), allow_nan=False)  # parsed as strict JSON: no bare NaN came
+    assert "null" in raw
+    as_binary = _infer(client, x, binary=True, outputs=["logits"])
+    logits = as_binary.as_numpy("logits")
+    assert np.isnan(logits[1]).all() and np.isfinite(logits[0]).all()
+
+
 @pytest.mark.parametrize(
     ("send", "said"),
     [
@@ -102,8 +115,31 @@ def test_a_client_error_is_a_4xx_that_says_what_to_send(client, send, said):
             {"Inference-Header-Content-Length": "94"},
         ),
         (b'{"inputs": [3]}', {"Inference-Header-Content-Length": "15"}),
+        (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {"Content-Type": "application/json"}),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 1, 2], "datatype": "FP32", "data": [18446744073709551616, 1]}]}',
+            {"Content-Type": "application/json"},
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 1, 2], "datatype": "FP32", "data": [NaN, 1]}]}',
+            {"Content-Type": "application/json"},
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1099511627776, 8, 16], "datatype": "FP32", '
+            b'"parameters": {"binary_data_size": 70368744177664}}]}abcd',
+            {"Inference-Header-Content-Length": "132"},
+        ),
     ],
-    ids=["not-json", "too-few-values", "truncated-binary", "inputs-not-objects"],
+    ids=[
+        "not-json",
+        "too-few-values",
+        "truncated-binary",
+        "inputs-not-objects",
+        "nested-100k-deep",
+        "past-uint64",
+        "nan-literal",
+        "header-declares-64-tib",
+    ],
 )
 def test_a_malformed_body_is_a_4xx_not_a_500(server, body, headers):
     request = urllib.request.Request(

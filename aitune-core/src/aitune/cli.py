@@ -599,6 +599,18 @@ def serve(
         help="kserve: how inputs are padded, NAME=VALUE,... (e.g. input_ids=0,attention_mask=0), over what "
         "ait.tune(pad=...) recorded: requests of different lengths then join one call.",
     ),
+    max_body_mb: float = typer.Option(
+        64,
+        "--max-body-mb",
+        min=0.001,
+        help="kserve: the largest request body in MiB (413 past it, read as it streams).",
+    ),
+    read_timeout_s: float = typer.Option(
+        10,
+        "--read-timeout-s",
+        min=0.1,
+        help="kserve: a request body that sends nothing for this long is dropped (408).",
+    ),
     replicas: int = typer.Option(1, "--replicas", min=1, help="ray: how many replicas serve it."),
     address: str | None = typer.Option(None, "--address", help="ray: an existing Ray cluster (default: a local Ray)."),
     sha256: str | None = typer.Option(None, "--sha256", help="Expected SHA-256 of the artifact (pins it)."),
@@ -608,6 +620,21 @@ def serve(
         help="A public key (PEM) you trust; checked against the signature inside the file, else ARTIFACT.sig.",
     ),
     trust_native_code: bool = typer.Option(False, "--trust-native-code", help="Run native payloads unverified."),
+    signature: Path | None = typer.Option(
+        None, "--signature", help="The detached signature of ARTIFACT (default: ARTIFACT.sig beside it)."
+    ),
+    check: bool | None = typer.Option(
+        None,
+        "--check/--no-check",
+        help="Run each payload against eager before serving (default: when the artifact is neither pinned nor signed).",
+    ),
+    fallback: str | None = typer.Option(
+        None, "--fallback", help="eager: serve a module eager (warned) when its payload cannot run or fails the check."
+    ),
+    weights: str | None = typer.Option(
+        None, "--weights", help="artifact (the saved weights) or model (the factory's own, refitted into the payloads)."
+    ),
+    device: str | None = typer.Option(None, "--device", help="Load every module onto this device (default: as saved)."),
 ) -> None:
     """Serve a tuned artifact over HTTP, batched within the batch sizes it was tuned for: on KServe's
     ModelServer (one machine, the default) or Ray Serve (--engine ray, clusters)."""
@@ -631,7 +658,22 @@ def serve(
         raise typer.BadParameter(str(exc), param_hint="--pad") from None
     if not artifact.is_file():
         raise typer.BadParameter(f"{artifact}: no such file", param_hint="ARTIFACT")
+    from .artifact.options import LoadOptions
+
     trust = {"expected_sha256": sha256, "trusted_keys": key or None, "trust_native_code": trust_native_code}
+    try:
+        load_options = LoadOptions(
+            device_map=device,
+            fallback=fallback,
+            expected_sha256=sha256,
+            trusted_keys=key or None,
+            signature=signature,
+            trust_native_code=trust_native_code,
+            check=check,
+            weights=weights,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     try:
         if engine == "kserve":
             try:
@@ -650,7 +692,9 @@ def serve(
                 max_rows=max_rows,
                 pad=declared_pad,
                 grace_s=grace_s,
-                load_options={k: v for k, v in trust.items() if v not in (None, False)},
+                max_body_bytes=int(max_body_mb * 1024 * 1024),
+                read_timeout_s=read_timeout_s,
+                load_options=load_options,
             )
         else:
             try:
@@ -683,7 +727,8 @@ def main() -> None:
         from .errors import AituneError
 
         if isinstance(exc, AituneError):
-            Console(stderr=True).print(f"[red]error:[/] {exc}")
+            # as the text it is (no markup: a message may hold "[...]"), one line however wide
+            Console(stderr=True).print(Text.assemble(("error: ", "red"), str(exc)), soft_wrap=True)
             sys.exit(1)
         raise
 

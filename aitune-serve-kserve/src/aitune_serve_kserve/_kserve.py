@@ -16,6 +16,7 @@ try:
     from kserve import Model, ModelServer
     from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER
     from kserve.errors import InvalidInput, ModelNotReady
+    from kserve.model_server import app as rest_app
     from kserve.protocol.dataplane import DataPlane
     from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 finally:
@@ -31,4 +32,5 @@ __all__ = [
     "Model",
     "ModelNotReady",
     "ModelServer",
+    "rest_app",
 ]

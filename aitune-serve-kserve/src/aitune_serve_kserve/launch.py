@@ -3,8 +3,9 @@
 The server is kserve's own: its REST (and, with ``grpc_port``, gRPC) Open Inference Protocol
 endpoints, health and readiness, Prometheus metrics at ``/metrics`` and its graceful shutdown
 (uvicorn stops accepting, answers what is in flight within ``grace_s``, then the process exits 0).
-Two things are configured that ``ModelServer`` offers no argument for: the address the REST server
-listens on (kserve binds every interface) and a request that is not the protocol at all (a body its
+Three things are configured that ``ModelServer`` offers no argument for: the address the REST server
+listens on (kserve binds every interface), limits on request bodies (:mod:`.limits`: a size cap
+while the body streams, a read timeout), and a request that is not the protocol at all (a body its
 decoder fails on with a ``ValueError``), which is answered 400 with what to send, not 500.
 """
 
@@ -19,25 +20,31 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from aitune.torch.serving import Factory, resolve_factory
+import aitune.torch as ait
+from aitune.torch.serving import AituneError, Factory, ServeStartError, resolve_factory
 
-from ._kserve import ModelServer
+from ._kserve import ModelServer, rest_app
+from .limits import MAX_BODY_BYTES, READ_TIMEOUT_S, BodyLimits
 from .model import TunedModel
 from .protocol import ProtocolDataPlane
 
 
 class _Server(ModelServer):
-    """kserve's ``ModelServer``, its REST server listening on ``host``."""
+    """kserve's ``ModelServer``, its REST server listening on ``host`` and reading bodies within
+    ``limits`` (:class:`BodyLimits`' keyword arguments)."""
 
-    def __init__(self, host: str, **options: Any) -> None:
+    def __init__(self, host: str, limits: Mapping[str, Any], **options: Any) -> None:
         super().__init__(**options)
         self.host = host
+        self.limits = dict(limits)
         self.dataplane = ProtocolDataPlane(model_registry=self.registered_models)
 
     def setup_event_loop(self) -> None:
-        # start() has made the REST server (its uvicorn config binds 0.0.0.0) and not yet started it
+        # start() has made the REST server (its uvicorn config binds 0.0.0.0) and not yet started it;
+        # the app it will serve is kserve's module-level FastAPI, middleware still open to additions
         if self._rest_server is not None:
             self._rest_server.config.host = self.host
+            rest_app.add_middleware(BodyLimits, **self.limits)
         super().setup_event_loop()
 
 
@@ -76,14 +83,18 @@ def serve(
     max_rows: int | None = None,
     pad: Mapping[str, float] | None = None,
     grace_s: int = 30,
-    load_options: Mapping[str, Any] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    read_timeout_s: float = READ_TIMEOUT_S,
+    load_options: ait.LoadOptions | Mapping[str, Any] | None = None,
 ) -> None:
     """Serve ``artifact`` loaded into ``factory()`` as model ``name`` (default: the artifact's stem)
     until SIGTERM or Ctrl-C; in-flight requests are answered first (within ``grace_s``).
 
-    ``load_options`` are ``ait.load``'s keyword arguments (``expected_sha256``, ``trusted_keys``,
-    ``trust_native_code``...). gRPC is served on ``grpc_port`` when given (kserve's gRPC server
-    listens on every interface).
+    ``load_options`` are ``ait.load``'s options (``ait.LoadOptions``, or a mapping of its keyword
+    arguments: ``expected_sha256``, ``trusted_keys``, ``check``...). gRPC is served on ``grpc_port``
+    when given (kserve's gRPC server listens on every interface). A REST body larger than
+    ``max_body_bytes`` is refused (413) as soon as that many bytes came, one that stalls for
+    ``read_timeout_s`` is dropped (408): :mod:`.limits`.
     """
     path = Path(artifact)
     if not path.is_file():
@@ -102,12 +113,18 @@ def serve(
     )
     print(f"loading {artifact} into {factory if isinstance(factory, str) else 'the factory'}'s model", flush=True)
     with _signals_deferred() as stopped:
-        model.load()
+        try:
+            model.load()
+        except AituneError:  # the artifact's or the load check's: its message says what to do
+            raise
+        except Exception as exc:  # the factory's model, or the warm-up call, failed
+            raise ServeStartError(f"{artifact} could not be served: {_first_line(exc)}") from exc
     if stopped:
         print("stopped before serving (a signal came while the model loaded)", flush=True)
         return
     server = _Server(
         host,
+        {"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s},
         http_port=port,
         grpc_port=grpc_port or 0,
         enable_grpc=grpc_port is not None,
@@ -123,3 +140,8 @@ def serve(
     )
     server.start([model])
     print("stopped", flush=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else '(no message)'}"

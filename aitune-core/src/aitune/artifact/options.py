@@ -54,11 +54,13 @@ def _paths(value: Sequence[str | Path] | str | Path | None) -> tuple[str, ...] |
 
 
 def _device_map(value: DeviceMap) -> str | dict[str, str] | None:
+    """Devices as text (what a config file holds); ``ait.load`` checks them against the artifact and
+    this machine, with the error that names the module."""
     if value is None:
         return None
     if isinstance(value, Mapping):
-        return {str(k): str(torch.device(v)) for k, v in value.items()}
-    return str(torch.device(value))
+        return {str(k): str(v) for k, v in value.items()}
+    return str(value)
 
 
 @attrs.frozen

@@ -44,10 +44,12 @@ import torch
 from ..engine.dispatch import Route, observe_routes
 from ..engine.module import Module
 from ..engine.options import check_pad
+from ..errors import AituneError, ServeStartError
 from ..graph import BATCH, GraphSpec, resize
 from ..validation import DEFAULT_TOLERANCES
 
 __all__ = [
+    "AituneError",
     "Answer",
     "BatchPlan",
     "BatchRunner",
@@ -58,6 +60,7 @@ __all__ = [
     "Padding",
     "Ranges",
     "Request",
+    "ServeStartError",
     "forward_of",
     "input_specs",
     "intersect",

@@ -1,0 +1,144 @@
+"""Request-body limits in front of kserve's REST app: a size cap enforced while the body streams
+in (chunked bodies included) and a read timeout, so a client that uploads slowly, or forever,
+neither holds memory nor a slot.
+
+kserve (FastAPI under uvicorn) reads a whole body before its handler runs and has no limit of
+either kind; uvicorn has none for bodies either. This ASGI middleware reads the body first, within
+both limits, and hands the app what it read: a body over the cap is answered 413 as soon as the
+cap is passed (what is read is dropped, the rest never is), one whose next bytes take longer than
+the timeout 408, each in the protocol's error body (``{"error": ...}``) with ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The default cap on one request body: a few hundred of the largest tuned batches of most models."""
+READ_TIMEOUT_S = 10.0
+"""The default wait for a body's next bytes: a stalled upload is dropped after this long."""
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BodyLimits:
+    """Reads each HTTP request's body within ``max_body_bytes`` and ``read_timeout_s``, then runs
+    ``app`` on it. Requests without a body (GET) pass through untouched."""
+
+    def __init__(self, app: App, max_body_bytes: int = MAX_BODY_BYTES, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.read_timeout_s = read_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            messages = await self._read(scope, receive)
+        except _Refused as refused:
+            await _answer(send, refused.status, str(refused))
+            return
+        replay = iter(messages)
+
+        async def replayed() -> Message:
+            message = next(replay, None)
+            return message if message is not None else await receive()  # then: http.disconnect
+
+        await self.app(scope, replayed, send)
+
+    async def _read(self, scope: Scope, receive: Receive) -> list[Message]:
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            raise _Refused(413, self._too_large(f"Content-Length {declared}"))
+        messages: list[Message] = []
+        size = 0
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), self.read_timeout_s)
+            except asyncio.TimeoutError:
+                raise _Refused(
+                    408,
+                    f"the request body stalled: no bytes for {self.read_timeout_s:g} s after {size} bytes; "
+                    f"send the whole body without pausing",
+                ) from None
+            messages.append(message)
+            if message["type"] != "http.request":
+                return messages  # the client went away: the app sees the disconnect
+            size += len(message.get("body", b""))
+            if size > self.max_body_bytes:
+                raise _Refused(413, self._too_large(f"more than {self.max_body_bytes} bytes"))
+            if not message.get("more_body", False):
+                return messages
+
+    def _too_large(self, what: str) -> str:
+        return (
+            f"the request body is too large ({what}); this server takes at most {self.max_body_bytes} bytes "
+            f"(aitune serve --max-body-mb): send fewer rows per request, or binary tensors instead of JSON"
+        )
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _answer(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+ROW_ELEMENTS_SLACK = 4
+"""A request's row may hold this many times the elements of the largest row the model was tuned
+for: longer rows run eager (outside what was tuned), far longer ones are refused before they run."""
+
+
+def row_element_caps(model: Any, inputs: Any) -> dict[str, int]:
+    """Per model input (``inputs``: :func:`aitune.torch.serving.input_specs`), the most elements one
+    row may hold: :data:`ROW_ELEMENTS_SLACK` times the largest row any tuned graph taking that input
+    by name was tuned for. Inputs no tuned graph names have no cap here (the body cap holds them)."""
+    from aitune.torch.serving import tuned_modules
+
+    caps: dict[str, int] = {}
+    for module in tuned_modules(model):
+        for graph, _ in module.tuned_graphs:
+            for spec in graph.inputs:
+                if spec.path not in inputs:
+                    continue
+                shape = list(graph.shape_at(spec, "max"))
+                if spec.batch_axis is not None:
+                    del shape[spec.batch_axis]
+                elements = 1
+                for size in shape:
+                    elements *= max(size, 1)
+                caps[spec.path] = max(caps.get(spec.path, 0), ROW_ELEMENTS_SLACK * elements)
+    return caps
