@@ -19,12 +19,14 @@ class Recording(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[int] = []
+        self.threads: list[str] = []
         self.release = threading.Event()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.calls:
             self.release.wait(10)
         self.calls.append(x.shape[0])
+        self.threads.append(threading.current_thread().name)
         if x.shape[1] == 3:
             raise ValueError("three features are not taken")
         return x * 2
@@ -35,25 +37,43 @@ def _batcher(model: Recording) -> Batcher:
     return Batcher(BatchRunner(model, plan, {"x": InputSpec("x", True, torch.float32, (-1, -1), 0)}))
 
 
-def test_an_idle_model_runs_a_request_at_once_and_what_queued_meanwhile_joins_one_call():
+def test_a_lone_request_runs_at_once_on_the_event_loop():
+    """Nobody else waits: no queue, no hop to the model's thread (padded to the smallest tuned size 2)."""
+    model = Recording()
+    model.release.set()
+    batcher = _batcher(model)
+
+    async def scenario() -> torch.Tensor:
+        return (await batcher.submit({"x": torch.ones(1, 2)})).outputs["output"]
+
+    try:
+        answer = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert model.calls == [2] and model.threads == [threading.main_thread().name]
+    assert answer.tolist() == [[2.0, 2.0]]
+
+
+def test_requests_that_come_together_or_while_a_call_runs_join_one_call():
     model = Recording()
     batcher = _batcher(model)
 
     async def scenario() -> list[torch.Tensor]:
-        first = asyncio.ensure_future(batcher.submit({"x": torch.ones(1, 2)}))
+        # two together: neither runs alone, so they go to the model's thread, whose first call is held
+        first = [asyncio.ensure_future(batcher.submit({"x": torch.ones(1, 2)})) for _ in range(2)]
         await asyncio.sleep(0.2)  # the first call is running (held): these three queue meanwhile
         rest = [asyncio.ensure_future(batcher.submit({"x": torch.full((1, 2), float(i))})) for i in range(3)]
         await asyncio.sleep(0.1)
         model.release.set()
-        return [a.outputs["output"] for a in await asyncio.gather(first, *rest)]
+        return [a.outputs["output"] for a in await asyncio.gather(*first, *rest)]
 
     try:
         answers = asyncio.run(scenario())
     finally:
         batcher.close()
-    # alone, padded to the smallest tuned size 2; then the three that queued, in one call of 3 rows
     assert model.calls == [2, 3]
-    assert [a.tolist() for a in answers] == [[[2.0, 2.0]], [[0.0, 0.0]], [[2.0, 2.0]], [[4.0, 4.0]]]
+    assert all(name.startswith("aitune-model") for name in model.threads)
+    assert [a.tolist() for a in answers] == [[[2.0, 2.0]], [[2.0, 2.0]], [[0.0, 0.0]], [[2.0, 2.0]], [[4.0, 4.0]]]
 
 
 def test_rows_above_the_largest_tuned_size_wait_for_the_next_call():
@@ -87,6 +107,7 @@ def test_closing_answers_what_is_queued_and_running_and_takes_nothing_new():
 
     async def scenario() -> list[torch.Tensor]:
         running = asyncio.ensure_future(batcher.submit({"x": torch.ones(1, 2)}))
+        held = asyncio.ensure_future(batcher.submit({"x": torch.ones(1, 2)}))  # two: the model's thread runs them
         await asyncio.sleep(0.2)
         queued = asyncio.ensure_future(batcher.submit({"x": torch.ones(2, 2)}))
         await asyncio.sleep(0.05)
@@ -94,7 +115,55 @@ def test_closing_answers_what_is_queued_and_running_and_takes_nothing_new():
         with pytest.raises(Stopping):
             await batcher.submit({"x": torch.ones(1, 2)})
         model.release.set()
-        return [a.outputs["output"] for a in await asyncio.gather(running, queued)]
+        return [a.outputs["output"] for a in await asyncio.gather(running, held, queued)]
 
     answers = asyncio.run(scenario())
-    assert [tuple(a.shape) for a in answers] == [(1, 2), (2, 2)] and model.calls == [2, 2]
+    assert [tuple(a.shape) for a in answers] == [(1, 2), (1, 2), (2, 2)] and model.calls == [2, 2]
+
+
+def test_a_slow_model_runs_even_a_lone_request_in_its_own_thread(monkeypatch):
+    """Once a call took INLINE_MAX_S or longer, the loop keeps reading requests while the model runs."""
+    from aitune_serve_kserve import batching
+
+    model = Recording()
+    model.release.set()
+    batcher = _batcher(model)
+
+    async def scenario() -> None:
+        await batcher.submit({"x": torch.ones(1, 2)})  # the first: inline, and it is timed
+        monkeypatch.setattr(batching, "INLINE_MAX_S", 0.0)  # from now on every call counts as slow
+        await batcher.submit({"x": torch.ones(1, 2)})
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert model.threads[0] == threading.main_thread().name
+    assert model.threads[1].startswith("aitune-model")
+
+
+def test_health_is_the_last_answer_or_a_health_call_and_never_while_stopping(monkeypatch):
+    """What the readiness probes read (``TunedModel.healthy``): a recent call is proof enough; an idle
+    model is asked with the start-up request; a model that fails it, or a closing batcher, is not ready."""
+    from aitune_serve_kserve import batching
+
+    model = Recording()
+    model.release.set()
+    batcher = _batcher(model)
+    probe = {"x": torch.ones(1, 2)}
+
+    async def scenario() -> list[bool]:
+        said = [await batcher.healthy(probe)]  # idle since start: the probe runs
+        said.append(await batcher.healthy(probe))  # it just answered: no call
+        monkeypatch.setattr(batching, "HEALTH_CALL_AFTER_S", 0.0)
+        said.append(await batcher.healthy({"x": torch.ones(1, 3)}))  # the model raises on it: not ready
+        return said
+
+    try:
+        said = asyncio.run(scenario())
+        assert said == [True, True, False]
+        assert model.calls == [2, 2] and "three features are not taken" in batcher.unhealthy_reason
+        batcher.close()
+        assert not asyncio.run(batcher.healthy(probe)) and batcher.unhealthy_reason == "the server is stopping"
+    finally:
+        batcher.close()

@@ -35,6 +35,7 @@ from aitune.torch.serving import (
 
 from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Model, ModelNotReady
 from .batching import Batcher, Stopping
+from .limits import ROW_ELEMENTS_SLACK, row_element_caps
 from .plan import OutputSpec, datatype, input_datatype, input_metadata, output_specs
 
 logger = logging.getLogger("aitune.serve")
@@ -82,7 +83,7 @@ class TunedModel(Model):
         factory: Factory | str,
         artifact: str | Path,
         *,
-        load_options: Mapping[str, Any] | None = None,
+        load_options: ait.LoadOptions | Mapping[str, Any] | None = None,
         threads: int | None = None,
         eager: bool = False,
         max_rows: int | None = None,
@@ -91,7 +92,7 @@ class TunedModel(Model):
         super().__init__(name)
         self.factory = factory
         self.artifact = Path(artifact)
-        self.load_options = dict(load_options or {})
+        self.load_options = ait.LoadOptions.of(load_options)
         self.threads = threads or tuned_threads(artifact) or torch.get_num_threads()
         self.eager = eager
         self._max_rows = max_rows
@@ -101,6 +102,9 @@ class TunedModel(Model):
         self.inputs: dict[str, InputSpec] = {}
         self.outputs: dict[str, OutputSpec] = {}
         self.batcher: Batcher | None = None
+        self.row_caps: dict[str, int] = {}
+        self._warm_up: dict[str, torch.Tensor] | None = None
+        self._metric_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
     @property
     def max_rows(self) -> int:
@@ -110,10 +114,11 @@ class TunedModel(Model):
         """Build, ``ait.load``, warm up (a call at the smallest tuned batch size), then ready."""
         torch.set_num_threads(self.threads)
         build = resolve_factory(self.factory)
-        model = ait.load(build(), self.artifact, **self.load_options)
+        model = ait.load(build(), self.artifact, options=self.load_options)
         model.eval()
         self.plan = BatchPlan.of(model)
         self.inputs = input_specs(model)
+        self.row_caps = row_element_caps(model, self.inputs)
         padding = Padding.of(model, self.inputs, self.pad)
         warm_up = _warm_up_request(model, self.plan)
         served = model
@@ -130,8 +135,9 @@ class TunedModel(Model):
         self.batcher = Batcher(
             runner,
             setup_thread=lambda: torch.set_num_threads(self.threads),
-            on_batch=REQUESTS_JOINED.labels(self.name).observe,
+            on_batch=self._metric(REQUESTS_JOINED).observe,
         )
+        self._warm_up = warm_up
         if warm_up is not None:
             [answer] = self.batcher.run_now([warm_up])
             if isinstance(answer, ClientError):
@@ -149,6 +155,16 @@ class TunedModel(Model):
         )
         self.ready = True
         return self.ready
+
+    async def healthy(self) -> bool:
+        """Ready (kserve's readiness and health probes ask this): loaded, and the batcher's
+        :meth:`~.batching.Batcher.healthy` (not stopping, and the model answers)."""
+        if not self.ready or self.batcher is None:
+            return False
+        healthy = await self.batcher.healthy(self._warm_up)
+        if not healthy:
+            logger.warning("%s reads not ready: %s", self.name, self.batcher.unhealthy_reason)
+        return healthy
 
     def stop(self) -> None:
         if self.batcher is not None:
@@ -222,6 +238,12 @@ class TunedModel(Model):
             if tensor.dim() <= spec.batch_axis or tensor.shape[spec.batch_axis] == 0:
                 raise InvalidInput(f"{name}: shape {list(tensor.shape)} holds no rows on batch axis {spec.batch_axis}")
             rows[name] = tensor.shape[spec.batch_axis]
+            cap = self.row_caps.get(name)
+            if cap is not None and tensor.numel() > cap * rows[name]:
+                raise InvalidInput(
+                    f"{name}: shape {list(tensor.shape)} holds {tensor.numel() // rows[name]} elements per row; this "
+                    f"server takes at most {cap} ({ROW_ELEMENTS_SLACK}x the largest row it was tuned for): send shorter rows"
+                )
         if len(set(rows.values())) > 1:
             raise InvalidInput(f"the inputs disagree on the batch size: {rows}")
         if rows and max(rows.values()) > self.max_rows:
@@ -271,13 +293,22 @@ class TunedModel(Model):
         )
 
     def _observe(self, call: Call) -> None:
-        BATCH_ROWS.labels(self.name).observe(call.size)
+        self._metric(BATCH_ROWS).observe(call.size)
         if call.size > call.rows:
-            PADDING_ROWS.labels(self.name).inc(call.size - call.rows)
+            self._metric(PADDING_ROWS).inc(call.size - call.rows)
         for route in call.routes:
-            ROUTES.labels(self.name, route.module, route.backend).inc()
+            self._metric(ROUTES, route.module, route.backend).inc()
             if route.reason:
-                EAGER_FALLBACKS.labels(self.name, route.module).inc()
+                self._metric(EAGER_FALLBACKS, route.module).inc()
+
+    def _metric(self, metric: Any, *labels: str) -> Any:
+        """``metric``'s child for this model and ``labels``, made once (prometheus_client's ``labels()``
+        costs more than the observation itself, on every call)."""
+        key = (metric, labels)
+        child = self._metric_children.get(key)
+        if child is None:
+            child = self._metric_children[key] = metric.labels(self.name, *labels)
+        return child
 
     def _described(self) -> str:
         return ", ".join(f"{s.name} ({input_datatype(s)} {list(s.shape or [-1])})" for s in self.inputs.values())
