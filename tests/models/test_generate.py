@@ -248,3 +248,24 @@ def test_generate_with_the_default_cache_ends_tuned(flow, tmp_path):
         warnings.simplefilter("error")
         assert torch.equal(plain(recorded[0]), expected[0])
     assert served[0] == NEW_TOKENS - 1
+
+
+@pytest.mark.parametrize(
+    ("layer", "said", "not_said"),
+    [
+        ("LinearAttentionLayer", "call the model with use_cache=False", "cache_implementation='static' to have"),
+        ("DynamicLayer", "generate with cache_implementation='static'", "use_cache=False"),
+    ],
+)
+def test_a_cache_aitune_cannot_run_is_told_the_fix_that_works(layer, said, not_said):
+    """A Mamba-like cache (fixed-size recurrent states) is not told to use a static cache, which
+    would keep the same layers; a growing one is (issue 53)."""
+    from transformers import cache_utils
+
+    from aitune import state
+    from aitune.errors import UnsupportedValueError
+
+    cache = cache_utils.Cache(layers=[getattr(cache_utils, layer)()])
+    with pytest.raises(UnsupportedValueError) as raised:
+        state.describe(cache, "past_key_values")
+    assert said in str(raised.value) and not_said not in str(raised.value)

@@ -50,6 +50,17 @@ def is_cache(cls: type) -> bool:
     return any(base.__module__ == "transformers.cache_utils" and base.__name__ in CACHE_BASES for base in cls.__mro__)
 
 
+STATE_LAYER_BASES = frozenset({"LinearAttentionCacheLayerMixin"})
+"""transformers' layers of recurrent state (Mamba's convolution and SSM states, linear attention):
+fixed-size, so a static cache changes nothing for them."""
+
+
+def _holds_states(cls: type) -> bool:
+    return any(
+        base.__module__ == "transformers.cache_utils" and base.__name__ in STATE_LAYER_BASES for base in cls.__mro__
+    )
+
+
 def check_layer_type(cls: type) -> None:
     """A ValueError when ``cls`` is a cache layer that is not static: a structure from a file may
     name only the layers :func:`describe` accepts (a ``DynamicLayer`` grows, so no payload holds it)."""
@@ -86,8 +97,17 @@ def describe(obj: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]
         raise UnsupportedValueError(f"the {name} at {path or 'input'} has no layers aitune can describe")
     kinds = {type(layer).__name__ for layer in layers}
     if not kinds <= STATIC_LAYERS:
+        others = [layer for layer in layers if type(layer).__name__ not in STATIC_LAYERS]
+        shown = ", ".join(sorted(kinds - STATIC_LAYERS))
+        if any(_holds_states(type(layer)) for layer in others):  # a static cache would not help: say so
+            raise UnsupportedValueError(
+                f"{name} at {path or 'input'} has {shown} layers, which keep fixed-size recurrent states (as Mamba "
+                "and linear-attention models do) that aitune does not run in a compiled graph, with any "
+                "cache_implementation: calls with this cache run eager; call the model with use_cache=False to have "
+                "its forward tuned"
+            )
         raise UnsupportedValueError(
-            f"{name} at {path or 'input'} has {', '.join(sorted(kinds - STATIC_LAYERS))} layers, whose tensors grow "
+            f"{name} at {path or 'input'} has {shown} layers, whose tensors grow "
             "with every token (a new tensor each step, not an in-place update), so no compiled graph can hold them: "
             "generate with cache_implementation='static' to have the decode step tuned"
         )
