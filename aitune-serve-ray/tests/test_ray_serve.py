@@ -29,6 +29,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 pytestmark = pytest.mark.slow
 APP = "aitune-test"
 MODEL = "twoheads"  # the artifact's stem
+MAX_BODY = 256 * 1024
 
 
 def _free_port() -> int:
@@ -48,7 +49,11 @@ def url(artifact):
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = aitune_serve_ray.deployment(
-        "aitune_testkit.serving:build_two_heads", artifact, threads=1, batch_wait_timeout_s=0.05
+        "aitune_testkit.serving:build_two_heads",
+        artifact,
+        threads=1,
+        batch_wait_timeout_s=0.05,
+        max_body_bytes=MAX_BODY,
     )
     serve.run(app, name=APP, route_prefix="/")
     yield f"127.0.0.1:{port}"
@@ -161,6 +166,23 @@ def test_a_malformed_body_is_a_4xx_not_a_500(url, body, headers):
         urllib.request.urlopen(request, timeout=30)
     assert 400 <= raised.value.code < 500, raised.value.read()
     assert json.loads(raised.value.read()), "the answer says what was wrong"
+
+
+def test_a_body_over_the_cap_is_a_413_as_it_streams_in(url):
+    """The kserve engine's body limits in front of the replica's app: declared or chunked, a body past
+    ``max_body_bytes`` is refused with the protocol's error body once that many bytes came."""
+    target = f"http://{url}/v2/models/{MODEL}/infer"
+
+    def chunks():
+        for _ in range(64):
+            yield b"0" * 8192  # 512 KiB in all, no Content-Length
+
+    for data in (b"0" * (2 * MAX_BODY), chunks()):
+        request = urllib.request.Request(target, data=data, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(request, timeout=30)
+        assert raised.value.code == 413, raised.value.read()
+        assert "the request body is too large" in json.loads(raised.value.read())["error"]
 
 
 def test_concurrent_requests_join_batches_within_the_tuned_sizes(url):

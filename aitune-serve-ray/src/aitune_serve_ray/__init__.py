@@ -26,6 +26,8 @@ APP_ARGS = (
     "max_rows",
     "pad",
     "max_ongoing_requests",
+    "max_body_bytes",
+    "read_timeout_s",
     "load_options",
     "autoscaling_config",
     "ray_actor_options",

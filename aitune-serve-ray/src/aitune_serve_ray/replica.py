@@ -28,6 +28,7 @@ from ray import serve
 
 from aitune.torch.serving import Answer, BatchPlan, BatchRunner, ClientError, Factory, Request, tuned_threads
 from aitune_serve_kserve.batching import Batcher
+from aitune_serve_kserve.limits import MAX_BODY_BYTES, READ_TIMEOUT_S, BodyLimits
 from aitune_serve_kserve.model import TunedModel as ProtocolModel
 from aitune_serve_kserve.protocol import v2_app
 
@@ -35,7 +36,6 @@ from .metrics import Metrics
 
 logger = logging.getLogger("aitune.serve")
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
 BATCH_WAIT_S = 0.005
 
 
@@ -181,7 +181,10 @@ class TunedModel:
         pad: Mapping[str, float] | None = None,
         eager: bool = False,
         batching: bool = True,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
+        self.limits = {"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s}
         self.model = ReplicaModel(
             name or Path(artifact).stem,
             factory,
@@ -198,9 +201,12 @@ class TunedModel:
         self.model.load()
 
     def __serve_build_asgi_app__(self) -> Any:
-        """The replica's HTTP side: kserve's v2 routes over this replica's model (Ray Serve calls it
-        once the model is loaded)."""
-        return v2_app([self.model])
+        """The replica's HTTP side: kserve's v2 routes over this replica's model, request bodies read
+        within the kserve engine's limits (a size cap while the body streams, a read timeout). Ray
+        Serve calls it once the model is loaded."""
+        app = v2_app([self.model])
+        app.add_middleware(BodyLimits, **self.limits)
+        return app
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray | torch.Tensor], outputs: Sequence[str] | None = None
@@ -252,6 +258,8 @@ def deployment(
     max_rows: int | None = None,
     pad: Mapping[str, float] | None = None,
     max_ongoing_requests: int = 64,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    read_timeout_s: float = READ_TIMEOUT_S,
     ray_actor_options: dict[str, Any] | None = None,
     deployment_options: dict[str, Any] | None = None,
     load_options: Any = None,
@@ -279,7 +287,9 @@ def deployment(
     the largest tuned batch size) and waits up to ``batch_wait_timeout_s`` for them; ``max_rows``
     caps one request's rows (default eight largest tuned batches). ``pad`` (input name -> pad value,
     as ``aitune serve --pad``) adds to the padding the artifact declares: requests of different
-    lengths then join one call, each answer cut back to its own length.
+    lengths then join one call, each answer cut back to its own length. A request body over
+    ``max_body_bytes`` is refused (413) as soon as that many bytes came; one that stalls for
+    ``read_timeout_s`` is dropped (408).
 
     ``deployment_options`` go to Ray Serve's ``Deployment.options`` as they are (``autoscaling_config``,
     ``health_check_period_s``...); with ``autoscaling_config``, ``replicas`` is left to it.
@@ -325,4 +335,6 @@ def deployment(
         pad=dict(pad) if pad else None,
         eager=eager,
         batching=batching,
+        max_body_bytes=max_body_bytes,
+        read_timeout_s=read_timeout_s,
     )
