@@ -71,6 +71,7 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
     port = _free_port()
     command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--engine", "ray"]
     command += ["--factory", "aitune_testkit.serving:build_two_heads", "--port", str(port), "--threads", "1"]
+    command += ["--name", "tiny", "--max-rows", "8", "--no-check"]  # the kserve engine's options hold here too
     log = tmp_path / "serve.log"
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's sockets need a short path; nox's TMPDIR is long
     process = subprocess.Popen(
@@ -78,14 +79,16 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
     )
     url = f"127.0.0.1:{port}"
     try:
-        _wait_ready(process, log, url, ["twoheads"])  # the model is named after the artifact's stem
+        _wait_ready(process, log, url, ["tiny"])
         deadline = time.monotonic() + 60
-        while f"at http://{url}/v2/models/twoheads" not in log.read_text():  # printed once serve.run returned
+        while f"at http://{url}/v2/models/tiny" not in log.read_text():  # printed once serve.run returned
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         x = np.random.default_rng(0).standard_normal((3, 8, 16)).astype(np.float32)
         with torch.no_grad():
-            assert_matches_eager(_logits(url, "twoheads", x), serving.build_two_heads()(torch.from_numpy(x))["logits"])
+            assert_matches_eager(_logits(url, "tiny", x), serving.build_two_heads()(torch.from_numpy(x))["logits"])
+        with pytest.raises(Exception, match="9 rows in one request; this server takes at most 8"):
+            _logits(url, "tiny", np.zeros((9, 8, 16), np.float32))
     finally:
         _stop(process)
     shutil.rmtree(temp, ignore_errors=True)

@@ -588,7 +588,7 @@ def serve(
         None, "--grpc-port", min=1, max=65535, help="kserve: also serve gRPC on this port (every interface)."
     ),
     max_rows: int | None = typer.Option(
-        None, "--max-rows", min=1, help="kserve: the most rows one request may send (default 8 largest tuned batches)."
+        None, "--max-rows", min=1, help="The most rows one request may send (default 8 largest tuned batches)."
     ),
     grace_s: int = typer.Option(
         30, "--grace-s", min=0, help="kserve: seconds SIGTERM waits for in-flight requests before stopping."
@@ -596,20 +596,20 @@ def serve(
     pad: list[str] = typer.Option(
         [],
         "--pad",
-        help="kserve: how inputs are padded, NAME=VALUE,... (e.g. input_ids=0,attention_mask=0), over what "
+        help="How inputs are padded, NAME=VALUE,... (e.g. input_ids=0,attention_mask=0), over what "
         "ait.tune(pad=...) recorded: requests of different lengths then join one call.",
     ),
     max_body_mb: float = typer.Option(
         64,
         "--max-body-mb",
         min=0.001,
-        help="kserve: the largest request body in MiB (413 past it, read as it streams).",
+        help="The largest request body in MiB (413 past it, read as it streams).",
     ),
     read_timeout_s: float = typer.Option(
         10,
         "--read-timeout-s",
         min=0.1,
-        help="kserve: a request body that sends nothing for this long is dropped (408).",
+        help="A request body that sends nothing for this long is dropped (408).",
     ),
     replicas: int = typer.Option(1, "--replicas", min=1, help="ray: how many replicas serve it."),
     address: str | None = typer.Option(None, "--address", help="ray: an existing Ray cluster (default: a local Ray)."),
@@ -645,9 +645,10 @@ def serve(
             "--replicas and --address are Ray Serve's: add --engine ray (kserve serves one process on this machine)",
             param_hint="--replicas/--address",
         )
-    if engine == "ray" and (grpc_port is not None or max_rows is not None or name is not None or pad):
+    if engine == "ray" and grpc_port is not None:
         raise typer.BadParameter(
-            "--grpc-port, --max-rows, --name and --pad are the kserve engine's: drop them or leave out --engine ray",
+            "--grpc-port is the kserve engine's (Ray Serve serves the protocol over REST): drop it or leave out "
+            "--engine ray",
             param_hint="--engine",
         )
     from .torch.serving import parse_pad
@@ -660,7 +661,6 @@ def serve(
         raise typer.BadParameter(f"{artifact}: no such file", param_hint="ARTIFACT")
     from .artifact.options import LoadOptions
 
-    trust = {"expected_sha256": sha256, "trusted_keys": key or None, "trust_native_code": trust_native_code}
     try:
         load_options = LoadOptions(
             device_map=device,
@@ -704,13 +704,18 @@ def serve(
             serve_until_interrupted(
                 factory,
                 artifact,
+                name=name,
                 replicas=replicas,
                 port=port,
                 host=host,
                 address=address,
                 threads=threads,
                 eager=eager,
-                **trust,
+                max_rows=max_rows,
+                pad=declared_pad or None,
+                max_body_bytes=int(max_body_mb * 1024 * 1024),
+                read_timeout_s=read_timeout_s,
+                load_options=load_options,
             )
     except ValueError as exc:  # a factory that does not import: the user's to fix, no traceback
         from .errors import AituneError

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from ray import serve
 
+import aitune.torch as ait
 from aitune.torch.serving import Answer, BatchPlan, BatchRunner, ClientError, Factory, Request, tuned_threads
 from aitune_serve_kserve.batching import Batcher
 from aitune_serve_kserve.limits import MAX_BODY_BYTES, READ_TIMEOUT_S, BodyLimits
@@ -262,7 +263,7 @@ def deployment(
     read_timeout_s: float = READ_TIMEOUT_S,
     ray_actor_options: dict[str, Any] | None = None,
     deployment_options: dict[str, Any] | None = None,
-    load_options: Any = None,
+    load_options: ait.LoadOptions | Mapping[str, Any] | None = None,
     expected_sha256: str | None = None,
     trusted_keys: Sequence[str | Path] | None = None,
     signature: str | Path | None = None,
@@ -306,8 +307,8 @@ def deployment(
             raise ValueError(f"{label} must be an int >= 1, got {value!r}")
     trust = {
         "expected_sha256": expected_sha256,
-        "trusted_keys": [str(Path(k).resolve()) for k in trusted_keys] if trusted_keys else None,
-        "signature": str(Path(signature).resolve()) if signature else None,
+        "trusted_keys": trusted_keys,
+        "signature": signature,
         "trust_native_code": trust_native_code,
         "weights": weights,
         "fallback": fallback,
@@ -317,6 +318,13 @@ def deployment(
         raise ValueError(
             f"give ait.load's options once: as load_options, or as keyword arguments ({', '.join(given)}), not both"
         )
+    options = ait.LoadOptions.of(load_options if load_options is not None else given)
+    # replicas may run elsewhere than here (another working directory, another node): absolute paths
+    options = attrs.evolve(
+        options,
+        trusted_keys=[str(Path(k).resolve()) for k in options.trusted_keys] if options.trusted_keys else None,
+        signature=str(Path(options.signature).resolve()) if options.signature else None,
+    )
     per_replica = threads or tuned_threads(path) or 1
     actor = {"num_cpus": per_replica, **(ray_actor_options or {})}
     chosen = {"ray_actor_options": actor, "max_ongoing_requests": max_ongoing_requests, **(deployment_options or {})}
@@ -328,7 +336,7 @@ def deployment(
         str(path),
         name=name or path.stem,
         threads=threads,
-        load_options=load_options if load_options is not None else given,
+        load_options=options,
         max_batch_size=max_batch_size,
         batch_wait_timeout_s=batch_wait_timeout_s,
         max_rows=max_rows,
