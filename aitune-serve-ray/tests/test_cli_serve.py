@@ -208,3 +208,28 @@ def test_a_factory_that_does_not_import_is_a_usage_error(artifact):
     assert done.returncode == 2, done.stderr
     said = " ".join(done.stderr.replace("│", " ").split())  # the message, out of typer's box
     assert "cannot import the model factory 'no_such_package:build'" in said, said
+
+
+def test_an_artifact_the_replicas_cannot_load_is_one_error_line_and_exit_1(tmp_path):
+    """Ray Serve gives up on the replicas; the command says why in one line (the replicas' own error),
+    with none of Ray's tracebacks on the terminal, and exits 1."""
+    broken = tmp_path / "broken.ait"
+    broken.write_bytes(b"not a zip")
+    command = [sys.executable, "-m", "aitune", "serve", str(broken), "--engine", "ray"]
+    command += ["--factory", "aitune_testkit.serving:build_two_heads", "--port", str(_free_port())]
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "RAY_TMPDIR": temp},
+        )
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {broken} could not be served: ArtifactError:"), last
+    assert "not a readable .ait artifact" in last, last
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 APP = "aitune"
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def start(
@@ -29,11 +32,15 @@ def start(
     Without ``address`` a local Ray starts here, its workers seeing this directory (so
     ``--factory mymodels:build`` imports from where the command runs); with it, the cluster's
     nodes must have the factory's package and the artifact's path themselves.
+
+    A model the replicas cannot load (the artifact refused, the factory or the warm-up call raising)
+    raises :class:`~aitune.torch.serving.ServeStartError` with the replicas' own error, once Ray
+    Serve gives up on them; the application is deleted.
     """
     import ray
     from ray import serve
 
-    from aitune.torch.serving import resolve_factory
+    from aitune.torch.serving import ServeStartError, resolve_factory
 
     from .replica import deployment
 
@@ -41,15 +48,51 @@ def start(
     resolve_factory(factory)  # fails here, with the import error, rather than in every replica
     name = options.pop("name", None) or Path(artifact).stem
     app = deployment(factory, artifact, name=name, **options)
+    logs = ""
     if not ray.is_initialized():
+        # the replicas' and Serve's logs stay in Ray's session folder (printed below), not on this
+        # terminal: a replica that fails to start would print Ray's tracebacks before the one line
+        # that says why
         if address:
-            ray.init(address=address)
+            context = ray.init(address=address, log_to_driver=False)
         else:
             path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-            ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+            context = ray.init(
+                include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}}
+            )
+        info = getattr(context, "address_info", None) or {}  # a Ray Client context (ray://) has none
+        folder = info.get("session_dir")
+        logs = f"{folder}/logs" if folder else ""
+        if logs:
+            print(f"Ray's logs (the replicas', Serve's): {logs}", flush=True)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(app, name=APP, route_prefix="/")
+    try:
+        serve.run(app, name=APP, route_prefix="/")
+    except RuntimeError as exc:  # Ray Serve's "Deploying application aitune failed", the reason elsewhere
+        reason = _replicas_error(APP) or str(exc).splitlines()[0]
+        with contextlib.suppress(Exception):  # on a cluster, the failed application would stay listed
+            serve.delete(APP)
+        where = f" (the replicas' logs: {logs})" if logs else ""
+        raise ServeStartError(f"{artifact} could not be served: {reason}{where}") from None
     return f"http://{host}:{port}/v2/models/{name}"
+
+
+def _replicas_error(app: str) -> str | None:
+    """What the replicas' constructor raised, from the deployment status Ray Serve keeps (its
+    message ends with the replica's traceback): ``Type: first line of the message``."""
+    from ray import serve
+
+    try:
+        deployments = serve.status().applications[app].deployments.values()
+    except Exception:  # no status to read: the caller says what Ray said
+        return None
+    for status in deployments:
+        lines = [line.strip() for line in _ANSI.sub("", status.message or "").splitlines()]
+        for line in reversed(lines):
+            found = _EXCEPTION_LINE.match(line)
+            if found:
+                return f"{found.group(1)}: {found.group(2)}"
+    return None
 
 
 def serve_until_interrupted(factory: str, artifact: str | Path, **options: Any) -> None:
