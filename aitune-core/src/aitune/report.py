@@ -236,6 +236,8 @@ class GraphReport:
 class ModuleReport:
     name: str
     strategy: str
+    """The strategy's identity (``TuneStrategy.identity()``): its class and every parameter, as
+    canonical JSON; empty for a module whose run was interrupted."""
     status: ModuleStatus = attrs.field(default=ModuleStatus.PENDING, converter=ModuleStatus)
     """Checked when set: a string that names no :class:`ModuleStatus` raises."""
     error: str | None = None

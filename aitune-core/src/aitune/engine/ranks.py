@@ -69,7 +69,7 @@ def plan(plans: Sequence[ModulePlan], run: TuneRun) -> dict[str, Any]:
                 # ranks that saw other token ids agree on the same graph: values are not compared
                 {
                     "graph": unstructure(graph.without_values()),
-                    "strategy": repr(graph_plan.strategy),
+                    "strategy": graph_plan.strategy.identity_data(),
                     "candidates": candidates,
                 }
             )

@@ -17,16 +17,30 @@ Candidates are ranked by it, gated on it, and the report shows it. Beyond the gu
 the measured spread (the lower quartile of per-window speedups does not clear the bar) does not
 count as beating eager, and the report says so. A candidate that raises while profiled fails
 (stage ``profile``) and the others go on.
+
+Every parameter of a strategy lives in one frozen attrs :class:`StrategyConfig` (a subclass per
+strategy: :class:`GateStrategyConfig`, :class:`MaxThroughputConfig`, :class:`LatencyBudgetConfig`);
+the strategy's attributes are properties over it, and setting one replaces the config.
+:meth:`TuneStrategy.identity` is that config serialized canonically (backends by name, class and
+config; floats as JSON numbers; keys sorted; never an object id), so that the JIT's remembered
+decisions, the ranks' agreement and the report change whenever a parameter does; the repr is
+derived from it.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import PurePath
+from typing import Any, ClassVar
+
+import attrs
+import torch
 
 from .. import payload
-from ..backend import Backend
+from ..backend import Backend, BackendConfig
 from ..errors import BuildError, TuningError, ValidationError
 from ..profiling import ProfilingConfig
 from ..report import CandidateStatus
@@ -47,35 +61,196 @@ class PerformanceValidationMode(enum.Enum):
     """Profile eager and report speedups, but choose as if disabled."""
 
 
+@attrs.frozen
+class BackendRef:
+    """A candidate backend as a strategy's identity sees it: its registry name, its class and its config."""
+
+    name: str
+    backend_class: str
+    """``module.QualifiedName`` of the Backend class (two test doubles may share a registry name)."""
+    config: BackendConfig
+
+    @classmethod
+    def of(cls, backend: Backend) -> BackendRef:
+        kind = type(backend)
+        return cls(backend.name, f"{kind.__module__}.{kind.__qualname__}", backend.config)
+
+
+def _at_least(bound: float, strictly: bool = False) -> Any:
+    """A validator with the message strategies have always raised (``min_speedup_ratio must be >= 0``)."""
+
+    def check(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+        if value < bound or (strictly and value == bound):
+            shown = f"{bound:g}"
+            raise ValueError(f"{attribute.name} must be {'>' if strictly else '>='} {shown}, got {value}")
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class StrategyConfig:
+    """Every parameter that can change a strategy's decision. Frozen: a strategy's setters replace it.
+
+    Serialized canonically, it is the strategy's :meth:`~TuneStrategy.identity`, which keys the
+    JIT's remembered decisions, the ranks' agreement and the report. A subclass adding a parameter
+    adds it here (a subclass of this class named by the strategy's ``config_class``), never as a
+    bare attribute, so that changing it gives another identity.
+    """
+
+    backends: tuple[BackendRef, ...] | None = None
+    """None: the tune's default backends (their configs are keyed separately, as the run's candidates)."""
+    profiling_config: ProfilingConfig = attrs.field(factory=ProfilingConfig)
+    performance_validation: PerformanceValidationMode = PerformanceValidationMode.ENABLED
+
+
+@attrs.frozen(kw_only=True)
+class GateStrategyConfig(StrategyConfig):
+    """OneBackend and FirstWins: the speed-up a candidate needs over eager."""
+
+    min_speedup_ratio: float = attrs.field(default=0.01, converter=float, validator=_at_least(0.0))
+
+
+@attrs.frozen(kw_only=True)
+class MaxThroughputConfig(StrategyConfig):
+    per_batch_size: bool | None = attrs.field(default=None, converter=lambda v: None if v is None else bool(v))
+    static_shapes: bool = attrs.field(default=False, converter=bool)
+    min_static_gain: float = attrs.field(default=0.03, converter=float, validator=_at_least(0.0))
+
+
+@attrs.frozen(kw_only=True)
+class LatencyBudgetConfig(StrategyConfig):
+    latency_budget_ms: float = attrs.field(converter=float, validator=_at_least(0.0, strictly=True))
+
+
+def canonical(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON data that is the same in every process: attrs objects as their fields
+    (nested ones tagged with their class), enums as their values, sets sorted, and never an object id
+    or a ``repr`` that may hold one (an object of another kind is its class name and public state)."""
+    if depth > 32:
+        return _qualified(type(value))
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, enum.Enum):
+        return canonical(value.value, depth + 1)
+    if isinstance(value, BackendRef):
+        return {"backend": value.name, "class": value.backend_class, "config": canonical(value.config, depth + 1)}
+    if attrs.has(type(value)):
+        fields = {f.name: canonical(getattr(value, f.name), depth + 1) for f in attrs.fields(type(value))}
+        return {"type": _qualified(type(value)), **fields}
+    if isinstance(value, Mapping):
+        return {str(k): canonical(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [canonical(v, depth + 1) for v in value]
+    if isinstance(value, (set, frozenset)):
+        items = [canonical(v, depth + 1) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(value, Backend):
+        return canonical(BackendRef.of(value), depth)
+    if isinstance(value, (PurePath, torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
+        return _qualified(value)
+    state = {k: v for k, v in getattr(value, "__dict__", {}).items() if not k.startswith("_")}
+    return {"type": _qualified(type(value)), **canonical(state, depth + 1)}
+
+
+def _qualified(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
 class TuneStrategy:
-    """Base of every strategy: the candidate backends, profiling settings and the eager gate."""
+    """Base of every strategy: the candidate backends, profiling settings and the eager gate.
+
+    Every parameter lives in :attr:`config`, a frozen :class:`StrategyConfig` (of the class's
+    ``config_class``); :meth:`identity` is that config serialized, and the repr is derived from it.
+    """
 
     raises_on_failure: bool = False
     """True when a failure of this strategy must reach the user instead of leaving the module eager."""
+
+    config_class: ClassVar[type[StrategyConfig]] = StrategyConfig
 
     def __init__(
         self,
         backends: Sequence[Backend] | None = None,
         profiling_config: ProfilingConfig | None = None,
         performance_validation: bool | PerformanceValidationMode = True,
+        **parameters: Any,
     ) -> None:
-        self.backends: list[Backend] | None = list(backends) if backends is not None else None
-        for b in self.backends or []:
+        """``parameters``: the other fields of ``config_class`` (a subclass's own)."""
+        chosen = self._checked(backends)
+        self._backends = chosen
+        self._config = self.config_class(
+            backends=_refs(chosen),
+            profiling_config=profiling_config or ProfilingConfig(),
+            performance_validation=_mode(performance_validation),
+            **parameters,
+        )
+
+    @property
+    def config(self) -> StrategyConfig:
+        """Every parameter of this strategy; frozen (the setters below replace it)."""
+        return self._config
+
+    def _replace(self, **changes: Any) -> None:
+        self._config = attrs.evolve(self._config, **changes)
+
+    @property
+    def backends(self) -> list[Backend] | None:
+        """The candidate backends (None: the tune's defaults). Assign a new list to change them."""
+        return self._backends
+
+    @backends.setter
+    def backends(self, value: Sequence[Backend] | None) -> None:
+        chosen = self._checked(value)
+        self._replace(backends=_refs(chosen))
+        self._backends = chosen
+
+    def _checked(self, backends: Sequence[Backend] | None) -> list[Backend] | None:
+        chosen = list(backends) if backends is not None else None
+        for b in chosen or []:
             if not isinstance(b, Backend):
                 raise TypeError(f"{type(self).__name__} takes Backend objects, got {b!r}")
-        self.profiling_config = profiling_config or ProfilingConfig()
-        self.performance_validation = PerformanceValidationMode.ENABLED
-        self.enable_performance_validation(performance_validation)
+        return chosen
+
+    @property
+    def profiling_config(self) -> ProfilingConfig:
+        return self._config.profiling_config
+
+    @profiling_config.setter
+    def profiling_config(self, value: ProfilingConfig | None) -> None:
+        self._replace(profiling_config=value or ProfilingConfig())
+
+    @property
+    def performance_validation(self) -> PerformanceValidationMode:
+        return self._config.performance_validation
+
+    @performance_validation.setter
+    def performance_validation(self, value: bool | PerformanceValidationMode) -> None:
+        self._replace(performance_validation=_mode(value))
 
     def enable_performance_validation(self, enabled: bool | PerformanceValidationMode = True) -> TuneStrategy:
         """Turn the eager baseline gate on or off, or to diagnostic mode (measure, report, do not gate)."""
-        if isinstance(enabled, PerformanceValidationMode):
-            self.performance_validation = enabled
-        else:
-            self.performance_validation = (
-                PerformanceValidationMode.ENABLED if enabled else PerformanceValidationMode.DISABLED
-            )
+        self.performance_validation = enabled
         return self
+
+    def identity(self) -> str:
+        """The strategy's class and config as one canonical JSON string: the same parameters give
+        the same string in any process (no object ids, keys sorted), and changing any parameter
+        changes it. It keys the JIT's remembered decisions and the ranks' agreement, and the
+        report names the strategy by it."""
+        return json.dumps(self.identity_data(), sort_keys=True, separators=(",", ":"))
+
+    def identity_data(self) -> dict[str, Any]:
+        """:meth:`identity` as JSON data (the ranks compare it field by field, to name a difference)."""
+        data: dict[str, Any] = {"strategy": _qualified(type(self)), "config": canonical(self._config)}
+        data["config"].pop("type", None)  # the strategy's class says which config class it is
+        extra = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        if extra:  # a subclass's bare attributes: keyed too, though they belong in its config_class
+            data["attributes"] = canonical(extra)
+        return data
 
     @property
     def gated(self) -> bool:
@@ -99,12 +274,36 @@ class TuneStrategy:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        names = [b.name for b in self.backends] if self.backends is not None else "default"
-        return f"{type(self).__name__}(backends={names})"
+        """The class and its config: the backends by name, then every parameter not at its default."""
+        names = [b.name for b in self._config.backends] if self._config.backends is not None else "default"
+        shown = [f"backends={names}"]
+        for field in attrs.fields(type(self._config)):
+            if field.name == "backends":
+                continue
+            value = getattr(self._config, field.name)
+            default: Any = field.default
+            if hasattr(default, "factory"):  # attrs.Factory
+                default = default.factory()
+            if field.default is attrs.NOTHING or value != default:
+                shown.append(f"{field.name}={value.value if isinstance(value, enum.Enum) else value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def _refs(backends: Sequence[Backend] | None) -> tuple[BackendRef, ...] | None:
+    return tuple(BackendRef.of(b) for b in backends) if backends is not None else None
+
+
+def _mode(enabled: bool | PerformanceValidationMode) -> PerformanceValidationMode:
+    if isinstance(enabled, PerformanceValidationMode):
+        return enabled
+    return PerformanceValidationMode.ENABLED if enabled else PerformanceValidationMode.DISABLED
 
 
 class _GateStrategy(TuneStrategy):
     """OneBackend and FirstWins: a candidate must be ``1 + min_speedup_ratio`` times faster."""
+
+    config_class = GateStrategyConfig
+    _config: GateStrategyConfig
 
     def __init__(
         self,
@@ -113,10 +312,15 @@ class _GateStrategy(TuneStrategy):
         min_speedup_ratio: float = 0.01,
         performance_validation: bool | PerformanceValidationMode = True,
     ) -> None:
-        super().__init__(backends, profiling_config, performance_validation)
-        if min_speedup_ratio < 0:
-            raise ValueError("min_speedup_ratio must be >= 0")
-        self.min_speedup_ratio = min_speedup_ratio
+        super().__init__(backends, profiling_config, performance_validation, min_speedup_ratio=min_speedup_ratio)
+
+    @property
+    def min_speedup_ratio(self) -> float:
+        return self._config.min_speedup_ratio
+
+    @min_speedup_ratio.setter
+    def min_speedup_ratio(self, value: float) -> None:
+        self._replace(min_speedup_ratio=value)
 
     def _gate(self, tuning: GraphTuning, candidate: Candidate) -> tuple[bool, str, int | None]:
         """Whether ``candidate`` passes the eager gate, why, and the batch size it was judged at.
@@ -171,7 +375,15 @@ class OneBackendStrategy(_GateStrategy):
         performance_validation: bool | PerformanceValidationMode = True,
     ) -> None:
         super().__init__([backend], profiling_config, min_speedup_ratio, performance_validation)
-        self.backend = backend
+
+    @property
+    def backend(self) -> Backend:
+        assert self.backends is not None and len(self.backends) == 1
+        return self.backends[0]
+
+    @backend.setter
+    def backend(self, value: Backend) -> None:
+        self.backends = [value]
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
         candidate = tuning.build(self.backend)
@@ -352,6 +564,9 @@ class MaxThroughputStrategy(_ProfilingStrategy):
     Off by default: each costs one more build per batch size, often without paying.
     """
 
+    config_class = MaxThroughputConfig
+    _config: MaxThroughputConfig
+
     def __init__(
         self,
         backends: Sequence[Backend] | None = None,
@@ -361,12 +576,38 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         static_shapes: bool = False,
         min_static_gain: float = 0.03,
     ) -> None:
-        super().__init__(backends, profiling_config, performance_validation)
-        if min_static_gain < 0:
-            raise ValueError(f"min_static_gain must be >= 0, got {min_static_gain}")
-        self.per_batch_size = per_batch_size
-        self.static_shapes = static_shapes
-        self.min_static_gain = min_static_gain
+        super().__init__(
+            backends,
+            profiling_config,
+            performance_validation,
+            per_batch_size=per_batch_size,
+            static_shapes=static_shapes,
+            min_static_gain=min_static_gain,
+        )
+
+    @property
+    def per_batch_size(self) -> bool | None:
+        return self._config.per_batch_size
+
+    @per_batch_size.setter
+    def per_batch_size(self, value: bool | None) -> None:
+        self._replace(per_batch_size=value)
+
+    @property
+    def static_shapes(self) -> bool:
+        return self._config.static_shapes
+
+    @static_shapes.setter
+    def static_shapes(self, value: bool) -> None:
+        self._replace(static_shapes=value)
+
+    @property
+    def min_static_gain(self) -> float:
+        return self._config.min_static_gain
+
+    @min_static_gain.setter
+    def min_static_gain(self, value: float) -> None:
+        self._replace(min_static_gain=value)
 
     def _score(self, candidate: Candidate, batch: int) -> float:
         p = candidate.profile_at(batch)
@@ -509,6 +750,8 @@ class LatencyBudgetStrategy(_ProfilingStrategy):
     """
 
     raises_on_failure = True
+    config_class = LatencyBudgetConfig
+    _config: LatencyBudgetConfig
 
     def __init__(
         self,
@@ -517,10 +760,15 @@ class LatencyBudgetStrategy(_ProfilingStrategy):
         profiling_config: ProfilingConfig | None = None,
         performance_validation: bool | PerformanceValidationMode = True,
     ) -> None:
-        if latency_budget_ms <= 0:
-            raise ValueError("latency_budget_ms must be > 0")
-        super().__init__(backends, profiling_config, performance_validation)
-        self.latency_budget_ms = latency_budget_ms
+        super().__init__(backends, profiling_config, performance_validation, latency_budget_ms=latency_budget_ms)
+
+    @property
+    def latency_budget_ms(self) -> float:
+        return self._config.latency_budget_ms
+
+    @latency_budget_ms.setter
+    def latency_budget_ms(self, value: float) -> None:
+        self._replace(latency_budget_ms=value)
 
     def _allowed(self, tuning: GraphTuning, candidate: Candidate, batch: int) -> bool:
         p = candidate.profile_at(batch)

@@ -649,7 +649,7 @@ def tune_and_install(run: TuneRun, module_plan: ModulePlan) -> ModuleReport:
 
 def module_report(module: Module) -> ModuleReport:
     """The report :func:`tune_recorded` fills for ``module``."""
-    return ModuleReport(name=module.name, strategy=repr(strategy_for(module, 0, "")))
+    return ModuleReport(name=module.name, strategy=strategy_for(module, 0, "").identity())
 
 
 def tune_recorded(run: TuneRun, module_plan: ModulePlan, report: ModuleReport) -> list[Winner] | None:

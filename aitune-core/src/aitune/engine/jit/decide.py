@@ -100,7 +100,7 @@ def _decide(module: torch.nn.Module, cand: JitCandidate) -> Decision:
     specs = [g.graph for g in module_plan.graphs]
     key = None
     if settings.remember:
-        key = decision_store.decision_key(run, cand.twin, specs, repr(strategy))
+        key = decision_store.decision_key(run, cand.twin, specs, strategy.identity())
         remembered = decision_store.load(run, key, cand.name, cand.twin, specs)
         if remembered is not None:
             wrong = _stale_winner(cand, graphs, remembered, run.session)

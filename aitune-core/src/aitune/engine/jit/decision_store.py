@@ -1,15 +1,17 @@
 """What the JIT remembers across runs: one decision per module, in ``<cache dir>/jit``.
 
 A decision is keyed by everything that could change it: the module's code, structure and weights
-(``module_code.module_digest``: the bytecode of every class in the tree, never memoized by ``id()``), the graph specs recorded for it, the candidate backends with
+(``module_code.module_digest``: the bytecode of every class in the tree, never memoized by
+``id()``), the graph specs recorded for it, the strategy's identity (its class and whole frozen
+config, :meth:`~aitune.engine.strategies.TuneStrategy.identity`), the candidate backends with
 their configs and plugin versions, and the environment (aitune, torch, device, GPU or CPU model).
 It holds the outcome (``tuned``, ``eager`` or ``descended``), and for a tuned module each graph's
 winner: its graph JSON and its payload, written and read by :mod:`aitune.payload` (the record:
 backend name, config JSON, metadata, file digests, distribution and version).
-A changed forward, weight, input range, backend list or upgrade gives another key. Code the key
-cannot see (a module-level helper that forward calls) is why a remembered winner is validated on
-the current calls before it is installed: a mismatch deletes the entry and the module is tuned
-again, as is an entry that fails to load.
+A changed forward, weight, input range, backend list, strategy parameter or upgrade gives another
+key. Code the key cannot see (a module-level helper that forward calls) is why a remembered winner
+is validated on the current calls before it is installed: a mismatch deletes the entry and the
+module is tuned again, as is an entry that fails to load.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 
 def decision_key(run: TuneRun, module: torch.nn.Module, graphs: Sequence[GraphSpec], strategy: str) -> str:
-    """The key of ``module``'s decision for ``graphs`` under ``strategy`` with the run's candidates."""
+    """The key of ``module``'s decision for ``graphs`` under ``strategy`` (its ``identity()``) with the
+    run's candidates. Keys made when ``strategy`` was the strategy's repr are never made again."""
     payload = {
         "format": FORMAT,
         "module": module_digest(module),
