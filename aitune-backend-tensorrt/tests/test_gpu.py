@@ -121,13 +121,16 @@ def test_several_profiles_pick_the_one_containing_the_call(tmp_path):
     assert runner._selected[((8, 3, 16, 16),)] == 1 and runner._selected[((2, 3, 16, 16),)] == 0
 
 
-def test_cuda_graphs_capture_per_shape_replay_and_stay_bounded(tmp_path):
+def test_cuda_graphs_stay_within_their_bytes_and_cycling_shapes_capture_nothing_more(tmp_path):
     from aitune_backend_tensorrt import TensorRTBackendConfig
+    from aitune_backend_tensorrt.graphs import GRAPH_FLOOR_BYTES
 
-    config = TensorRTBackendConfig(use_cuda_graphs=True, max_cuda_graphs=2, tf32=False)
+    config = TensorRTBackendConfig(use_cuda_graphs=True, cuda_graph_memory=2 * GRAPH_FLOOR_BYTES, tf32=False)
     backend, module, samples, graph = _build(config, tmp_path, batches=(2, 3, 4, 8))
     runner = backend._runner
-    assert runner.captures == 4 and len(runner.cached_graphs) == 2  # build warmed up four shapes
+    # the build warmed up four shapes: the first two fit the budget (tiny graphs count 1 MiB each)
+    assert runner.captures == 2 and runner.ungraphed_calls == 2
+    assert runner.cached_graphs == [((2, 3, 16, 16),), ((3, 3, 16, 16),)]
     x = torch.randn(3, 3, 16, 16, device="cuda")
     with torch.no_grad():
         a = backend.infer(x)[0]
@@ -135,15 +138,66 @@ def test_cuda_graphs_capture_per_shape_replay_and_stay_bounded(tmp_path):
         torch.testing.assert_close(a, module(x)[0], atol=1e-4, rtol=1e-3)
         torch.testing.assert_close(b, module(x * 2)[0], atol=1e-4, rtol=1e-3)
     captures = runner.captures
+    g = torch.Generator(device="cuda").manual_seed(5)
     with torch.no_grad():
-        backend.infer(x)
-    assert runner.captures == captures  # replayed, not recaptured
+        for _ in range(5):  # four shapes in a cycle, two graphs' room: replays and plain enqueues only
+            for batch in (2, 3, 4, 8):
+                _assert_close_to_eager(backend, module, torch.randn(batch, 3, 16, 16, device="cuda", generator=g))
+    assert runner.captures == captures and runner.recaptures == 0
     with torch.no_grad():
-        backend.infer(torch.randn(5, 3, 16, 16, device="cuda"))
-    assert runner.captures == captures + 1 and len(runner.cached_graphs) == 2
+        for _ in range(20):  # one shape far hotter than the coldest graph takes its place, once
+            _assert_close_to_eager(backend, module, torch.randn(5, 3, 16, 16, device="cuda", generator=g))
+    assert runner.captures == captures + 1 and ((5, 3, 16, 16),) in runner.cached_graphs
+    assert len(runner.cached_graphs) == 2 and runner.kept_graph_bytes <= config.cuda_graph_memory
     with torch.no_grad():
         report = validate(backend, module, samples, graph)
     assert report.passed, report.reason
+
+
+class WideCNN(torch.nn.Module):
+    """Large activations (64 channels at full resolution), small outputs: a new context's own
+    activation memory would show in the device's free memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 3, padding=1),
+            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_graph_contexts_share_the_engines_one_block_of_activation_memory(tmp_path):
+    from aitune_backend_tensorrt import TensorRTBackend, TensorRTBackendConfig
+
+    module = WideCNN().eval().cuda()
+    samples = [Sample((torch.randn(b, 3, 128, 128, device="cuda"),)) for b in (2, 8)]
+    with torch.no_grad():
+        graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
+    (tmp_path / "work").mkdir()
+    backend = TensorRTBackend(TensorRTBackendConfig(use_cuda_graphs=True, tf32=False))
+    with torch.no_grad():
+        backend.build(module, BuildContext(graph, samples, torch.device("cuda"), tmp_path / "work", tmp_path / "c"))
+    runner = backend._runner
+    engine = runner.engine
+    needed = getattr(engine, "device_memory_size_v2", None) or engine.device_memory_size
+    assert runner.device_memory_bytes >= needed > 16 * 2**20, "the model was meant to need real activation memory"
+    assert runner.captures == 2
+    x = torch.randn(6, 3, 128, 128, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the capture empties torch's cache: blocks freed then must not hide a new allocation
+    free_before = torch.cuda.mem_get_info()[0]
+    with torch.no_grad():
+        got = backend.infer(x)  # a third shape: a new context and a graph, on the shared memory
+    torch.cuda.synchronize()
+    dropped = free_before - torch.cuda.mem_get_info()[0]
+    assert runner.captures == 3
+    assert dropped < needed / 2, f"the new context took {dropped} bytes, the engine's activation memory is {needed}"
+    with torch.no_grad():
+        assert_matches_eager(got, module(x))
 
 
 def _assert_close_to_eager(backend, module, x) -> None:

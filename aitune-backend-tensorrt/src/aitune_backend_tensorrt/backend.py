@@ -261,7 +261,7 @@ class TensorRTBackend(Backend):
             device=device,
             output_dtypes=[s.torch_dtype for s in self._graph.outputs],
             use_cuda_graphs=self.config.use_cuda_graphs,
-            max_graphs=self.config.max_cuda_graphs,
+            graph_memory=self.config.cuda_graph_memory,
             version_compatible=bool(self._metadata.get("version_compatible")),
         )
 

@@ -102,6 +102,13 @@ def _check_flags(instance: TensorRTBackendConfig, attribute: attrs.Attribute, va
         raise ConfigError(f"TensorRTBackendConfig.builder_flags: unknown {unknown}; known: {sorted(BUILDER_FLAGS)}")
 
 
+def _check_bytes(instance: TensorRTBackendConfig, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"TensorRTBackendConfig.{attribute.name} is a number of bytes (an int >= 0, e.g. 512 * 2**20), got {value!r}"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class TensorRTBackendConfig(BackendConfig):
     """Settings of TensorRTBackend.
@@ -127,8 +134,11 @@ class TensorRTBackendConfig(BackendConfig):
     """Keep kernel timings in aitune's cache dir and reuse them, so a rebuild on this machine is faster."""
     use_cuda_graphs: bool = False
     """Capture one CUDA graph per input shape and replay it (outputs are then copied out of the graph's buffers)."""
-    max_cuda_graphs: int = attrs.field(default=8, validator=attrs.validators.ge(1))
-    """How many captured graphs to keep; the least recently used one is dropped first."""
+    cuda_graph_memory: int = attrs.field(default=1 << 30, validator=_check_bytes)
+    """Bytes the kept CUDA graphs may hold (default 1 GiB): each graph's static input and output
+    buffers, and at least 1 MiB per graph for its context and executable graph. A shape whose graph
+    does not fit runs without one, unless it is called more than twice as often as the graphs it
+    would replace. Activation memory is not counted here: every context shares one block of it."""
     hardware_compatible: bool = False
     """Build for every GPU from Ampere on (slower engine) instead of this compute capability only."""
     version_compatible: bool = False
