@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""The GPU check: one command on a fresh machine with an NVIDIA GPU, under 9 minutes with installs.
+"""The GPU check: one command on a fresh machine with an NVIDIA GPU, in the time given (``--budget``, 540 s).
 
-    python scripts/gpu_check.py [--venv DIR] [--skip-install] [--skip-tests] [--skip-tune]
+    python scripts/gpu_check.py [--venv DIR] [--skip-install] [--skip-tests] [--skip-tune] [--budget S]
 
 1. **Install** into a virtual environment of its own (``.gpu-venv``) that sees the machine's torch
    (``--system-site-packages``) and may never replace it: every pip call carries the constraint
@@ -11,13 +11,19 @@
    build is never installed beside it).
 2. **Test**: every member's ``gpu``-marked tests, each member with its own time budget, Torch-TRT
    first; a member that runs out of time shows the test it was in.
-3. **Tune** a CNN and a transformer encoder layer with every GPU backend (TensorRT fp16 with CUDA
+3. **Compilers and headers**, checked before the tune: Triton (Inductor's and TorchAO's CUDA
+   kernels) compiles its launcher with a C compiler against ``Python.h``, Inductor's backend needs
+   a C++ compiler; the rows an image without them cannot run are named up front and print as
+   "not installed here".
+4. **Tune** a CNN and a transformer encoder layer with every GPU backend (TensorRT fp16 with CUDA
    graphs, Torch-TensorRT JIT and AOT, ONNX Runtime with the CUDA and the TensorRT provider,
    TorchAO, Inductor), one backend at a time, and save each result; then a **fresh process** loads
    every artifact, checks it against eager at the recorded shapes A, B, A again (CUDA graphs
    replayed after re-shaping) and at batch 1 (the ``mark_dynamic`` minimum), each within a bound,
    and one table is printed: backend x (build, precision, correct, speedup, load, A-B-A), each
-   cell a measured value or the error.
+   cell a measured value or the error. The rows are planned to fit the time left: a row is tuned
+   only while its estimate (``ROW_COST_S``) and the loads of the rows saved before it fit, so when
+   time is short the last rows (the CNN in bf16, then the encoder's) print "not run: out of time".
 
 **Offline** (``--wheelhouse DIR``, for a GPU machine with no network whose system Python holds
 torch): the wheels ``scripts/gpu_wheelhouse.sh`` collected on a networked machine are installed
@@ -25,14 +31,15 @@ with ``pip install --no-index --no-deps --target`` into a temporary folder put o
 (torch is never touched; no venv, no nox, no tests), then the tune and the fresh-process load run
 with what the machine has: eager's baseline, Inductor JIT and AOT in fp32 and bf16, TorchAO
 weight-only int8 (and fp8 on Hopper), ONNX Runtime where a GPU build is installed. A runtime the
-machine lacks (TensorRT, Torch-TensorRT, onnxruntime-gpu) is a row that says "not installed here",
-not a failure.
+machine lacks (TensorRT, Torch-TensorRT, onnxruntime-gpu, the TensorRT 10 library the ONNX Runtime
+provider loads) is a row that says "not installed here", not a failure.
 
 The script itself imports neither torch nor aitune: it runs every step in the environment's
-Python, so nothing it installs can change under it. Exit status: 0 when the tests passed and every
-planned row (``planned_rows``) exists and its backend, if the machine has it, built, matched eager
-and loaded; 1 otherwise (a row missing after a tune that ran out of time or crashed, a wrong output,
-a load error, a wrong output after loading, a precision other than asked for, a silent fallback);
+Python, so nothing it installs can change under it. Each row ends ``ok``, ``not installed``,
+``not run`` (the time given was the limit) or ``failed`` (:func:`status`). Exit status
+(:func:`verdict`): 0 when the tests passed, no row failed and at least one row was verified; 1
+otherwise (a row that crashed the tune or hung, a wrong output, a load error, a wrong output after
+loading, a precision other than asked for, a silent fallback, a failed install, nothing verified);
 2 without a CUDA GPU. ``scripts/README.md`` shows the table's layout.
 """
 
@@ -42,6 +49,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +61,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 540.0
+"""The default of ``--budget``: seconds for the whole check (a lent GPU machine's call runs 600)."""
 START = time.monotonic()
+budget_s = BUDGET_S
+"""The time this run was given (``--budget``)."""
 
 TEST_BUDGETS = [  # member -> seconds; Torch-TRT first, so a slow install never starves it
     ("aitune-backend-torchtrt", 110.0),
@@ -71,7 +82,7 @@ TORCHTRT_TESTED = ((2, 8), (2, 14))
 
 
 def left() -> float:
-    return BUDGET_S - (time.monotonic() - START)
+    return budget_s - (time.monotonic() - START)
 
 
 def step(title: str) -> None:
@@ -131,6 +142,8 @@ def install_wheelhouse(wheelhouse: Path) -> Path:
         raise SystemExit(
             f"no wheels in {wheelhouse}: run scripts/gpu_wheelhouse.sh {wheelhouse} on a networked machine"
         )
+    size = sum(w.stat().st_size for w in wheels)
+    print(f"{len(wheels)} wheels, {size / 2**20:.1f} MiB", flush=True)
     wheels, kept = wheels_to_install(wheels, lambda module: importlib.util.find_spec(module) is not None)
     for name in kept:
         print(f"{name}: the image's own (its wheel is left out)", flush=True)
@@ -210,7 +223,7 @@ def install(venv: Path, facts: dict[str, Any]) -> list[str]:
         torchtrt = ["-e", f"./aitune-backend-torchtrt[torch{minor[0]}{minor[1]}]"]
     else:
         run([*pip, "--no-deps", "-e", "./aitune-backend-torchtrt"], timeout=60)
-        notes.append(f"Torch-TensorRT: torch {facts['torch']} has no tested torch-tensorrt release; not installed")
+        notes.append(f"Torch-TensorRT {NOT_INSTALLED}: torch {facts['torch']} has no tested torch-tensorrt release")
     # TensorRT and Torch-TensorRT in one resolve, so they agree on one TensorRT (one download)
     if run([*pip, *trt, *torchtrt], timeout=min(240, left() - 240)) != 0 and torchtrt:
         notes.append("TensorRT and Torch-TensorRT together failed to install; trying each alone")
@@ -269,6 +282,91 @@ def tests(python: str, logs: Path) -> dict[str, str]:
     return results
 
 
+# -- what compiles on this image: checked up front, the rows it removes said before the tune ------
+
+TRITON_ROWS = ("inductor aot", "torchao int8wo", "torchao fp8wo", "torchao int8dq", "inductor", "inductor cudagraphs")
+"""Rows that run Triton kernels (Inductor's, and TorchAO's compiled ones): on its first CUDA kernel
+Triton compiles its ``cuda_utils`` and launcher C sources with ``$CC``, else ``gcc``, else ``clang``,
+against ``Python.h`` from ``sysconfig``'s include folder (``triton/runtime/build.py``)."""
+CXX_ROWS = ("inductor aot", "inductor", "inductor cudagraphs")
+"""Rows aitune's Inductor backend refuses without a C++ compiler (``$CXX``, else ``g++``): Inductor
+compiles generated C++ (AOTInductor's wrapper, CPU kernels)."""
+
+INCLUDE_CODE = (
+    "import sysconfig; s = sysconfig.get_default_scheme(); "
+    "print(sysconfig.get_paths(scheme='posix_prefix' if s == 'posix_local' else s)['include'])"
+)
+"""The include folder Triton passes for ``Python.h`` (a Debian ``posix_local`` scheme read as ``posix_prefix``)."""
+
+
+def python_include(python: str) -> str:
+    """Where ``python`` (the one that tunes) keeps ``Python.h``, as Triton looks for it."""
+    out = subprocess.run([python, "-c", INCLUDE_CODE], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def toolchain(include_dir: str, env: dict[str, str]) -> dict[str, str | None]:
+    """The C compiler Triton would use, the C++ compiler Inductor would use (paths, or None when
+    absent) and ``Python.h`` (its path, or None), looked up on ``env``'s ``PATH``."""
+    path = env.get("PATH", "")
+
+    def find(name: str) -> str | None:
+        return shutil.which(name, path=path)
+
+    cc = find(env["CC"]) if env.get("CC") else find("gcc") or find("clang")
+    header = Path(include_dir) / "Python.h" if include_dir else None
+    return {
+        "cc": cc,
+        "cxx": find(env.get("CXX") or "g++"),
+        "python_h": str(header) if header is not None and header.is_file() else None,
+        "include": include_dir,
+        "cc_wanted": env.get("CC") or "gcc or clang",
+        "cxx_wanted": env.get("CXX") or "g++",
+    }
+
+
+def removed_rows(found: dict[str, str | None]) -> dict[str, str]:
+    """Backend rows this toolchain cannot run, each with why (they print as "not installed here")."""
+    removed: dict[str, str] = {}
+    if found["cxx"] is None:
+        why = (
+            f"no C++ compiler ({found['cxx_wanted']} is not on PATH): Inductor compiles generated C++ "
+            "and aitune's Inductor backend refuses to run without one"
+        )
+        removed.update(dict.fromkeys(CXX_ROWS, why))
+    lacking = []
+    if found["cc"] is None:
+        lacking.append(f"no C compiler ({found['cc_wanted']} on PATH, or $CC)")
+    if found["python_h"] is None:
+        lacking.append(f"no Python headers ({found['include'] or '?'}/Python.h: install python3-dev)")
+    if lacking:
+        why = "; ".join(lacking) + ": Triton compiles its launcher with them on its first CUDA kernel"
+        for row in TRITON_ROWS:
+            removed.setdefault(row, why)
+    return removed
+
+
+def check_toolchain(python: str) -> dict[str, str]:
+    """Print what compiles here and which rows that removes; the removed rows, with why."""
+    step("compilers and headers")
+    found = toolchain(python_include(python), dict(os.environ))
+    print(
+        f"C compiler: {found['cc'] or 'none (' + str(found['cc_wanted']) + ')'}; "
+        f"C++ compiler: {found['cxx'] or 'none (' + str(found['cxx_wanted']) + ')'}; "
+        f"Python headers: {found['python_h'] or 'none in ' + (found['include'] or '?')}",
+        flush=True,
+    )
+    removed = removed_rows(found)
+    by_reason: dict[str, list[str]] = {}
+    for row, why in removed.items():
+        by_reason.setdefault(why, []).append(row)
+    for why, rows in by_reason.items():
+        print(f"removes the rows {', '.join(rows)}: {why}", flush=True)
+    if not removed:
+        print("removes no row", flush=True)
+    return removed
+
+
 # -- 3. tune (in the environment's Python), then load in a fresh one ----------------------------
 
 
@@ -299,11 +397,17 @@ def models() -> dict[str, tuple[Any, list[Any]]]:
 
 
 NOT_INSTALLED = "not installed here"
+"""A row whose runtime, library or compiler the image lacks: it says what is missing and does not fail."""
+NOT_RUN = "not run"
+"""A row the time given did not reach (``--budget``): it says so and does not fail."""
+MISSING = "missing"
+"""A planned row the tune never wrote because it crashed: that fails."""
 MODEL_BACKENDS = {"cnn bf16": ("inductor aot", "inductor", "inductor cudagraphs")}
 """Models tuned with some backends only (the rest: all). bf16 is Inductor's to show; the others
 lower precision their own way, and the time goes to the fp32 models' rows."""
-MODELS = ("cnn", "cnn bf16", "encoder")
-"""The models of :func:`models`, in order."""
+MODELS = ("cnn", "encoder", "cnn bf16")
+"""The models of :func:`models`, in the order they are tuned: when time runs short the last rows
+are the ones not run."""
 BACKEND_LABELS = (
     "inductor aot", "torchao int8wo", "torchao fp8wo", "tensorrt fp16+graphs", "torch_tensorrt_jit",
     "torch_tensorrt_aot", "ort cuda", "ort tensorrt", "torchao int8dq", "inductor", "inductor cudagraphs",
@@ -319,14 +423,80 @@ def planned_rows(capability: list[int] | None) -> list[tuple[str, str]]:
     return [(m, label) for m in MODELS for label in labels if label in MODEL_BACKENDS.get(m, (label,))]
 
 
-def missing_rows(rows: list[dict[str, Any]], planned: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """A row for each planned pair the tune never wrote (it ran out of time or crashed first)."""
+def missing_rows(
+    rows: list[dict[str, Any]], planned: list[tuple[str, str]], out_of_time: bool = False
+) -> list[dict[str, Any]]:
+    """A row for each planned pair the tune never wrote: "not run" when the tune was stopped for
+    time (``out_of_time``), "missing" (a failure) when it crashed first."""
     have = {(r.get("model"), r.get("backend")) for r in rows}
-    return [
-        {"model": m, "backend": b, "build": "missing: the tune ended before this row"}
-        for m, b in planned
-        if (m, b) not in have
-    ]
+    build = f"{NOT_RUN}: out of time" if out_of_time else f"{MISSING}: the tune ended before this row"
+    return [{"model": m, "backend": b, "build": build} for m, b in planned if (m, b) not in have]
+
+
+ROW_COST_S = {
+    "inductor aot": (100.0, 5.0),
+    "torchao int8wo": (45.0, 25.0),
+    "torchao fp8wo": (45.0, 25.0),
+    "tensorrt fp16+graphs": (80.0, 5.0),
+    "torch_tensorrt_jit": (70.0, 40.0),
+    "torch_tensorrt_aot": (80.0, 10.0),
+    "ort cuda": (25.0, 5.0),
+    "ort tensorrt": (80.0, 15.0),
+    "torchao int8dq": (45.0, 25.0),
+    "inductor": (40.0, 20.0),
+    "inductor cudagraphs": (45.0, 20.0),
+}
+"""Seconds one row is expected to take to tune (export, build, validation, diagnostic profiling) and
+to load in the fresh process (JIT rows compile again there), per backend. Estimates, not
+measurements: no GPU run has timed them yet; replace them with a run's own figures."""
+FINISH_S = 10.0
+"""Kept at the end of the budget for the table."""
+LOAD_FLOOR_S = 30.0
+"""Kept after the tune for the fresh process (start, imports and loads), at least: the parent stops a
+tune that overruns its plan this long before the end."""
+HANG_S = 300.0
+"""A row still building this long when the tune's time ran out is reported as hung (a failure),
+not as cut off by the time limit."""
+
+
+def fits(label: str, left_s: float, pending_load_s: float) -> bool:
+    """Whether a row of ``label`` can still be tuned in ``left_s`` seconds and leave time for the loads
+    of the rows saved so far (``pending_load_s``) and its own, at least :data:`LOAD_FLOOR_S`."""
+    tune_s, load_s = ROW_COST_S[label]
+    return tune_s + max(load_s + pending_load_s, LOAD_FLOOR_S) <= left_s
+
+
+def plan(order: list[tuple[str, str]], skip: dict[str, str], seconds: float) -> list[tuple[str, str, str]]:
+    """Each row in ``order`` with what the tune expects to do with it in ``seconds``: ``run``, the
+    reason it is skipped (``skip``: not installed, cannot be made), or "not run" when by the
+    estimates (:data:`ROW_COST_S`) it no longer fits (:func:`fits`); later, cheaper rows may."""
+    out, tuned_s, pending_load_s = [], 0.0, 0.0
+    for model, label in order:
+        if label in skip:
+            out.append((model, label, skip[label]))
+        elif fits(label, seconds - tuned_s, pending_load_s):
+            tuned_s += ROW_COST_S[label][0]
+            pending_load_s += ROW_COST_S[label][1]
+            out.append((model, label, "run"))
+        else:
+            out.append((model, label, out_of_time(label, seconds - tuned_s - pending_load_s)))
+    return out
+
+
+def out_of_time(label: str, left_s: float) -> str:
+    return f"{NOT_RUN}: out of time (about {sum(ROW_COST_S[label]):.0f}s to tune and load, {max(left_s, 0):.0f}s left)"
+
+
+def cut_off(started: dict[str, Any], now: float) -> dict[str, Any]:
+    """The row the tune was building when its time ran out: "not run" (the time was the limit), or
+    a failure when it had been building for :data:`HANG_S` or longer."""
+    seconds = now - float(started["started"])
+    build = (
+        f"TIMED OUT: still building after {seconds:.0f}s"
+        if seconds >= HANG_S
+        else f"{NOT_RUN}: out of time, cut off {seconds:.0f}s into its build"
+    )
+    return {"model": started["model"], "backend": started["backend"], "build": build}
 
 
 LOWERED = {"tensorrt fp16+graphs": "fp16", "torchao int8wo": "int8", "torchao fp8wo": "fp8", "torchao int8dq": "int8"}
@@ -414,7 +584,12 @@ def _err(exc: BaseException) -> str:
 
 
 def tune_worker(workdir: Path, deadline: float) -> None:
-    """Tune every model with every backend; one JSON row per pair in ``rows.jsonl`` as soon as it is known."""
+    """Tune every planned row in order, one JSON row per pair in ``rows.jsonl`` as soon as it is known.
+
+    ``removed.json`` (written by the parent) names the rows the toolchain cannot run. Before each
+    row, ``started.jsonl`` records it, so a tune stopped for time shows which row it was in. A row
+    is tuned only if its estimate, and the loads of the rows saved before it, fit before ``deadline``.
+    """
     import copy
 
     import torch
@@ -422,30 +597,49 @@ def tune_worker(workdir: Path, deadline: float) -> None:
     import aitune.torch as ait
 
     rows = workdir / "rows.jsonl"
+    removed_file = workdir / "removed.json"
+    removed = json.loads(removed_file.read_text()) if removed_file.is_file() else {}
     missing = _unavailable()
-    for model_name, (model, data) in models().items():
-        for label, backend in backends():
-            if label not in MODEL_BACKENDS.get(model_name, (label,)):
-                continue
-            row: dict[str, Any] = {"model": model_name, "backend": label}
-            if time.time() > deadline:
-                row["build"] = "not run: out of time"
-            elif isinstance(backend, Exception):
-                made = str(backend)
-                row["build"] = made[:160] if made.startswith(NOT_INSTALLED) else f"cannot be made: {_err(backend)}"
-            elif backend.name in missing:
-                row["build"] = f"{NOT_INSTALLED}: {missing[backend.name]}"
-            else:
-                print(f"-- {model_name} / {label}", flush=True)
-                try:
-                    artifact = workdir / f"{model_name}-{label.replace(' ', '-').replace('+', '-')}.ait"
-                    row.update(_tune_one(ait, copy.deepcopy(model), data, backend, artifact, label))
-                except Exception as exc:
-                    traceback.print_exc()
-                    row["build"] = _err(exc)
-            with rows.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            torch.cuda.empty_cache()
+    built = models()
+    made = backends()
+    skip: dict[str, str] = {}
+    for label, backend in made:
+        if label in removed:
+            skip[label] = f"{NOT_INSTALLED}: {removed[label]}"
+        elif isinstance(backend, Exception):
+            text = str(backend)
+            skip[label] = text[:200] if text.startswith(NOT_INSTALLED) else f"cannot be made: {_err(backend)}"
+        elif backend.name in missing:
+            skip[label] = f"{NOT_INSTALLED}: {missing[backend.name]}"
+    order = planned_rows(list(torch.cuda.get_device_capability()))
+    print(f"plan for {deadline - time.time():.0f}s (estimates per row: ROW_COST_S):", flush=True)
+    for model_name, label, what in plan(order, skip, deadline - time.time()):
+        print(f"  {model_name} / {label}: {what}", flush=True)
+    templates = dict(made)
+    pending_load_s = 0.0
+    for model_name, label in order:
+        model, data = built[model_name]
+        row: dict[str, Any] = {"model": model_name, "backend": label}
+        left_s = deadline - time.time()
+        if label in skip:
+            row["build"] = skip[label]
+        elif not fits(label, left_s, pending_load_s):
+            row["build"] = out_of_time(label, left_s - pending_load_s)
+        else:
+            print(f"-- {model_name} / {label}", flush=True)
+            with (workdir / "started.jsonl").open("a") as f:
+                f.write(json.dumps({"model": model_name, "backend": label, "started": time.time()}) + "\n")
+            try:
+                artifact = workdir / f"{model_name}-{label.replace(' ', '-').replace('+', '-')}.ait"
+                row.update(_tune_one(ait, copy.deepcopy(model), data, templates[label], artifact, label))
+            except Exception as exc:
+                traceback.print_exc()
+                row["build"] = _err(exc)
+            if "artifact" in row:
+                pending_load_s += ROW_COST_S[label][1]
+        with rows.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        torch.cuda.empty_cache()
 
 
 def _tune_one(ait: Any, model: Any, data: list[Any], backend: Any, artifact: Path, label: str) -> dict[str, Any]:
@@ -459,6 +653,8 @@ def _tune_one(ait: Any, model: Any, data: list[Any], backend: Any, artifact: Pat
     if not found:
         return {"build": f"no candidate: {module.error or module.summary}"}
     c = found[0]
+    if c.stage == "availability":  # the backend's own probe: a library or provider this image lacks
+        return {"build": f"{NOT_INSTALLED}: {' '.join(str(c.reason).split())[:200]}"}
     if c.status == "failed" or c.build_time_s is None:
         return {"build": f"{c.stage or 'failed'}: {' '.join(str(c.reason).split())[:160]}"}
     row: dict[str, Any] = {"build": fallback(label, c.build_info) or f"{c.build_time_s:.1f}s"}
@@ -479,8 +675,9 @@ def _tune_one(ait: Any, model: Any, data: list[Any], backend: Any, artifact: Pat
     return row
 
 
-def load_worker(workdir: Path) -> None:
-    """In a fresh process: load every saved artifact, time it, check A-B-A shapes and batch 1 against eager."""
+def load_worker(workdir: Path, deadline: float) -> None:
+    """In a fresh process: load every saved artifact, time it, check A-B-A shapes and batch 1 against
+    eager; a row whose load estimate no longer fits before ``deadline`` is not run."""
     import copy
 
     import torch
@@ -495,6 +692,11 @@ def load_worker(workdir: Path) -> None:
             continue
         model, data = built[row["model"]]
         result = {"model": row["model"], "backend": row["backend"]}
+        if time.time() + ROW_COST_S[row["backend"]][1] > deadline:
+            result["load"] = f"{NOT_RUN}: out of time"
+            with out.open("a") as f:
+                f.write(json.dumps(result) + "\n")
+            continue
         try:
             fresh = ait.Module(copy.deepcopy(model), "m")
             torch.cuda.synchronize()
@@ -523,24 +725,35 @@ def load_worker(workdir: Path) -> None:
             f.write(json.dumps(result) + "\n")
 
 
-def tune_and_load(python: str, workdir: Path) -> list[dict[str, Any]]:
+def tune_and_load(python: str, workdir: Path, removed: dict[str, str]) -> tuple[list[dict[str, Any]], bool]:
+    """The rows the tune and the fresh-process load wrote, and whether the tune was stopped for time."""
     step("tune")
+    (workdir / "removed.json").write_text(json.dumps(removed))
     script = str(Path(__file__).resolve())
-    tune_s = max(left() - 60, 30)
-    code = run([python, script, "--tune-worker", str(workdir), "--deadline", str(time.time() + tune_s - 20)], tune_s)
+    end = time.time() + left() - FINISH_S  # the worker plans its rows, their loads included, to end by then
+    tune_s = max(left() - LOAD_FLOOR_S - FINISH_S, 30)
+    code = run([python, script, "--tune-worker", str(workdir), "--deadline", str(end)], tune_s)
     rows = _jsonl(workdir / "rows.jsonl")
-    if code not in (0, 124):
+    if code == 124:  # the row it was building when stopped
+        done = {(r["model"], r["backend"]) for r in rows}
+        unfinished = [s for s in _jsonl(workdir / "started.jsonl") if (s["model"], s["backend"]) not in done]
+        rows += [cut_off(s, time.time()) for s in unfinished[-1:]]
+    elif code != 0:
         rows.append({"model": "-", "backend": "-", "build": f"the tune process failed ({code}), see above"})
     step("load in a fresh process")
-    saved = any("artifact" in r for r in rows)
-    if saved and run([python, script, "--load-worker", str(workdir)], max(left() - 5, 20)) == 124:
-        print("loading timed out: the rows without a load cell were not loaded", flush=True)
+    loaded_code = 0
+    if any("artifact" in r for r in rows):
+        load_cmd = [python, script, "--load-worker", str(workdir), "--deadline", str(time.time() + left() - 5)]
+        loaded_code = run(load_cmd, max(left() - 2, 20))
+        if loaded_code == 124:
+            print("loading ran out of time: the rows without a load cell were not loaded", flush=True)
     loads = {(r["model"], r["backend"]): r for r in _jsonl(workdir / "loads.jsonl")}
     for r in rows:
         loaded = loads.get((r["model"], r["backend"]), {})
-        r["load"] = loaded.get("load") or ("not loaded (see above)" if "artifact" in r else "-")
+        unloaded = f"{NOT_RUN}: out of time" if loaded_code == 124 else "not loaded (see above)"
+        r["load"] = loaded.get("load") or (unloaded if "artifact" in r else "-")
         r["A-B-A"] = loaded.get("A-B-A", "-")
-    return rows
+    return rows, code == 124
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -564,6 +777,9 @@ def main() -> int:
     parser.add_argument(
         "--wheelhouse", type=Path, help="offline: install these wheels on PYTHONPATH, no venv, no tests"
     )
+    parser.add_argument(
+        "--budget", type=float, default=BUDGET_S, help=f"seconds for the whole check (default {BUDGET_S:.0f})"
+    )
     parser.add_argument("--tune-worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--load-worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -572,8 +788,10 @@ def main() -> int:
         tune_worker(args.tune_worker, args.deadline)
         return 0
     if args.load_worker:
-        load_worker(args.load_worker)
+        load_worker(args.load_worker, args.deadline)
         return 0
+    global budget_s
+    budget_s = args.budget
 
     if args.wheelhouse:
         install_wheelhouse(args.wheelhouse)
@@ -591,9 +809,11 @@ def main() -> int:
     python = venv_python(args.venv) if Path(venv_python(args.venv)).exists() else sys.executable
     workdir = Path(tempfile.mkdtemp(prefix="aitune-gpu-check-"))
     results = {} if args.skip_tests else tests(python, workdir)
-    rows = [] if args.skip_tune else tune_and_load(python, workdir)
+    rows: list[dict[str, Any]] = []
     if not args.skip_tune:
-        rows += missing_rows(rows, planned_rows(facts["cc"]))
+        removed = check_toolchain(python)
+        rows, out_of_time = tune_and_load(python, workdir, removed)
+        rows += missing_rows(rows, planned_rows(facts["cc"]), out_of_time)
 
     print("\n## GPU check\n")
     print(f"{facts['gpu']}, torch {facts['torch']}, CUDA {facts['cuda']}; logs in {workdir}\n")
@@ -603,30 +823,55 @@ def main() -> int:
         print(f"- tests {member}: {result}")
     for note in notes:
         print(f"- install: {note}")
-    print(f"\n{time.monotonic() - START:.0f}s in all")
-    failed_tests = [m for m, r in results.items() if r.startswith(("FAILED", "TIMED OUT"))]
-    return 1 if failed_tests or failures(rows) or notes else 0
+    code, summary = verdict(rows, results, notes)
+    print(f"\n{summary}; {time.monotonic() - START:.0f}s in all (budget {budget_s:.0f}s)")
+    return code
+
+
+def status(row: dict[str, Any]) -> str:
+    """``ok``, ``not installed`` (the image lacks what the row needs), ``not run`` (the time given
+    did not reach it, or its load) or ``failed``: not built, crashed, missing or hung, a silent
+    fallback, a precision other than asked for, a wrong output, a load error or a wrong output
+    after loading."""
+    build, load = str(row.get("build", "")), str(row.get("load", "-"))
+    if build.startswith(NOT_INSTALLED):
+        return "not installed"
+    if build.startswith(NOT_RUN):
+        return "not run"
+    wrong = (
+        "correct" not in row
+        or build.startswith("silent fallback")
+        or str(row.get("precision", "")).startswith("MISMATCH")
+        or str(row.get("correct", "")).startswith("NO")
+        or str(row.get("A-B-A", "")).startswith("NO")
+    )
+    if wrong:
+        return "failed"
+    if load.startswith(NOT_RUN):
+        return "not run"
+    return "ok" if load == "-" or load[:1].isdigit() else "failed"
 
 
 def failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows that fail the check: not built or missing (a runtime the machine lacks excepted), a silent
-    fallback, a precision other than asked for, a wrong output, a load error or a wrong output after loading."""
-    bad = []
+    """Rows that fail the check (:func:`status` ``failed``)."""
+    return [row for row in rows if status(row) == "failed"]
+
+
+def verdict(rows: list[dict[str, Any]], results: dict[str, str], notes: list[str]) -> tuple[int, str]:
+    """The exit status and the summary line: 1 on a failed row, a failed or timed-out test member, an
+    install that failed, or a tune that verified nothing (every row not installed or not run)."""
+    counts: dict[str, int] = {}
     for row in rows:
-        build, load = str(row.get("build", "")), str(row.get("load", "-"))
-        if build.startswith(NOT_INSTALLED):
-            continue
-        wrong_load = load not in ("-",) and not load[:1].isdigit()
-        wrong = (
-            "correct" not in row
-            or build.startswith("silent fallback")
-            or str(row.get("precision", "")).startswith("MISMATCH")
-            or str(row.get("correct", "")).startswith("NO")
-            or str(row.get("A-B-A", "")).startswith("NO")
-        )
-        if wrong or wrong_load:
-            bad.append(row)
-    return bad
+        counts[status(row)] = counts.get(status(row), 0) + 1
+    summary = "rows: " + ", ".join(
+        f"{counts.get(k, 0)} {k}" for k in ("ok", "failed", "not installed", "not run")
+    )  # fmt: skip
+    failed_tests = [m for m, r in results.items() if r.startswith(("FAILED", "TIMED OUT"))]
+    failed_notes = [n for n in notes if NOT_INSTALLED not in n]
+    nothing = bool(rows) and not counts.get("ok") and not counts.get("failed")
+    if nothing:
+        summary += "; nothing was verified (every row was not installed here or not run)"
+    return (1 if failed_tests or counts.get("failed") or failed_notes or nothing else 0), summary
 
 
 if __name__ == "__main__":

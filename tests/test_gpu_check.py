@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,237 @@ def test_numpy_onnx_and_protobuf_come_from_the_wheelhouse_only_where_the_image_l
     assert install == wheels and kept == []
     script = (ROOT / "scripts" / "gpu_wheelhouse.sh").read_text()
     assert "onnx-ir ml_dtypes numpy onnx protobuf" in script
+
+
+# -- compilers and headers, checked up front ---------------------------------------------------
+
+
+def _bin(folder: Path, *names: str) -> str:
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        tool = folder / name
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(0o755)
+    return str(folder)
+
+
+def _include(folder: Path, header: bool = True) -> str:
+    folder.mkdir(exist_ok=True)
+    if header:
+        (folder / "Python.h").write_text("/* */\n")
+    return str(folder)
+
+
+def test_an_image_with_compilers_and_headers_loses_no_row(check, tmp_path):
+    found = check.toolchain(_include(tmp_path / "inc"), {"PATH": _bin(tmp_path / "bin", "gcc", "g++")})
+    assert found["cc"] == str(tmp_path / "bin" / "gcc") and found["cxx"] == str(tmp_path / "bin" / "g++")
+    assert found["python_h"] == str(tmp_path / "inc" / "Python.h")
+    assert check.removed_rows(found) == {}
+
+
+def test_without_python_headers_every_triton_row_is_removed_and_says_why(check, tmp_path):
+    found = check.toolchain(_include(tmp_path / "inc", header=False), {"PATH": _bin(tmp_path / "bin", "gcc", "g++")})
+    removed = check.removed_rows(found)
+    assert set(removed) == set(check.TRITON_ROWS)
+    assert {"torchao int8wo", "inductor", "inductor aot"} <= set(removed)
+    assert all(
+        "Python.h: install python3-dev" in why and "Triton compiles its launcher" in why for why in removed.values()
+    )
+    assert not any(row.startswith(("tensorrt", "torch_tensorrt", "ort")) for row in removed)
+
+
+def test_triton_takes_cc_as_given_else_gcc_else_clang(check, tmp_path):
+    path = _bin(tmp_path / "bin", "clang", "g++", "mycc")
+    inc = _include(tmp_path / "inc")
+    assert check.toolchain(inc, {"PATH": path})["cc"] == str(tmp_path / "bin" / "clang")
+    assert check.toolchain(inc, {"PATH": path, "CC": "mycc"})["cc"] == str(tmp_path / "bin" / "mycc")
+    missing = check.toolchain(inc, {"PATH": path, "CC": "gcc-14"})
+    assert missing["cc"] is None, "Triton runs $CC as given: a CC that is not there is no compiler"
+    assert "no C compiler (gcc-14 on PATH, or $CC)" in check.removed_rows(missing)["torchao int8dq"]
+
+
+def test_without_a_cpp_compiler_the_inductor_rows_go_and_torchao_stays(check, tmp_path):
+    found = check.toolchain(_include(tmp_path / "inc"), {"PATH": _bin(tmp_path / "bin", "gcc")})
+    removed = check.removed_rows(found)
+    assert set(removed) == set(check.CXX_ROWS) and "no C++ compiler (g++ is not on PATH)" in removed["inductor"]
+    assert check.toolchain(_include(tmp_path / "inc"), {"PATH": _bin(tmp_path / "bin"), "CXX": "gcc"})["cxx"]
+
+
+def test_the_headers_are_looked_for_where_triton_looks(check):
+    import sysconfig
+
+    scheme = sysconfig.get_default_scheme()
+    expected = sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
+    assert check.python_include(sys.executable) == expected
+
+
+def test_the_check_says_up_front_which_rows_the_toolchain_removes(check, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", _bin(tmp_path / "bin", "g++"))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(check, "python_include", lambda python: _include(tmp_path / "inc"))
+    removed = check.check_toolchain(sys.executable)
+    out = capsys.readouterr().out
+    assert "C compiler: none (gcc or clang)" in out and "Python headers: " + str(tmp_path / "inc" / "Python.h") in out
+    assert f"removes the rows {', '.join(check.TRITON_ROWS)}: no C compiler" in out
+    assert set(removed) == set(check.TRITON_ROWS)
+
+
+# -- a plan that fits the time given -----------------------------------------------------------
+
+
+def test_the_plan_runs_rows_in_order_while_their_estimates_fit_and_skips_what_cannot_run(check, monkeypatch):
+    monkeypatch.setattr(
+        check, "ROW_COST_S", {"a": (50.0, 10.0), "big": (200.0, 0.0), "b": (20.0, 5.0), "gone": (9e9, 0)}
+    )
+    order = [("cnn", "a"), ("cnn", "gone"), ("cnn", "big"), ("cnn", "b"), ("encoder", "a")]
+    planned = check.plan(order, {"gone": "not installed here: no tensorrt"}, 100.0)
+    assert [what.split(" (")[0] for _, _, what in planned] == [
+        "run", "not installed here: no tensorrt", "not run: out of time", "run", "not run: out of time",
+    ]  # fmt: skip
+    assert planned[2][2] == "not run: out of time (about 200s to tune and load, 40s left)"
+    assert planned[3][2] == "run", "b: 20 s to tune, then 10 + 5 s of loads, within the 30 s floor: 50 s of the 50 left"
+    assert [w for _, _, w in check.plan(order, {}, 1e6)].count("run") == 4, "all but the one costing 9e9 s"
+
+
+def test_a_row_fits_only_with_the_loads_of_the_rows_saved_before_it(check):
+    tune_s, load_s = check.ROW_COST_S["inductor"]
+    assert check.fits("inductor", tune_s + check.LOAD_FLOOR_S, 0.0), "the fresh process gets its floor at least"
+    assert not check.fits("inductor", tune_s + check.LOAD_FLOOR_S - 1, 0.0)
+    assert check.fits("inductor", tune_s + load_s + 40, 40.0)
+    assert not check.fits("inductor", tune_s + load_s + 40, 41.0), "the saved rows' loads come first"
+
+
+def test_the_default_plan_for_an_offline_hopper_run_fits_the_cnn_rows_and_reports_the_rest(check):
+    """What a lent H200 with no TensorRT, Torch-TensorRT or onnxruntime-gpu gets from 540 s after a
+    one-minute install: fewer tunes, the rest "not run", none failing."""
+    skip = {
+        label: "not installed here" for label in check.BACKEND_LABELS if label.startswith(("tensorrt", "torch_", "ort"))
+    }
+    planned = check.plan(check.planned_rows([9, 0]), skip, check.BUDGET_S - 60 - check.FINISH_S)
+    ran = [(m, b) for m, b, what in planned if what == "run"]
+    assert ran and all(m == "cnn" for m, _ in ran)
+    assert sum(sum(check.ROW_COST_S[b]) for _, b in ran) <= check.BUDGET_S - 60 - check.FINISH_S
+    rows = [{"model": m, "backend": b, "build": w} for m, b, w in planned if w != "run"]
+    assert rows and check.failures(rows) == []
+
+
+def test_the_tune_worker_follows_the_plan_and_marks_each_row_it_starts(check, tmp_path, monkeypatch):
+    pytest.importorskip("aitune.torch")
+    import time
+
+    import torch
+
+    labels = ["a", "b", "c", "d", "e"]
+    monkeypatch.setattr(check, "ROW_COST_S", dict.fromkeys(labels, (30.0, 10.0)))
+    monkeypatch.setattr(check, "BACKEND_LABELS", tuple(labels))
+    monkeypatch.setattr(check, "HOPPER_ONLY", ())
+    monkeypatch.setattr(check, "MODELS", ("cnn", "encoder"))
+    monkeypatch.setattr(check, "MODEL_BACKENDS", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: (9, 0))
+    monkeypatch.setattr(
+        check, "models", lambda: {"cnn": (torch.nn.Identity(), []), "encoder": (torch.nn.Identity(), [])}
+    )
+    made = [(label, types.SimpleNamespace(name=f"backend {label}")) for label in labels]
+    made[3] = ("d", RuntimeError("not installed here: no such runtime"))
+    monkeypatch.setattr(check, "backends", lambda: made)
+    monkeypatch.setattr(check, "_unavailable", lambda: {"backend c": "its library is missing"})
+    tuned = []
+    monkeypatch.setattr(
+        check,
+        "_tune_one",
+        lambda ait, m, d, backend, artifact, label: tuned.append(label) or {"build": "1.0s", "artifact": str(artifact)},
+    )
+    (tmp_path / "removed.json").write_text(json.dumps({"b": "no C compiler"}))
+    check.tune_worker(tmp_path, time.time() + 65)  # 40 s a row, plus 10 s to load each row saved before it
+    rows = {(r["model"], r["backend"]): r["build"] for r in check._jsonl(tmp_path / "rows.jsonl")}
+    assert tuned == ["a", "e", "a"], "the fourth runnable row needs 40 + 30 s, more than is left"
+    assert rows[("encoder", "e")].startswith("not run: out of time (about 40s to tune and load")
+    assert rows[("cnn", "b")] == "not installed here: no C compiler"
+    assert rows[("cnn", "c")] == "not installed here: its library is missing"
+    assert rows[("cnn", "d")] == "not installed here: no such runtime"
+    assert rows[("encoder", "a")] == "1.0s"
+    started = [(s["model"], s["backend"]) for s in check._jsonl(tmp_path / "started.jsonl")]
+    assert started == [("cnn", "a"), ("cnn", "e"), ("encoder", "a")]
+
+
+def test_an_availability_refusal_is_a_row_not_installed_here(check, tmp_path):
+    """The ONNX Runtime TensorRT provider without libnvinfer.so.10 (or beside TensorRT 11) is refused
+    by the backend's own probe at the availability stage: not a failure."""
+    reason = "the TensorrtExecutionProvider of ONNX Runtime cannot run here: libnvinfer.so.10 is not found"
+    candidate = types.SimpleNamespace(backend="onnxruntime", stage="availability", status="failed", reason=reason)
+    report = types.SimpleNamespace(
+        modules=[types.SimpleNamespace(graphs=[types.SimpleNamespace(candidates=[candidate])])]
+    )
+    ait = types.SimpleNamespace(
+        MaxThroughputStrategy=lambda **kw: None,
+        PerformanceValidationMode=types.SimpleNamespace(DIAGNOSTIC="diagnostic"),
+        Module=lambda model, name, strategy: model,
+        tune=lambda wrapped, data: report,
+    )
+    row = check._tune_one(
+        ait, object(), [], types.SimpleNamespace(name="onnxruntime"), tmp_path / "x.ait", "ort tensorrt"
+    )
+    assert row == {"build": f"not installed here: {reason}"}
+    assert check.status({"model": "cnn", "backend": "ort tensorrt", **row}) == "not installed"
+
+
+# -- row statuses and the verdict --------------------------------------------------------------
+
+OK_ROW = {"build": "2.0s", "precision": "fp32", "correct": "ok, rel err 1e-06", "load": "0.12s", "A-B-A": "ok: A 1e-06"}
+
+
+def test_rows_the_time_did_not_reach_are_not_run_and_do_not_fail(check):
+    assert check.status({"build": "not run: out of time (about 70s to tune and load, 12s left)"}) == "not run"
+    assert check.status({**OK_ROW, "load": "not run: out of time"}) == "not run"
+    assert check.status(OK_ROW) == "ok" and check.status({**OK_ROW, "load": "-"}) == "ok"
+    assert check.status({**OK_ROW, "load": "not loaded (see above)"}) == "failed"
+    planned = [("cnn", "inductor"), ("encoder", "inductor")]
+    stopped = check.missing_rows([], planned, out_of_time=True)
+    assert [r["build"] for r in stopped] == ["not run: out of time"] * 2 and check.failures(stopped) == []
+    assert check.failures(check.missing_rows([], planned)) != [], "a crashed tune's missing rows fail"
+
+
+def test_a_row_cut_off_by_the_time_limit_is_not_run_unless_it_had_hung(check):
+    started = {"model": "cnn", "backend": "inductor aot", "started": 1000.0}
+    cut = check.cut_off(started, 1000.0 + 42)
+    assert cut["build"] == "not run: out of time, cut off 42s into its build" and check.status(cut) == "not run"
+    hung = check.cut_off(started, 1000.0 + check.HANG_S)
+    assert hung["build"].startswith("TIMED OUT: still building") and check.status(hung) == "failed"
+
+
+def test_the_tune_stopped_for_time_reports_the_row_it_was_in_and_the_rest_not_run(check, tmp_path, monkeypatch):
+    """The parent's side: the worker wrote one row and started a second when its time ran out."""
+    import time
+
+    def worker(cmd, timeout, log=None):
+        if "--tune-worker" in cmd:
+            (tmp_path / "rows.jsonl").write_text(json.dumps({"model": "cnn", "backend": "ort cuda", **OK_ROW}) + "\n")
+            (tmp_path / "started.jsonl").write_text(
+                json.dumps({"model": "cnn", "backend": "ort cuda", "started": time.time() - 30}) + "\n"
+                + json.dumps({"model": "cnn", "backend": "inductor", "started": time.time() - 20}) + "\n"
+            )  # fmt: skip
+            return 124
+        raise AssertionError("nothing was saved, so nothing loads")
+
+    monkeypatch.setattr(check, "run", worker)
+    rows, out_of_time = check.tune_and_load(sys.executable, tmp_path, {})
+    assert out_of_time and json.loads((tmp_path / "removed.json").read_text()) == {}
+    assert rows[1]["backend"] == "inductor" and rows[1]["build"].startswith("not run: out of time, cut off")
+    rows += check.missing_rows(rows, [("cnn", "ort cuda"), ("cnn", "inductor"), ("encoder", "inductor")], out_of_time)
+    assert [check.status(r) for r in rows] == ["ok", "not run", "not run"]
+
+
+def test_the_verdict_fails_on_real_defects_only_and_on_a_check_that_verified_nothing(check):
+    not_installed = {"build": "not installed here: tensorrt is not installed"}
+    not_run = {"build": "not run: out of time"}
+    assert check.verdict([OK_ROW, not_installed, not_run], {}, []) == (
+        0, "rows: 1 ok, 0 failed, 1 not installed, 1 not run",
+    )  # fmt: skip
+    code, summary = check.verdict([not_installed, not_run], {}, [])
+    assert code == 1 and "nothing was verified" in summary
+    assert check.verdict([OK_ROW, {**OK_ROW, "correct": "NO: off"}], {}, [])[0] == 1
+    assert check.verdict([OK_ROW], {"aitune-core": "FAILED (1): 1 failed"}, [])[0] == 1
+    assert check.verdict([OK_ROW], {}, ["Torch-TensorRT not installed here: torch 2.20 has no tested release"])[0] == 0
+    assert check.verdict([OK_ROW], {}, ["TensorRT failed to install (see the log above)"])[0] == 1
+    assert check.verdict([], {}, [])[0] == 0, "--skip-tune: no rows, nothing to verify"
