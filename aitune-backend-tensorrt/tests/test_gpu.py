@@ -174,7 +174,7 @@ def test_graph_contexts_share_the_engines_one_block_of_activation_memory(tmp_pat
     from aitune_backend_tensorrt import TensorRTBackend, TensorRTBackendConfig
 
     module = WideCNN().eval().cuda()
-    samples = [Sample((torch.randn(b, 3, 128, 128, device="cuda"),)) for b in (2, 8)]
+    samples = [Sample((torch.randn(b, 3, 256, 256, device="cuda"),)) for b in (2, 8)]
     with torch.no_grad():
         graph = infer_graph(samples, ["x"], outputs=[module(*s.args) for s in samples])
     (tmp_path / "work").mkdir()
@@ -184,9 +184,9 @@ def test_graph_contexts_share_the_engines_one_block_of_activation_memory(tmp_pat
     runner = backend._runner
     engine = runner.engine
     needed = getattr(engine, "device_memory_size_v2", None) or engine.device_memory_size
-    assert runner.device_memory_bytes >= needed > 16 * 2**20, "the model was meant to need real activation memory"
+    assert runner.device_memory_bytes >= needed > 64 * 2**20, "the model was meant to need real activation memory"
     assert runner.captures == 2
-    x = torch.randn(6, 3, 128, 128, device="cuda")
+    x = torch.randn(6, 3, 256, 256, device="cuda")
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the capture empties torch's cache: blocks freed then must not hide a new allocation
     free_before = torch.cuda.mem_get_info()[0]
