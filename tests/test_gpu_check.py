@@ -421,3 +421,30 @@ def test_the_verdict_fails_on_real_defects_only_and_on_a_check_that_verified_not
     assert check.verdict([OK_ROW], {}, ["Torch-TensorRT not installed here: torch 2.20 has no tested release"])[0] == 0
     assert check.verdict([OK_ROW], {}, ["TensorRT failed to install (see the log above)"])[0] == 1
     assert check.verdict([], {}, [])[0] == 0, "--skip-tune: no rows, nothing to verify"
+
+
+def test_a_run_stopped_for_time_with_rows_not_installed_passes_and_says_what_it_did(check, monkeypatch, capsys):
+    """main on a stand-in GPU machine: the toolchain's removals reach the tune, planned rows the time
+    did not reach print as not run, and the exit status is 0."""
+    facts = {"gpu": "NVIDIA H200", "cuda": "13.0", "torch": "2.11.0+cu130", "cc": [9, 0], "gpus": 1}
+    monkeypatch.setattr(check, "machine_facts", lambda python: facts)
+    monkeypatch.setattr(check, "check_toolchain", lambda python: {"inductor aot": "no C++ compiler"})
+    seen = {}
+
+    def tune_and_load(python, workdir, removed):
+        seen["removed"] = removed
+        return [
+            {"model": "cnn", "backend": "inductor aot", "build": "not installed here: no C++ compiler"},
+            {"model": "cnn", "backend": "torchao int8wo", **OK_ROW},
+        ], True
+
+    monkeypatch.setattr(check, "tune_and_load", tune_and_load)
+    monkeypatch.setattr(check, "budget_s", check.budget_s)  # main sets it; put back after the test
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--skip-install", "--skip-tests", "--budget", "300"])
+    assert check.main() == 0
+    out = capsys.readouterr().out
+    assert seen["removed"] == {"inductor aot": "no C++ compiler"} and check.budget_s == 300
+    planned = len(check.planned_rows([9, 0]))
+    assert f"rows: 1 ok, 0 failed, 1 not installed, {planned - 2} not run" in out and "(budget 300s)" in out
+    bf16 = [line for line in out.splitlines() if line.startswith("| cnn bf16 ")]
+    assert len(bf16) == 3 and all("not run: out of time" in line for line in bf16)
