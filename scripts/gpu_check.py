@@ -342,7 +342,7 @@ def removed_rows(found: dict[str, str | None]) -> dict[str, str]:
     if lacking:
         why = "; ".join(lacking) + ": Triton compiles its launcher with them on its first CUDA kernel"
         for row in TRITON_ROWS:
-            removed.setdefault(row, why)
+            removed[row] = f"{removed[row]}; {why}" if row in removed else why
     return removed
 
 

@@ -241,6 +241,9 @@ def test_without_a_cpp_compiler_the_inductor_rows_go_and_torchao_stays(check, tm
     removed = check.removed_rows(found)
     assert set(removed) == set(check.CXX_ROWS) and "no C++ compiler (g++ is not on PATH)" in removed["inductor"]
     assert check.toolchain(_include(tmp_path / "inc"), {"PATH": _bin(tmp_path / "bin"), "CXX": "gcc"})["cxx"]
+    bare = check.removed_rows(check.toolchain(_include(tmp_path / "none", header=False), {"PATH": ""}))
+    assert "no C++ compiler" in bare["inductor"] and "Python.h" in bare["inductor"], "every reason a row has"
+    assert "no C++ compiler" not in bare["torchao int8wo"]
 
 
 def test_the_headers_are_looked_for_where_triton_looks(check):
