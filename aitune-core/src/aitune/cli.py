@@ -563,9 +563,16 @@ def _engine_missing(engine: str, exc: ModuleNotFoundError) -> NoReturn:
 
 @app.command()
 def serve(
-    artifact: Path = typer.Argument(..., help="The .ait file (at the same path on every node of a cluster)."),
-    factory: str = typer.Option(
-        ..., "--factory", help="package.module:build_model, returning the model freshly built (as ait.load takes it)."
+    artifacts: list[Path] = typer.Argument(
+        ...,
+        metavar="ARTIFACT...",
+        help="The .ait file (at the same path on every node of a cluster); kserve serves several in one server.",
+    ),
+    factories: list[str] = typer.Option(
+        ...,
+        "--factory",
+        help="package.module:build_model, returning the model freshly built (as ait.load takes it): once for "
+        "every artifact, or once per artifact, in order.",
     ),
     engine: str = typer.Option(
         "kserve",
@@ -651,14 +658,37 @@ def serve(
             "--engine ray",
             param_hint="--engine",
         )
+    if len(factories) not in (1, len(artifacts)):
+        raise typer.BadParameter(
+            f"{len(artifacts)} artifacts and {len(factories)} --factory: give one --factory for all, or one per artifact",
+            param_hint="--factory",
+        )
+    if len(artifacts) > 1:
+        several = [
+            flag for flag, given in (("--name", name), ("--sha256", sha256), ("--signature", signature)) if given
+        ]
+        if engine == "ray":
+            raise typer.BadParameter(
+                "--engine ray serves one artifact per command; serve several from a Serve config file "
+                "(import_path: aitune_serve_ray:app, one application each; docs/serving.md)",
+                param_hint="ARTIFACT",
+            )
+        if several:
+            raise typer.BadParameter(
+                f"{', '.join(several)} name one artifact; with several, each is served under its stem "
+                "(use --key to trust them)",
+                param_hint=several[0],
+            )
+    models = list(zip(factories * len(artifacts) if len(factories) == 1 else factories, artifacts))
+    factory, artifact = models[0]
     from .torch.serving import parse_pad
 
     try:
         declared_pad = parse_pad(pad)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--pad") from None
-    if not artifact.is_file():
-        raise typer.BadParameter(f"{artifact}: no such file", param_hint="ARTIFACT")
+    for missing in [a for a in artifacts if not a.is_file()]:
+        raise typer.BadParameter(f"{missing}: no such file", param_hint="ARTIFACT")
     from .artifact.options import LoadOptions
 
     try:
@@ -677,13 +707,11 @@ def serve(
     try:
         if engine == "kserve":
             try:
-                from aitune_serve_kserve.launch import serve as serve_on_kserve
+                from aitune_serve_kserve.launch import serve_models
             except ModuleNotFoundError as exc:
                 _engine_missing(engine, exc)
-            serve_on_kserve(
-                factory,
-                artifact,
-                name=name,
+            serve_models(
+                [(f, a, name) for f, a in models],
                 host=host,
                 port=port,
                 grpc_port=grpc_port,

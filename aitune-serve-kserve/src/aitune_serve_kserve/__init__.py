@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["TunedModel", "serve"]
+__all__ = ["TunedModel", "serve", "serve_models"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,8 +20,8 @@ def __getattr__(name: str) -> Any:
         from .model import TunedModel
 
         return TunedModel
-    if name == "serve":
-        from .launch import serve
+    if name in ("serve", "serve_models"):
+        from . import launch
 
-        return serve
+        return getattr(launch, name)
     raise AttributeError(f"module 'aitune_serve_kserve' has no attribute {name!r}")

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,17 @@ def serve(
     artifact: str | Path,
     *,
     name: str | None = None,
+    **options: Any,
+) -> None:
+    """Serve ``artifact`` loaded into ``factory()`` as model ``name`` (default: the artifact's stem)
+    until SIGTERM or Ctrl-C; in-flight requests are answered first. ``options`` are
+    :func:`serve_models`'."""
+    serve_models([(factory, artifact, name)], **options)
+
+
+def serve_models(
+    models: Sequence[tuple[Factory | str, str | Path, str | None]],
+    *,
     host: str = "127.0.0.1",
     port: int = 8000,
     grpc_port: int | None = None,
@@ -87,38 +98,55 @@ def serve(
     read_timeout_s: float = READ_TIMEOUT_S,
     load_options: ait.LoadOptions | Mapping[str, Any] | None = None,
 ) -> None:
-    """Serve ``artifact`` loaded into ``factory()`` as model ``name`` (default: the artifact's stem)
-    until SIGTERM or Ctrl-C; in-flight requests are answered first (within ``grace_s``).
+    """Serve each ``(factory, artifact, name)`` (a None name: the artifact's stem) in one server until
+    SIGTERM or Ctrl-C; in-flight requests are answered first (within ``grace_s``). Every model is
+    loaded (and warmed up) before the server listens; one that cannot be stops the command.
 
     ``load_options`` are ``ait.load``'s options (``ait.LoadOptions``, or a mapping of its keyword
-    arguments: ``expected_sha256``, ``trusted_keys``, ``check``...). gRPC is served on ``grpc_port``
-    when given (kserve's gRPC server listens on every interface). A REST body larger than
-    ``max_body_bytes`` is refused (413) as soon as that many bytes came, one that stalls for
-    ``read_timeout_s`` is dropped (408): :mod:`.limits`.
+    arguments: ``expected_sha256``, ``trusted_keys``, ``check``...), the same for every model. gRPC is
+    served on ``grpc_port`` when given (kserve's gRPC server listens on every interface). A REST body
+    larger than ``max_body_bytes`` is refused (413) as soon as that many bytes came, one that stalls
+    for ``read_timeout_s`` is dropped (408): :mod:`.limits`.
     """
-    path = Path(artifact)
-    if not path.is_file():
-        raise FileNotFoundError(f"{artifact}: no such artifact")
+    if not models:
+        raise ValueError("serve_models needs at least one (factory, artifact, name)")
     sys.path.insert(0, os.getcwd())  # --factory mymodels:build imports from where the command runs
-    resolve_factory(factory)  # fails here, with the import error, before anything loads
-    model = TunedModel(
-        name or path.stem,
-        factory,
-        path,
-        load_options=load_options,
-        threads=threads,
-        eager=eager,
-        max_rows=max_rows,
-        pad=pad,
-    )
-    print(f"loading {artifact} into {factory if isinstance(factory, str) else 'the factory'}'s model", flush=True)
+    served: list[TunedModel] = []
+    for factory, artifact, name in models:
+        path = Path(artifact)
+        if not path.is_file():
+            raise FileNotFoundError(f"{artifact}: no such artifact")
+        resolve_factory(factory)  # fails here, with the import error, before anything loads
+        model_name = name or path.stem
+        if model_name in {m.name for m in served}:
+            raise ValueError(f"two models would be served as {model_name!r}: rename one artifact, or serve them apart")
+        served.append(
+            TunedModel(
+                model_name,
+                factory,
+                path,
+                load_options=load_options,
+                threads=threads,
+                eager=eager,
+                max_rows=max_rows,
+                pad=pad,
+            )
+        )
     with _signals_deferred() as stopped:
-        try:
-            model.load()
-        except AituneError:  # the artifact's or the load check's: its message says what to do
-            raise
-        except Exception as exc:  # the factory's model, or the warm-up call, failed
-            raise ServeStartError(f"{artifact} could not be served: {_first_line(exc)}") from exc
+        for model in served:
+            factory = model.factory
+            print(
+                f"loading {model.artifact} into {factory if isinstance(factory, str) else 'the factory'}'s model",
+                flush=True,
+            )
+            try:
+                model.load()
+            except AituneError:  # the artifact's or the load check's: its message says what to do
+                raise
+            except Exception as exc:  # the factory's model, or the warm-up call, failed
+                raise ServeStartError(f"{model.artifact} could not be served: {_first_line(exc)}") from exc
+            if stopped:
+                break
     if stopped:
         print("stopped before serving (a signal came while the model loaded)", flush=True)
         return
@@ -133,12 +161,14 @@ def serve(
         grace_period=grace_s,
     )
     grpc = f", gRPC on port {grpc_port}" if grpc_port is not None else ""
-    print(
-        f"serving {artifact} as model {model.name!r}{' (eager)' if eager else ''} at "
-        f"http://{host}:{port}/v2/models/{model.name}{grpc}; Ctrl-C or SIGTERM drains and stops",
-        flush=True,
-    )
-    server.start([model])
+    for model in served:
+        print(
+            f"serving {model.artifact} as model {model.name!r}{' (eager)' if eager else ''} at "
+            f"http://{host}:{port}/v2/models/{model.name}{grpc}",
+            flush=True,
+        )
+    print("Ctrl-C or SIGTERM drains and stops", flush=True)
+    server.start(list(served))
     print("stopped", flush=True)
 
 
