@@ -292,6 +292,9 @@ def test_shapes_cycling_past_the_budget_keep_the_first_graphs_and_run_the_rest_w
     """Room for two graphs, four shapes in a cycle: two captures in all, no capture storm."""
     log: list[str] = []
     runner = _runner(monkeypatch, log, graph_memory=2 * GRAPH_FLOOR_BYTES)
+    asked = []
+    room_for = runner._graphs.room_for
+    monkeypatch.setattr(runner._graphs, "room_for", lambda key, nbytes: asked.append(key) or room_for(key, nbytes))
     for _ in range(50):
         for batch in (2, 3, 4, 5):
             runner._replay(0, ((batch, 3),), [torch.zeros(batch, 3)])
@@ -299,6 +302,7 @@ def test_shapes_cycling_past_the_budget_keep_the_first_graphs_and_run_the_rest_w
     assert runner.ungraphed_calls == 100 and log.count("replay") == 100
     assert log.count("synchronize") == 0, "nothing was dropped, so nothing waited"
     assert log.count("context 0: enqueue") == 100, "the other shapes ran as plain enqueues on the profile's context"
+    assert len(asked) == 2 + 2 * 6, "a shape without a graph is reconsidered at 1, 2, 4, 8, 16 and 32 calls only"
 
 
 def test_a_shape_that_becomes_hot_takes_the_place_of_the_coldest_graph_once(monkeypatch):
@@ -310,7 +314,7 @@ def test_a_shape_that_becomes_hot_takes_the_place_of_the_coldest_graph_once(monk
     for _ in range(10):
         runner._replay(0, ((8, 3),), [torch.zeros(8, 3)])
     assert runner.captures == 3 and runner.cached_graphs == [((2, 3),), ((8, 3),)]
-    assert runner.ungraphed_calls == 2, "8 ran without a graph until it was called more than twice as often as 3"
+    assert runner.ungraphed_calls == 3, "8 ran without a graph until its count (asked at 1, 2, 4) beat twice 3's"
     assert log.count("synchronize") == 1, "the dropped graph's replays were waited for once"
     assert len(runner.engine.contexts) == 3, "8's graph took the context 3's graph left"
 

@@ -18,7 +18,8 @@ neither TensorRT nor CUDA reports. The graphs kept hold at most ``budget_bytes``
 **Which shapes get a graph.** Calls are counted per key (profile, shapes). A shape is captured
 on its first call when its graph fits in what the budget has left. When it does not fit, graphs
 are dropped for it only if each was called less than half as often (:data:`HOTTER`); otherwise
-the call runs without a graph, on its profile's plain context. So shapes that cycle through more
+the call runs without a graph, on its profile's plain context, and the runner asks again when the
+shape's count has doubled. So shapes that cycle through more
 than the budget holds keep the graphs captured first and run the rest as plain enqueues: no
 capture per call, which would synchronize the device and empty torch's caching allocator each
 time (``torch.cuda.graph``). Every :data:`AGE_EVERY` calls the counts halve, so a shape that

@@ -291,10 +291,12 @@ class EngineRunner:
 
     def _replay(self, index: int, shapes: tuple[Shape, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         key = (index, shapes)
-        self._graphs.record(key)
+        count = self._graphs.record(key)
         entry = self._graphs.current(key)
         if entry is None:
-            entry = self._admit(index, shapes, inputs)
+            # a shape without a graph is reconsidered each time its count doubles (1, 2, 4, 8...), so
+            # running it without one costs no look at the kept graphs on most calls
+            entry = self._admit(index, shapes, inputs) if count & (count - 1) == 0 else None
             if entry is None:
                 self.ungraphed_calls += 1
                 return self._plain(index, shapes, inputs)
