@@ -565,7 +565,6 @@ def _engine_missing(engine: str, exc: ModuleNotFoundError) -> NoReturn:
 def serve(
     artifacts: list[Path] = typer.Argument(
         ...,
-        metavar="ARTIFACT...",
         help="The .ait file (at the same path on every node of a cluster); kserve serves several in one server.",
     ),
     factories: list[str] = typer.Option(

@@ -125,8 +125,11 @@ class Canonicalizer:
         layout leaves out must be at its default, and ``*args`` extras cannot become keywords.
         """
         n_args, names = layout
-        if len(args) == n_args and tuple(kwargs) == names:
-            return args, kwargs
+        if len(args) == n_args and len(kwargs) == len(names):
+            if tuple(kwargs) == names:
+                return args, kwargs
+            if kwargs.keys() == set(names):  # the same keywords in another order (a server's request)
+                return args, {n: kwargs[n] for n in names}
         if self.signature is None:
             raise TypeError("the module's signature is unknown, so a call cannot be rearranged")
         positional, named = self._values(args, kwargs)
