@@ -202,3 +202,20 @@ def test_an_output_type_missing_where_the_artifact_loads_is_refused_or_eager(toy
     finally:
         tree._checked.cache_clear()
         tree.resolve.cache_clear()
+
+
+def test_call_leaves_reads_a_call_of_tensors_in_the_structures_order_and_flattens_any_other():
+    a, b, c = torch.ones(1), torch.zeros(2), torch.ones(3)
+    by_keyword = tree.CallLeaves(tree.flatten(((), {"ids": a, "mask": b}))[1])
+    assert by_keyword.keys == ("ids", "mask") and by_keyword.n_args == 0
+    assert list(by_keyword((), {"mask": b, "ids": a})) == [a, b], "the graph's order, whatever the call's"
+    assert list(by_keyword((), {"ids": a, "other": b})) == [a, b], "other keywords: flattened as they come"
+    mixed = tree.CallLeaves(tree.flatten(((a,), {"mask": b}))[1])
+    assert list(mixed((c,), {"mask": b})) == [c, b]
+    positional = tree.CallLeaves(tree.flatten(((a, b), {}))[1])
+    assert positional((a, b), {}) == (a, b)
+    assert list(positional((a, b, c), {})) == [a, b, c], "another count: flattened"
+    nested = tree.CallLeaves(tree.flatten(((a, [b, c]), {}))[1])
+    assert nested.n_args is None and list(nested((a, [b, c]), {})) == [a, b, c]
+    for broken in ({}, {"kind": "tuple", "items": [1, 2]}, {"kind": "tuple", "items": []}, {"kind": "dict"}):
+        assert tree.CallLeaves(broken).n_args is None  # a structure read from a file may be anything

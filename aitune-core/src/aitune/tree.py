@@ -37,6 +37,7 @@ import functools
 import json
 import re
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -56,6 +57,46 @@ def flatten(obj: Any, path: str = "") -> tuple[list[torch.Tensor], dict[str, Any
     """
     leaves: list[torch.Tensor] = []
     return leaves, _flatten(obj, leaves, path)
+
+
+class CallLeaves:
+    """The tensor leaves of a call ``(args, kwargs)`` made the way ``structure`` (a call's structure,
+    as :func:`flatten` gives it for ``(args, kwargs)``) says, for a backend's per-call path.
+
+    A call of tensors only, positional and by keyword, is read off directly: its positional
+    tensors, then its keyword tensors in the structure's key order (a backend's inputs follow that
+    order), with no walk and no structure built. Any other structure, or a call whose positional
+    count or keywords differ from it, is flattened as :func:`flatten` does.
+    """
+
+    __slots__ = ("keys", "n_args")
+
+    def __init__(self, structure: dict[str, Any]) -> None:
+        self.n_args: int | None = None
+        self.keys: tuple[str, ...] = ()
+        try:
+            if structure["kind"] != "tuple":
+                return
+            args_node, kwargs_node = structure["items"]
+            if args_node["kind"] != "tuple" or kwargs_node["kind"] != "dict":
+                return
+            if all(n["kind"] == "tensor" for n in (*args_node["items"], *kwargs_node["items"])):
+                keys = tuple(kwargs_node["keys"])
+                if all(isinstance(k, str) for k in keys) and len(keys) == len(kwargs_node["items"]):
+                    self.n_args, self.keys = len(args_node["items"]), keys
+        except (KeyError, TypeError, ValueError, IndexError):  # not a call's structure (it may come from a file)
+            return
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[torch.Tensor]:
+        keys = self.keys
+        if len(args) == self.n_args and len(kwargs) == len(keys):
+            if not keys:
+                return args
+            try:
+                return [*args, *[kwargs[k] for k in keys]] if args else [kwargs[k] for k in keys]
+            except KeyError:  # other keywords: flattened below, as they come
+                pass
+        return flatten((args, kwargs))[0]
 
 
 def _flatten(obj: Any, leaves: list[torch.Tensor], path: str) -> dict[str, Any]:
