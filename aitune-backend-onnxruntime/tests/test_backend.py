@@ -756,3 +756,54 @@ def test_a_graph_pinned_to_one_batch_size_is_exported_static(tmp_path, exporter)
 
     assert input_dims(backend, "static") == [6, 16]
     assert isinstance(input_dims(dynamic, "dynamic-payload")[0], str), "the dynamic build's batch axis is symbolic"
+
+
+class Residual(torch.nn.Module):
+    """Linear, the residual and a LayerNorm: what ONNX Runtime's SkipLayerNormFusion matches in BERT."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.norm = torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        return self.norm(self.lin(x) + x)
+
+
+def _op_types(path) -> set[str]:
+    import onnx
+
+    return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+def test_the_cpu_session_runs_without_the_skip_layer_norm_fusion_and_a_saved_graph_says_so(tmp_path):
+    """The fusion's fp32 CPU kernel is slower than the Add and LayerNormalization it replaces."""
+    import onnxruntime as ort
+
+    module = Residual().eval()
+    samples = _samples(lambda g, b: torch.randn(b, 8, 32, generator=g), [(2,), (4,)])
+    config = ONNXRuntimeBackendConfig(save_optimized_model=True, export=ONNXExportConfig(fallback_to_torchscript=False))
+    backend, graph = _build(module, samples, ["x"], tmp_path, config)
+    assert backend.build_info["disabled_optimizers"] == ["SkipLayerNormFusion"]
+    plain = tmp_path / "plain.onnx"  # the same graph in a session of ONNX Runtime's defaults fuses it
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(plain)
+    ort.InferenceSession(
+        str(backend.exported.folder / backend.exported.model), options, providers=["CPUExecutionProvider"]
+    )
+    assert "SkipLayerNormalization" in _op_types(plain)
+    assert "SkipLayerNormalization" not in _op_types(backend.exported.folder / "model.optimized.onnx")
+
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    metadata = backend.save(payload)
+    assert metadata["optimized_without"] == ["SkipLayerNormFusion"]
+    x = torch.randn(3, 8, 32)
+    for meta, used in ((metadata, True), ({**metadata, "optimized_without": None}, False)):
+        # an optimized graph saved before (with the fusion in it) is left for the export, optimized anew
+        loaded = ONNXRuntimeBackend(config)
+        loaded.load(module, payload, LoadContext(graph, CPU, meta, tmp_path / "cache"))
+        assert loaded.build_info["loaded_optimized_model"] is used
+        assert loaded.build_info.get("disabled_optimizers") == (None if used else ["SkipLayerNormFusion"])
+        with torch.no_grad():
+            assert_matches_eager(loaded.infer(x), module(x))

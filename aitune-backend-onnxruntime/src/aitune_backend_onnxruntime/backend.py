@@ -48,7 +48,7 @@ from .export import (
 )
 from .payload import OPTIMIZED_FILE
 from .plugin import provider_unavailable
-from .runner import ORTRunner, numpy_of
+from .runner import ORTRunner, disabled_optimizers, numpy_of
 
 UNSUPPORTED_DTYPES = ("bfloat16", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
 
@@ -71,6 +71,8 @@ class ONNXRuntimeBackend(Backend):
         self._dir: Path | None = None
         self._refit_dir: Path | None = None
         """The copy of the graph with refitted weights the session runs, inside ``_dir``."""
+        self._leaves = tree.CallLeaves({})
+        """A call's tensors in the graph's input order (set for the graph at build and load)."""
 
     @classmethod
     def default_configs(cls) -> list[ONNXRuntimeBackendConfig]:
@@ -163,6 +165,7 @@ class ONNXRuntimeBackend(Backend):
         else:  # which weight each initializer holds, found while they are the same values
             exported.refit_plan = refit_plan(folder / exported.model, module.state_dict(), batch_norm_eps(module))
         runner = self._runner(context.graph, context.device, provider, context.cache_dir)
+        self._leaves = tree.CallLeaves(context.graph.structure)
         start = time.perf_counter()
         runner.open(
             folder / exported.model,
@@ -174,6 +177,7 @@ class ONNXRuntimeBackend(Backend):
         self.runner = runner
         if save_optimized:
             exported.optimized = list(model_files(folder / OPTIMIZED_FILE))
+            exported.optimized_without = list(disabled_optimizers(provider))
         for i, sample in enumerate(context.samples):  # warm-up, and proof that ONNX Runtime runs it
             try:
                 self.infer(*sample.args, **sample.kwargs)
@@ -234,8 +238,7 @@ class ONNXRuntimeBackend(Backend):
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         if self.runner is None or self.exported is None:
             raise BuildError("ONNXRuntimeBackend used before build() or load()")
-        outputs = self.runner.run(tree.flatten((args, kwargs))[0])
-        return tree.unflatten(self.exported.output_structure, outputs)
+        return tree.unflatten(self.exported.output_structure, self.runner.run(self._leaves(args, kwargs)))
 
     # -- artifact -------------------------------------------------------------------------------
 
@@ -290,7 +293,11 @@ class ONNXRuntimeBackend(Backend):
             raise BackendUnavailableError(f"cannot load the onnxruntime payload here: {reason}")
         exported = self.exported = payload.copied_to(saved, self._own_folder())
         provider = self.provider_for(context.device)
-        preoptimized = bool(meta.get("optimized_model")) and meta.get("provider") == provider.value
+        preoptimized = (
+            bool(meta.get("optimized_model"))
+            and meta.get("provider") == provider.value
+            and _names(meta.get("optimized_without")) == sorted(disabled_optimizers(provider))
+        )  # an optimized graph of another provider, or with rewrites this session leaves out, is not used
         model = payload_file(exported.folder, meta["optimized_model"] if preoptimized else exported.model)
         outside = payload.external_data_outside(model, [*exported.files, *exported.optimized])
         if outside:
@@ -303,6 +310,7 @@ class ONNXRuntimeBackend(Backend):
                 payload_file(exported.folder, exported.model), module.state_dict(), batch_norm_eps(module)
             )
         runner = self._runner(context.graph, context.device, provider, context.cache_dir)
+        self._leaves = tree.CallLeaves(context.graph.structure)
         start = time.perf_counter()
         try:
             runner.open(model, exported.files, preoptimized=preoptimized)
@@ -312,3 +320,8 @@ class ONNXRuntimeBackend(Backend):
         self.build_info.update(
             loaded_optimized_model=preoptimized, session_s=round(time.perf_counter() - start, 3), exported=False
         )
+
+
+def _names(value: Any) -> list[str]:
+    """A list of names read from a payload's metadata (untrusted), sorted; anything else is none."""
+    return sorted(v for v in value if isinstance(v, str)) if isinstance(value, list) else []

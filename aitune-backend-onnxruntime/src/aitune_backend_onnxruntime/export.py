@@ -102,6 +102,9 @@ class ExportedModel:
     """The graph ONNX Runtime opens: the export's, or its int8 version."""
     optimized: list[str] = attrs.Factory(list)
     """ONNX Runtime's optimized graph and its files, when saved (a superset of what it references)."""
+    optimized_without: list[str] = attrs.Factory(list)
+    """The graph rewrites the session that wrote the optimized graph ran without (a load uses that
+    graph only where its session would run without the same ones)."""
     refit_plan: dict[str, PlanEntry] = attrs.Factory(dict)
     """Per initializer of the graph, how it follows from the module's weights (:func:`refit_plan`)."""
 

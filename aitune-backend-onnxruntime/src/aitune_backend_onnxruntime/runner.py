@@ -36,6 +36,15 @@ _TORCH_FROM_ORT = {
     "tensor(int8)": torch.int8, "tensor(uint8)": torch.uint8, "tensor(bool)": torch.bool,
 }  # fmt: skip
 
+CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+"""ONNX Runtime graph rewrites the CPU provider's sessions run without. ``SkipLayerNormFusion``
+turns ``Add`` (residual) + ``LayerNormalization`` into ``com.microsoft.SkipLayerNormalization``,
+whose fp32 CPU kernel is a scalar loop per row (a division per element, serial sums) where the
+``LayerNormalization`` and ``Add`` kernels it replaces are vectorised: on a dynamo export of BERT
+(which the fusion matches; a TorchScript export's shapes mostly keep it from matching) the graph
+ran 4-16% slower with it, at batch 1 and 8, hidden 128 to 768 (benchmarks/README.md, "ONNX Runtime:
+aitune's call against its own graph by hand"). The CUDA provider's kernel is a fused one worth having."""
+
 _SHARED_ON_COPY = frozenset({"inference", "stream", "run_options"})
 """What a deep copy shares with the original: ONNX Runtime objects, which cannot be copied."""
 
@@ -128,6 +137,7 @@ class ORTRunner:
             options.profile_file_prefix = str(profile_to)
         if optimized_to is not None:
             options.optimized_model_filepath = str(optimized_to)
+        disabled = disabled_optimizers(provider) if not preoptimized else ()
         available = ort.get_available_providers()
         if provider.ort_name not in available:
             raise BackendUnavailableError(
@@ -154,7 +164,8 @@ class ORTRunner:
             model_digest=model_digest(model, files) if provider is ONNXExecutionProvider.TENSORRT else "",
         )
         try:
-            inference = ort.InferenceSession(str(model), options, providers=chain)
+            extra = {"disabled_optimizers": list(disabled)} if disabled else {}
+            inference = ort.InferenceSession(str(model), options, providers=chain, **extra)
         except Exception as exc:
             raise BuildError(
                 f"ONNX Runtime could not create a session with the {provider.ort_name}: {exc}; check "
@@ -184,6 +195,8 @@ class ORTRunner:
             self.run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         self.outputs = [(_TORCH_FROM_ORT.get(o.type), _dims(o.shape)) for o in inference.get_outputs()]
         self.notes.update(provider=provider.value, session_providers=inference.get_providers(), io_binding=self.bound)
+        if disabled:
+            self.notes["disabled_optimizers"] = list(disabled)
 
     def check_profiled_placement(self) -> None:
         """End the profile of the first run and fail the build if it ran compute nodes on the CPU."""
@@ -203,12 +216,16 @@ class ORTRunner:
         return self._run_bound(tensors) if self.bound else self._run_host(tensors)
 
     def _run_host(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        feed = {name: numpy_of(t) for name, t in zip(self.input_names, tensors)}
+        # a host tensor as it usually comes (contiguous, no grad) is handed over by .numpy() alone:
+        # detach() and contiguous() are dispatcher calls, and every one of them slows the run after it
+        feed = {
+            name: t.numpy() if t.is_cpu and not t.requires_grad and t.is_contiguous() else numpy_of(t)
+            for name, t in zip(self.input_names, tensors)
+        }
         arrays = self.inference.run(self.output_names, feed)
-        outs = [torch.from_numpy(a) for a in arrays]
-        if self.device.type != "cpu":
-            outs = [o.to(self.device) for o in outs]
-        return outs
+        if self.device.type == "cpu":
+            return [torch.from_numpy(a) for a in arrays]
+        return [torch.from_numpy(a).to(self.device) for a in arrays]
 
     def _run_bound(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         binding = self.inference.io_binding()
@@ -289,6 +306,11 @@ def provider_chain(
         **options,
     }
     return [("TensorrtExecutionProvider", trt), cuda, cpu]
+
+
+def disabled_optimizers(provider: ONNXExecutionProvider) -> tuple[str, ...]:
+    """The graph rewrites a session on ``provider`` runs without (see :data:`CPU_DISABLED_OPTIMIZERS`)."""
+    return CPU_DISABLED_OPTIMIZERS if provider is ONNXExecutionProvider.CPU else ()
 
 
 def config_entries(provider: ONNXExecutionProvider, record_assignment: bool) -> dict[str, str]:
