@@ -20,6 +20,7 @@ import torch
 from aitune_testkit import serving
 
 from aitune.testing import assert_matches_eager
+from aitune.torch.serving import ClientError
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -217,26 +218,43 @@ def test_another_deployment_calls_the_model_through_its_handle(url):
     assert_matches_eager({k: torch.tensor(v) for k, v in got.items()}, _eager(x))
     only = handle.infer.remote({"x": torch.from_numpy(x)}, ["pooled"]).result(timeout_s=60)
     assert list(only) == ["pooled"]
-    with pytest.raises(Exception, match="unknown input 'y'"):
+    with pytest.raises(ClientError, match="unknown input 'y'"):  # no kserve needed to catch it
         handle.infer.remote({"y": x}).result(timeout_s=60)
 
 
-def test_the_eager_baseline_keeps_the_batching_and_runs_no_tuned_backend(url, artifact):
-    from aitune_serve_ray.replica import ReplicaModel
+@pytest.mark.parametrize(
+    ("options", "backend", "batch_size"),
+    [
+        ({"eager": True}, "eager (no tuned module ran)", 2),  # the same batching: one row padded to 2
+        ({"batching": False}, "encoder=torch_eager", 1),  # one row as sent, below the tuned 2..4: eager
+    ],
+    ids=["eager", "unbatched"],
+)
+def test_the_baselines_answer_the_same_protocol(url, artifact, options, backend, batch_size):
+    import aitune_serve_ray
 
-    x = torch.from_numpy(_x(1))
-    replica = ReplicaModel(MODEL, "aitune_testkit.serving:build_two_heads", artifact, threads=1, eager=True)
-    replica.load()
-    assert replica.batcher is not None
-    [answer] = replica.batcher.runner.run([{"x": x}])
-    assert_matches_eager(answer.outputs, _eager(x.numpy()))
-    assert answer.backends == () and answer.batch_sizes == (2,)  # padded to the tuned batch sizes all the same
-    unbatched = ReplicaModel(MODEL, "aitune_testkit.serving:build_two_heads", artifact, threads=1, batching=False)
-    unbatched.load()
-    assert unbatched.batcher is not None
-    with pytest.warns(RuntimeWarning, match="outside what was tuned"):
-        [answer] = unbatched.batcher.runner.run([{"x": x}])  # one row, as sent: below the tuned 2..4
-    assert answer.backends == ("encoder=torch_eager",) and answer.batch_sizes == (1,)
+    name = "baseline"
+    app = aitune_serve_ray.deployment(
+        "aitune_testkit.serving:build_two_heads",
+        artifact,
+        name=name,
+        threads=1,
+        ray_actor_options={"num_cpus": 0.5},  # beside the module's replica on Ray's two CPUs
+        **options,
+    )
+    serve.run(app, name=name, route_prefix=f"/{name}")
+    client = httpclient.InferenceServerClient(f"{url}/{name}", network_timeout=60)
+    try:
+        x = _x(1, seed=6)
+        tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        result = client.infer(name, [tensor])
+    finally:
+        client.close()
+        serve.delete(name)
+    assert_matches_eager(torch.tensor(result.as_numpy("logits")), _eager(x)["logits"])
+    parameters = result.get_response()["parameters"]
+    assert parameters["aitune_backend"] == backend and parameters["aitune_batch_size"] == batch_size, parameters
 
 
 def test_a_killed_replica_is_replaced_and_serves_again(client):
@@ -273,3 +291,18 @@ def test_deployment_options_reach_ray_serve_and_threads_set_the_cpus(artifact):
         aitune_serve_ray.deployment("aitune_testkit.serving:build_two_heads", artifact.parent / "missing.ait")
     with pytest.raises(ValueError, match="give ait.load's options once"):
         aitune_serve_ray.deployment("m:b", artifact, load_options={"check": False}, trust_native_code=True)
+
+
+def test_building_the_application_imports_no_kserve(artifact):
+    """kserve is imported in the replicas only: a driver that also holds Triton's gRPC client, whose
+    protocol buffers share kserve's names, builds and calls the application."""
+    import subprocess
+    import sys
+
+    check = (
+        "import sys, aitune_serve_ray\n"
+        f"aitune_serve_ray.deployment('aitune_testkit.serving:build_two_heads', {str(artifact)!r})\n"
+        f"aitune_serve_ray.app({{'artifact': {str(artifact)!r}, 'factory': 'm:b'}})\n"
+        "assert 'kserve' not in sys.modules, sorted(m for m in sys.modules if m.startswith('kserve'))\n"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=180)

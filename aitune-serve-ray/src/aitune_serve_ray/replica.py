@@ -13,13 +13,11 @@ and their replacement.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -27,139 +25,15 @@ import torch
 from ray import serve
 
 import aitune.torch as ait
-from aitune.torch.serving import Answer, BatchPlan, BatchRunner, ClientError, Factory, Request, tuned_threads
-from aitune_serve_kserve.batching import Batcher
+from aitune.torch.serving import ClientError, Factory, tuned_threads
 from aitune_serve_kserve.limits import MAX_BODY_BYTES, READ_TIMEOUT_S, BodyLimits
-from aitune_serve_kserve.model import TunedModel as ProtocolModel
-from aitune_serve_kserve.protocol import v2_app
 
-from .metrics import Metrics
+if TYPE_CHECKING:
+    from .model import ReplicaModel
 
 logger = logging.getLogger("aitune.serve")
 
 BATCH_WAIT_S = 0.005
-
-
-@attrs.frozen
-class _Item:
-    """One checked request waiting for its batch."""
-
-    request: Request
-    weight: int
-    """Its rows, counted at most up to the batch's size in rows (a larger request is split by the runner)."""
-    arrived: float
-
-
-def _weight(items: Sequence[_Item]) -> int:
-    return sum(item.weight for item in items)
-
-
-class _BatchSettings(Protocol):
-    """What a ``@serve.batch`` method offers besides its call (Ray documents both setters; its type
-    hints give the decorated method only its call)."""
-
-    def set_max_batch_size(self, new_max_batch_size: int) -> None: ...
-
-    def set_batch_wait_timeout_s(self, new_batch_wait_timeout_s: float) -> None: ...
-
-
-class ServeBatcher(Batcher):
-    """The kserve engine's queue, replaced by Ray Serve's own ``serve.batch``: a request waits up to
-    ``wait_s`` for others, the batch holds up to ``max_batch_size`` rows, and one worker thread runs
-    the runner on it (one batch at a time, with the replica's torch threads).
-
-    ``serve.batch`` keeps one queue per decorated method in a process: one replica serves one model.
-    """
-
-    def __init__(
-        self, runner: BatchRunner, *, max_batch_size: int, wait_s: float, threads: int, metrics: Metrics
-    ) -> None:
-        super().__init__(runner)
-        self.max_batch_size = max_batch_size
-        self.threads = threads
-        self.metrics = metrics
-        settings = cast(_BatchSettings, self._batched)
-        settings.set_max_batch_size(max_batch_size)
-        settings.set_batch_wait_timeout_s(wait_s)
-
-    async def submit(self, request: Request) -> Answer:
-        """This request's answer, computed in a batch Ray Serve formed (raises :class:`ClientError`)."""
-        weight = min(self.runner.rows(request), self.max_batch_size)
-        answer = await self._batched(_Item(request, weight, time.perf_counter()))
-        if isinstance(answer, ClientError):
-            raise answer
-        return answer
-
-    @serve.batch(max_batch_size=1, batch_wait_timeout_s=BATCH_WAIT_S, batch_size_fn=_weight)
-    async def _batched(self, items: list[_Item]) -> list[Answer | ClientError]:
-        started = time.perf_counter()
-        for item in items:
-            self.metrics.queued(started - item.arrived)
-        answers = await asyncio.to_thread(self._run, [item.request for item in items])
-        self.last_call_ok = time.monotonic()  # what the model's health probe reads, as with kserve's queue
-        return answers
-
-    def _run(self, requests: list[Request]) -> list[Answer | ClientError]:
-        torch.set_num_threads(self.threads)  # the intra-op budget of this worker thread too
-        return self.runner.run(requests)
-
-
-class ReplicaModel(ProtocolModel):
-    """The kserve engine's model (load and warm-up, metadata, request checks, response), its calls
-    queued by Ray Serve's ``serve.batch`` and observed by Ray Serve's metrics.
-
-    ``max_batch_size`` is a batch's size in rows (default: the largest tuned batch size; a larger one
-    is cut into calls of tuned sizes); ``batching=False`` makes each request one model call, as sent
-    (the baseline a load test compares against). ``pad`` (input name -> pad value) adds to the
-    padding the artifact declares, so that requests of different lengths join one call.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        factory: Factory | str,
-        artifact: str | Path,
-        *,
-        load_options: Any = None,
-        threads: int | None = None,
-        eager: bool = False,
-        max_rows: int | None = None,
-        pad: Mapping[str, float] | None = None,
-        max_batch_size: int | None = None,
-        batch_wait_timeout_s: float = BATCH_WAIT_S,
-        batching: bool = True,
-    ) -> None:
-        super().__init__(
-            name,
-            factory,
-            artifact,
-            load_options=load_options,
-            threads=threads,
-            eager=eager,
-            max_rows=max_rows,
-            pad=pad,
-        )
-        self.max_batch_size = max_batch_size
-        self.batch_wait_timeout_s = batch_wait_timeout_s
-        self.batching = batching
-        self.metrics = Metrics()
-
-    def load(self) -> bool:
-        super().load()  # built, loaded, warmed up through the kserve engine's queue
-        assert self.batcher is not None
-        runner = self.batcher.runner
-        self.batcher.close()
-        runner.on_call = self.metrics.call
-        if not self.batching:
-            runner.plan = BatchPlan(())
-        self.batcher = ServeBatcher(
-            runner,
-            max_batch_size=self.max_batch_size or runner.plan.max_batch_size,
-            wait_s=self.batch_wait_timeout_s,
-            threads=self.threads,
-            metrics=self.metrics,
-        )
-        return self.ready
 
 
 @serve.deployment(max_ongoing_requests=64)
@@ -185,8 +59,10 @@ class TunedModel:
         max_body_bytes: int = MAX_BODY_BYTES,
         read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
+        from .model import ReplicaModel  # kserve is imported in the replica only (see .model)
+
         self.limits = {"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s}
-        self.model = ReplicaModel(
+        self.model: ReplicaModel = ReplicaModel(
             name or Path(artifact).stem,
             factory,
             artifact,
@@ -205,6 +81,8 @@ class TunedModel:
         """The replica's HTTP side: kserve's v2 routes over this replica's model, request bodies read
         within the kserve engine's limits (a size cap while the body streams, a read timeout). Ray
         Serve calls it once the model is loaded."""
+        from aitune_serve_kserve.protocol import v2_app
+
         app = v2_app([self.model])
         app.add_middleware(BodyLimits, **self.limits)
         return app
@@ -215,7 +93,10 @@ class TunedModel:
         """The model's outputs for named tensors (numpy arrays or CPU tensors, the batch axis
         included), through the same checks and batches as an HTTP request: what another deployment
         calls through a handle (``await handle.infer.remote({"input_ids": ids})``). ``outputs``
-        selects some; a request the model cannot take raises ``kserve.errors.InvalidInput``."""
+        selects some. A request the model cannot take raises
+        :class:`aitune.torch.serving.ClientError` (a ``ValueError``) saying what to send, as the
+        protocol's 400 does."""
+        from kserve.errors import InvalidInput
         from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
         from kserve.utils.numpy_codec import from_np_dtype
 
@@ -225,7 +106,10 @@ class TunedModel:
             tensors.append(InferInput(name, list(array.shape), from_np_dtype(array.dtype) or "BYTES", data=array))
         wanted = [RequestedOutput(name) for name in outputs] if outputs else None
         request = InferRequest(self.model.name, tensors, request_outputs=wanted)
-        response = await self.model.predict(request)
+        try:
+            response = await self.model.predict(request)
+        except InvalidInput as exc:  # kserve's type: a caller need not import kserve to catch it
+            raise ClientError(str(exc)) from None
         return {output.name: output.as_numpy() for output in response.outputs}
 
     async def check_health(self) -> None:
