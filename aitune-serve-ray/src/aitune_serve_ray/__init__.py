@@ -39,7 +39,7 @@ APP_ARGS = (
 
 def app(args: Mapping[str, Any]) -> Any:
     """The Ray Serve application builder of a Serve config file (``serve run config.yaml``,
-    ``serve build``, ``serve deploy``)::
+    ``serve deploy config.yaml``; ``serve build`` takes a built application, :func:`deployment`'s)::
 
         applications:
           - name: bert
