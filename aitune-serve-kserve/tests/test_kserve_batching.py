@@ -142,9 +142,10 @@ def test_a_slow_model_runs_even_a_lone_request_in_its_own_thread(monkeypatch):
     assert model.threads[1].startswith("aitune-model")
 
 
-def test_health_is_the_last_answer_or_a_health_call_and_never_while_stopping(monkeypatch):
-    """What the readiness probes read (``TunedModel.healthy``): a recent call is proof enough; an idle
-    model is asked with the start-up request; a model that fails it, or a closing batcher, is not ready."""
+def test_health_is_cheap_probes_an_idle_model_in_the_background_and_is_false_while_stopping(monkeypatch):
+    """What the readiness probes read (``TunedModel.healthy``, which kserve also asks before every
+    request): never a wait; an idle model is sent its start-up request in the background, and a
+    failure of that call reads not healthy until a call succeeds again."""
     from aitune_serve_kserve import batching
 
     model = Recording()
@@ -153,17 +154,23 @@ def test_health_is_the_last_answer_or_a_health_call_and_never_while_stopping(mon
     probe = {"x": torch.ones(1, 2)}
 
     async def scenario() -> list[bool]:
-        said = [await batcher.healthy(probe)]  # idle since start: the probe runs
-        said.append(await batcher.healthy(probe))  # it just answered: no call
+        said = [batcher.healthy(probe)]  # idle since start: healthy until told otherwise, a probe sent
+        await batcher._probe_task
+        said.append(batcher.healthy(probe))  # it just answered: nothing sent
         monkeypatch.setattr(batching, "HEALTH_CALL_AFTER_S", 0.0)
-        said.append(await batcher.healthy({"x": torch.ones(1, 3)}))  # the model raises on it: not ready
+        said.append(batcher.healthy({"x": torch.ones(1, 3)}))  # this probe makes the model raise
+        await batcher._probe_task
+        monkeypatch.setattr(batching, "HEALTH_CALL_AFTER_S", 3600.0)
+        said.append(batcher.healthy(probe))  # the failure reads
+        await batcher.submit(probe)  # a call that succeeds
+        said.append(batcher.healthy(probe))
         return said
 
     try:
         said = asyncio.run(scenario())
-        assert said == [True, True, False]
-        assert model.calls == [2, 2] and "three features are not taken" in batcher.unhealthy_reason
+        assert said == [True, True, True, False, True]
+        assert model.calls == [2, 2, 2] and "three features are not taken" in batcher.unhealthy_reason
         batcher.close()
-        assert not asyncio.run(batcher.healthy(probe)) and batcher.unhealthy_reason == "the server is stopping"
+        assert not batcher.healthy(probe) and batcher.unhealthy_reason == "the server is stopping"
     finally:
         batcher.close()

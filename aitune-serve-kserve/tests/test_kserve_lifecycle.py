@@ -118,3 +118,30 @@ def test_an_artifact_that_does_not_load_is_one_error_line_and_exit_1(tmp_path):
     said = " ".join(done.stderr.split())
     assert said.startswith("error:") and "not a readable .ait artifact" in said, said
     assert "Traceback" not in done.stderr
+
+
+def test_a_second_load_changes_nothing(artifact):
+    """kserve calls ``load()`` inside a request whenever the model reads not ready: a loaded model
+    is not built again (in a process of its own: kserve and tritonclient.grpc cannot share one)."""
+    script = f"""
+import kserve_testmodel
+from aitune_serve_kserve.model import TunedModel
+built = []
+def factory():
+    built.append(1)
+    return kserve_testmodel.build()
+model = TunedModel("m", factory, {str(artifact)!r}, threads=1)
+assert model.load() and len(built) == 1
+batcher = model.batcher
+model.ready = False  # as after a failed health call
+assert not model.load() and len(built) == 1 and model.batcher is batcher
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(kserve_testmodel.__file__).parent,
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

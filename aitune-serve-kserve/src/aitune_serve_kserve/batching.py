@@ -71,6 +71,10 @@ class Batcher:
         self._running = False  # a call is running in the model's thread
         self._last_call_s = 0.0
         self.unhealthy_reason = ""
+        self.failure: str | None = None
+        """Why the last health call failed; None once any call succeeds."""
+        self._probing = False
+        self._probe_task: asyncio.Task[None] | None = None
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="aitune-model", initializer=setup_thread
         )
@@ -98,7 +102,7 @@ class Batcher:
         started = time.perf_counter()
         [answer] = self.runner.run([request])  # raising: the server's own failure, this request's alone
         self._last_call_s = time.perf_counter() - started
-        self.last_call_ok = time.monotonic()
+        self._answered()
         return answer
 
     async def _queued(self, request: Request) -> Answer | ClientError:
@@ -146,7 +150,7 @@ class Batcher:
             finally:
                 self._running = False
             self._last_call_s = time.perf_counter() - started
-            self.last_call_ok = time.monotonic()
+            self._answered()
             for waiting, answer in zip(batch, answers):
                 if not waiting.future.done():  # a client that went away cancelled its future
                     waiting.future.set_result(answer)
@@ -156,20 +160,31 @@ class Batcher:
     def closing(self) -> bool:
         return self._closing
 
-    async def healthy(self, probe: Request | None) -> bool:
-        """Not stopping, and a model call returned in the last :data:`HEALTH_CALL_AFTER_S` seconds, or
-        ``probe`` (a request the model answered at start-up) does now; :attr:`unhealthy_reason` says why not."""
+    def healthy(self, probe: Request | None) -> bool:
+        """Not stopping, and the last health call (if any) did not fail; :attr:`unhealthy_reason` says
+        why not. Cheap, as it must be: kserve asks it before every request. When no model call returned
+        for :data:`HEALTH_CALL_AFTER_S`, ``probe`` (a request the model answered at start-up) is sent in
+        the background, and its failure reads here until a call succeeds again."""
         if self._closing:
             self.unhealthy_reason = "the server is stopping"
             return False
-        if probe is None or time.monotonic() - self.last_call_ok < HEALTH_CALL_AFTER_S:
-            return True
+        if probe is not None and not self._probing and time.monotonic() - self.last_call_ok >= HEALTH_CALL_AFTER_S:
+            self._probing = True
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe(probe))
+        return self.failure is None
+
+    async def _probe(self, probe: Request) -> None:
         try:
             await self.submit(probe)
         except Exception as exc:
-            self.unhealthy_reason = f"the health call failed ({type(exc).__name__}: {exc})"
-            return False
-        return True
+            self.failure = self.unhealthy_reason = f"the health call failed ({type(exc).__name__}: {exc})"
+        finally:
+            self._probing = False
+
+    def _answered(self) -> None:
+        """A model call returned: the model is healthy."""
+        self.last_call_ok = time.monotonic()
+        self.failure = None
 
     def run_now(self, requests: Sequence[Request]) -> list[Answer | ClientError]:
         """Requests run in the model's thread, blocking (the warm-up before the server is ready)."""

@@ -105,13 +105,22 @@ class TunedModel(Model):
         self.row_caps: dict[str, int] = {}
         self._warm_up: dict[str, torch.Tensor] | None = None
         self._metric_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self._said = ""
 
     @property
     def max_rows(self) -> int:
         return self._max_rows or ROWS_PER_BATCH * self.plan.max_batch_size
 
     def load(self) -> bool:
-        """Build, ``ait.load``, warm up (a call at the smallest tuned batch size), then ready."""
+        """Build, ``ait.load``, warm up (a call at the smallest tuned batch size), then ready. Once
+        loaded, a second call changes nothing: kserve calls ``load()`` inside a request whenever the
+        model reads not ready, where a rebuild would stall the server; a model whose health call failed
+        stays not ready, and its log says why."""
+        if self.batcher is None:
+            self._load()
+        return self.ready
+
+    def _load(self) -> None:
         torch.set_num_threads(self.threads)
         build = resolve_factory(self.factory)
         model = ait.load(build(), self.artifact, options=self.load_options)
@@ -154,16 +163,16 @@ class TunedModel(Model):
             self.padding.describe(),
         )
         self.ready = True
-        return self.ready
 
     async def healthy(self) -> bool:
         """Ready (kserve's readiness and health probes ask this): loaded, and the batcher's
         :meth:`~.batching.Batcher.healthy` (not stopping, and the model answers)."""
         if not self.ready or self.batcher is None:
             return False
-        healthy = await self.batcher.healthy(self._warm_up)
-        if not healthy:
-            logger.warning("%s reads not ready: %s", self.name, self.batcher.unhealthy_reason)
+        healthy = self.batcher.healthy(self._warm_up)
+        if not healthy and self._said != self.batcher.unhealthy_reason:
+            self._said = self.batcher.unhealthy_reason  # once per reason: this is asked before every request
+            logger.warning("%s reads not ready: %s", self.name, self._said)
         return healthy
 
     def stop(self) -> None:

@@ -83,7 +83,7 @@ class ServeBatcher(Batcher):
         for item in items:
             self.metrics.queued(started - item.arrived)
         answers = await asyncio.to_thread(self._run, [item.request for item in items])
-        self.last_call_ok = time.monotonic()  # what the model's health probe reads, as with kserve's queue
+        self._answered()  # what the model's health check reads, as with kserve's queue
         return answers
 
     def _run(self, requests: list[Request]) -> list[Answer | ClientError]:
@@ -131,8 +131,8 @@ class ReplicaModel(ProtocolModel):
         self.batching = batching
         self.metrics = Metrics()
 
-    def load(self) -> bool:
-        super().load()  # built, loaded, warmed up through the kserve engine's queue
+    def _load(self) -> None:
+        super()._load()  # built, loaded, warmed up through the kserve engine's queue
         assert self.batcher is not None
         runner = self.batcher.runner
         self.batcher.close()
@@ -146,4 +146,3 @@ class ReplicaModel(ProtocolModel):
             threads=self.threads,
             metrics=self.metrics,
         )
-        return self.ready
