@@ -13,6 +13,14 @@ the way a user would by hand, outside aitune: a TorchScript ONNX export traced f
 run by an ONNX Runtime session ("TorchScript by hand"), and AOTInductor built per batch size with
 static shapes ("AOTInductor static", one build per row). The table gives the default pick's miss
 against the fastest fp32 contender of each row, in %, and the load average around the run.
+
+Where the default pick runs ONNX Runtime, the very file its session opens is also run in a plain
+session, the way a user would run it by hand (``ORT_ENABLE_ALL``, the same threads, numpy in and
+out): "aitune's graph by hand", timed in the same interleaved loop, and each row says how far
+aitune's call of its graph is from that ("default vs its own graph"), so a per-call cost aitune
+adds shows at once. Where the default picks another runtime, the graph is that of "aitune ORT"
+(``MaxThroughputStrategy`` over ONNX Runtime's default candidates alone), and the row says so.
+``--contenders "aitune default,aitune ORT"`` tunes those alone (minutes instead of the whole field).
 """
 
 from __future__ import annotations
@@ -98,6 +106,9 @@ def contenders() -> dict[str, Callable[[], Any]]:
         ),
         "ORT int8": one(int8),
         "aitune default": lambda: ait.MaxThroughputStrategy(),
+        ORT_PICK: lambda: ait.MaxThroughputStrategy(
+            [ONNXRuntimeBackend(c) for c in ONNXRuntimeBackend.default_configs()]
+        ),
     }
 
     out["aitune + int8"] = lambda: ait.MaxThroughputStrategy()  # tuned with the accuracy budget below
@@ -106,7 +117,11 @@ def contenders() -> dict[str, Callable[[], Any]]:
 
 STATIC = "AOTInductor static"
 BY_HAND = "TorchScript by hand"
-FP32_EXCLUDED = ("ORT int8", "aitune default", "aitune + int8")
+OWN_GRAPH = "aitune's graph by hand"
+ORT_PICK = "aitune ORT"
+"""aitune's pick among ONNX Runtime's default candidates alone (both exports, eager attention): the
+call whose own graph is run by hand where the default pick is not ONNX Runtime."""
+FP32_EXCLUDED = ("ORT int8", "aitune default", "aitune + int8", OWN_GRAPH, ORT_PICK)
 """Not fp32 contenders of their own: the default pick's miss is measured against the others."""
 
 
@@ -140,6 +155,39 @@ def by_hand(model: Any, items: list[dict[str, Any]], threads: int, tmp: Path) ->
     return lambda item: session.run(None, {n: item[n].numpy() for n in names})
 
 
+def own_graph(model: Any, threads: int) -> Callable[[dict[str, Any]], Callable[[], Any] | None] | None:
+    """The ONNX file that the default pick's ONNX Runtime session opens, run in a plain session by
+    hand (``ORT_ENABLE_ALL``, ``threads``); None when the pick is not ONNX Runtime. With several
+    graphs (batch ranges), each call runs the file of the graph its inputs fit."""
+    import onnxruntime as ort
+
+    from aitune import tree
+
+    sessions = []
+    for graph, backend in model.tuned_graphs:
+        exported = getattr(backend, "exported", None)
+        if backend.name != "onnxruntime" or exported is None:
+            continue
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        path = str(exported.folder / exported.model)
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        sessions.append((graph, session, [i.name for i in session.get_inputs()]))
+    if not sessions:
+        return None
+
+    def run(item: dict[str, Any]) -> Any:
+        """The call run by hand on the graph it fits, as a function of no arguments (None: it fits
+        none, its batch size went to another runtime)."""
+        leaves = tree.flatten(((), item))[0]
+        for graph, session, names in sessions:
+            if graph.mismatch(leaves) is None:
+                return lambda: session.run(None, {n: t.numpy() for n, t in zip(names, leaves)})
+        return None
+
+    return run
+
+
 BUDGETED = {"aitune + int8": {"metric": "cosine_similarity", "accuracy_budget": 0.01}}
 """Contenders tuned with a metric and an accuracy budget (which admits ONNX Runtime int8 by default)."""
 
@@ -156,7 +204,10 @@ def run_case(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     tune_items = [data(b, seed) for b in BATCHES for seed in (1, 2)]
     out: dict[str, Any] = {"case": name, "note": note, "contenders": {}, "timing_ms": {}}
     models: dict[str, Any] = {}
-    for label, strategy in contenders().items():
+    chosen = contenders()
+    if args.contenders:
+        chosen = {k: v for k, v in chosen.items() if k in args.contenders.split(",")}
+    for label, strategy in chosen.items():
         torch.manual_seed(0)
         model = ait.Module(build(), label, strategy=strategy())
         start = time.perf_counter()
@@ -184,8 +235,13 @@ def run_case(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         }
         if model.state == "tuned":
             models[label] = model
+    owners = [
+        (label, own_graph(models[label], args.threads)) for label in ("aitune default", ORT_PICK) if label in models
+    ]
+    owners = [(label, own) for label, own in owners if own is not None]
+    out["own_graph_of"] = {}
     static: dict[int, Any] = {}
-    if "torch_inductor_aot" in ait_backends():
+    if "torch_inductor_aot" in ait_backends() and "AOTInductor" in chosen:
         for batch in BATCHES:
             torch.manual_seed(0)
             model = ait.Module(build(), f"{STATIC} {batch}", strategy=contenders()["AOTInductor"]())
@@ -217,6 +273,13 @@ def run_case(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             runners[STATIC] = lambda m=static[batch], item=item: m(**item)
         if hand is not None:
             runners[BY_HAND] = lambda item=item: hand(item)
+        for label, own in owners:  # the default pick's graph where it runs ONNX Runtime, else ONNX Runtime's pick's
+            mine = own(item)
+            if mine is not None:
+                runners[OWN_GRAPH] = mine
+                out["own_graph_of"][str(batch)] = label
+                out["contenders"][OWN_GRAPH] = {"pick": ["onnxruntime session on the ONNX file aitune's session opens"]}
+                break
         out["timing_ms"][str(batch)] = interleaved(runners, args.steps, args.repeats)
     out["load_after"] = os.getloadavg()
     return out
@@ -257,9 +320,19 @@ def miss(timing: dict[str, Any], wrong: tuple[str, ...] = ()) -> str:
     return f"{behind:+.0f}% vs {best}" if behind > 0 else "fastest"
 
 
+def own_gap(timing: dict[str, Any], owner: str = "aitune default") -> str:
+    """How much slower aitune's call of its pick (``owner``'s) runs than the same ONNX file in a plain
+    session, in % of the medians (negative: faster)."""
+    mine, own = timing.get(owner), timing.get(OWN_GRAPH)
+    if mine is None or own is None:
+        return ""
+    gap = f"{(mine['median'] / own['median'] - 1) * 100:+.1f}%"
+    return gap if owner == "aitune default" else f"{gap} ({owner})"
+
+
 def markdown(results: dict[str, Any]) -> str:
     labels = list(contenders_names(results))
-    head = ["case", "batch", "eager ms", *labels, "default's miss"]
+    head = ["case", "batch", "eager ms", *labels, "default's miss", "default vs its own graph"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in results["cases"]:
         for batch, timing in case["timing_ms"].items():
@@ -274,6 +347,7 @@ def markdown(results: dict[str, Any]) -> str:
                 )
             wrong = tuple(k for k, v in case["contenders"].items() if v.get("wrong"))
             row.append(miss(timing, wrong))
+            row.append(own_gap(timing, case.get("own_graph_of", {}).get(batch, "aitune default")))
             lines.append("| " + " | ".join(row) + " |")
     picks = [
         f"- {c['case']} / {label}: {v.get('pick') or v.get('error')} (max rel err {v.get('max_rel_error')})"
@@ -298,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--out", default=None)
+    p.add_argument("--contenders", default="", help="comma-separated contender names to tune (default: all)")
     args = p.parse_args(argv)
     if "torch" not in sys.modules:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):

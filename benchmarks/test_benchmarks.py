@@ -142,7 +142,7 @@ def test_overhead_benchmark_runs_the_wrapper_tuned_and_reports_the_machine() -> 
 
 
 def test_the_peers_table_gives_the_default_picks_miss_against_the_fastest_fp32_contender() -> None:
-    from benchmarks.peers import markdown, miss
+    from benchmarks.peers import markdown, miss, own_gap
 
     def s(ms: float) -> dict[str, float]:
         return {"median": ms, "q1": ms, "q3": ms}
@@ -154,5 +154,10 @@ def test_the_peers_table_gives_the_default_picks_miss_against_the_fastest_fp32_c
     results = {"cases": [{"case": "bert", "contenders": {"ORT torchscript": {}}, "timing_ms": {"1": row},
                           "load_before": (9.5, 9.0, 8.0), "load_after": (9.8, 9.1, 8.1)}]}  # fmt: skip
     text = markdown(results)
-    assert text.splitlines()[0].endswith("| default's miss |") and "+20% vs ORT torchscript |" in text
+    assert text.splitlines()[0].endswith("| default's miss | default vs its own graph |")
+    assert "+20% vs ORT torchscript |" in text
     assert "load average (1, 5, 15 min) (9.5, 9.0, 8.0) before timing" in text
+    own = {**row, "aitune's graph by hand": s(11.0)}
+    assert own_gap(own) == "+9.1%" and own_gap(row) == ""
+    assert own_gap({**own, "aitune ORT": s(11.0)}, "aitune ORT") == "+0.0% (aitune ORT)"
+    assert miss(own) == "+20% vs ORT torchscript", "aitune's own graph by hand is a reference, not a contender"
