@@ -39,12 +39,12 @@ _TORCH_FROM_ORT = {
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 """ONNX Runtime graph rewrites the CPU provider's sessions run without. ``SkipLayerNormFusion``
 turns ``Add`` (residual) + ``LayerNormalization`` into ``com.microsoft.SkipLayerNormalization``,
-whose fp32 CPU kernel (in onnxruntime 1.32: a scalar loop per row, a division per element) took
-about five times what the ``Add`` and ``LayerNormalization`` it replaces took: on a dynamo export
-of BERT (which the fusion matches; a TorchScript export's shapes mostly keep it from matching) the
-graph ran 4-26% slower with it, at batch 1 and 8, hidden 128 to 768 (benchmarks/README.md, "ONNX
-Runtime: aitune's call against its own graph by hand"). The CUDA and TensorRT providers' sessions
-keep it (another kernel, not measured)."""
+whose fp32 CPU kernel (in ONNX Runtime's source: a scalar loop per row, a division per element)
+took about five times what the ``Add`` and ``LayerNormalization`` it replaces took in onnxruntime
+1.32: on a dynamo export of BERT (the TorchScript exports tried were not fused by it) the graph ran
+4-26% slower with it, at batch 1 and 8, hidden 128 to 768 (benchmarks/README.md, "ONNX Runtime:
+aitune's call against its own graph by hand"). The CUDA and TensorRT providers' sessions keep it
+(another kernel, not measured)."""
 
 _SHARED_ON_COPY = frozenset({"inference", "stream", "run_options"})
 """What a deep copy shares with the original: ONNX Runtime objects, which cannot be copied."""
