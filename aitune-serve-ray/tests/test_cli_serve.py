@@ -68,10 +68,11 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_path):
-    port = _free_port()
+    port, metrics_port, dashboard_port = _free_port(), _free_port(), _free_port()
     command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--engine", "ray"]
     command += ["--factory", "aitune_testkit.serving:build_two_heads", "--port", str(port), "--threads", "1"]
     command += ["--name", "tiny", "--max-rows", "8", "--no-check"]  # the kserve engine's options hold here too
+    command += ["--metrics-port", str(metrics_port), "--dashboard-port", str(dashboard_port)]
     log = tmp_path / "serve.log"
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's sockets need a short path; nox's TMPDIR is long
     process = subprocess.Popen(
@@ -89,6 +90,22 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
             assert_matches_eager(_logits(url, "tiny", x), serving.build_two_heads()(torch.from_numpy(x))["logits"])
         with pytest.raises(Exception, match="9 rows in one request; this server takes at most 8"):
             _logits(url, "tiny", np.zeros((9, 8, 16), np.float32))
+        # Ray's own tools: serve status through the dashboard, Prometheus on the metrics port
+        status = subprocess.run(
+            [str(Path(sys.executable).parent / "serve"), "status", "--address", f"http://127.0.0.1:{dashboard_port}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            # a local Ray 2.60 requires its token (~/.ray/auth_token); Ray's CLI sends it in token mode
+            env={**os.environ, "RAY_AUTH_MODE": "token"},
+        )
+        assert status.returncode == 0 and "aitune" in status.stdout and "RUNNING" in status.stdout, (
+            status.stdout[-2000:] + status.stderr[-3000:]
+        )
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as answer:
+            assert b"ray_" in answer.read()
     finally:
         _stop(process)
     shutil.rmtree(temp, ignore_errors=True)

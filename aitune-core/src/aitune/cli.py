@@ -619,6 +619,21 @@ def serve(
     ),
     replicas: int = typer.Option(1, "--replicas", min=1, help="ray: how many replicas serve it."),
     address: str | None = typer.Option(None, "--address", help="ray: an existing Ray cluster (default: a local Ray)."),
+    metrics_port: int | None = typer.Option(
+        None,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        help="ray: where the local Ray exports Prometheus metrics (default 8080, as ray start; 0: a port Ray picks). "
+        "kserve serves /metrics on --port.",
+    ),
+    dashboard_port: int | None = typer.Option(
+        None,
+        "--dashboard-port",
+        min=1,
+        max=65535,
+        help="ray: run Ray's dashboard on this port (serve status reads it).",
+    ),
     sha256: str | None = typer.Option(None, "--sha256", help="Expected SHA-256 of the artifact (pins it)."),
     key: list[Path] = typer.Option(
         [],
@@ -646,10 +661,21 @@ def serve(
     ModelServer (one machine, the default) or Ray Serve (--engine ray, clusters)."""
     if engine not in ENGINES:
         raise typer.BadParameter(f"{engine!r}: choose one of {', '.join(ENGINES)}", param_hint="--engine")
-    if engine == "kserve" and (replicas != 1 or address is not None):
+    ray_only = [
+        (flag, given)
+        for flag, given in (
+            ("--replicas", replicas != 1),
+            ("--address", address is not None),
+            ("--metrics-port", metrics_port is not None),
+            ("--dashboard-port", dashboard_port is not None),
+        )
+        if given
+    ]
+    if engine == "kserve" and ray_only:
         raise typer.BadParameter(
-            "--replicas and --address are Ray Serve's: add --engine ray (kserve serves one process on this machine)",
-            param_hint="--replicas/--address",
+            f"{', '.join(f for f, _ in ray_only)}: Ray Serve's: add --engine ray (kserve serves one process on this "
+            "machine, its metrics at /metrics on --port)",
+            param_hint=ray_only[0][0],
         )
     if engine == "ray" and grpc_port is not None:
         raise typer.BadParameter(
@@ -743,6 +769,8 @@ def serve(
                 max_body_bytes=int(max_body_mb * 1024 * 1024),
                 read_timeout_s=read_timeout_s,
                 load_options=load_options,
+                dashboard_port=dashboard_port,
+                **({} if metrics_port is None else {"metrics_port": metrics_port or None}),
             )
     except ValueError as exc:  # a factory that does not import: the user's to fix, no traceback
         from .errors import AituneError

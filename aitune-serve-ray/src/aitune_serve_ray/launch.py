@@ -17,6 +17,11 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Excepti
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+METRICS_PORT = 8080
+"""Where a local Ray exports its Prometheus metrics (Serve's and aitune's), as ``ray start``'s
+``--metrics-export-port`` defaults; ``ray.init`` alone would pick a random port."""
+
+
 def start(
     factory: str,
     artifact: str | Path,
@@ -24,6 +29,8 @@ def start(
     port: int = 8000,
     host: str = "127.0.0.1",
     address: str | None = None,
+    metrics_port: int | None = METRICS_PORT,
+    dashboard_port: int | None = None,
     **options: Any,
 ) -> str:
     """Serve ``artifact`` with ``factory`` as the Ray Serve application ``aitune``; the model's URL
@@ -31,7 +38,10 @@ def start(
 
     Without ``address`` a local Ray starts here, its workers seeing this directory (so
     ``--factory mymodels:build`` imports from where the command runs); with it, the cluster's
-    nodes must have the factory's package and the artifact's path themselves.
+    nodes must have the factory's package and the artifact's path themselves. A local Ray exports
+    its Prometheus metrics on ``metrics_port`` (None: a port Ray picks) and runs its dashboard on
+    ``dashboard_port`` when given, so ``serve status`` and the dashboard's Serve page work; a
+    cluster's own settings stand.
 
     A model the replicas cannot load (the artifact refused, the factory or the warm-up call raising)
     raises :class:`~aitune.torch.serving.ServeStartError` with the replicas' own error, once Ray
@@ -58,7 +68,11 @@ def start(
         else:
             path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
             context = ray.init(
-                include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}}
+                include_dashboard=dashboard_port is not None,
+                dashboard_port=dashboard_port,
+                _metrics_export_port=metrics_port,  # ray.init's documented Prometheus port (ray start's flag)
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": path}},
             )
         info = getattr(context, "address_info", None) or {}  # a Ray Client context (ray://) has none
         folder = info.get("session_dir")
