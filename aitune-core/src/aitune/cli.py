@@ -622,10 +622,10 @@ def serve(
     metrics_port: int | None = typer.Option(
         None,
         "--metrics-port",
-        min=0,
+        min=1,
         max=65535,
-        help="ray: where the local Ray exports Prometheus metrics (default 8080, as ray start; 0: a port Ray picks). "
-        "kserve serves /metrics on --port.",
+        help="ray: where the local Ray exports Prometheus metrics (default: a free port Ray picks, printed at "
+        "start). kserve serves /metrics on --port.",
     ),
     dashboard_port: int | None = typer.Option(
         None,
@@ -770,7 +770,7 @@ def serve(
                 read_timeout_s=read_timeout_s,
                 load_options=load_options,
                 dashboard_port=dashboard_port,
-                **({} if metrics_port is None else {"metrics_port": metrics_port or None}),
+                metrics_port=metrics_port or None,
             )
     except ValueError as exc:  # a factory that does not import: the user's to fix, no traceback
         from .errors import AituneError

@@ -17,11 +17,6 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Excepti
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-METRICS_PORT = 8080
-"""Where a local Ray exports its Prometheus metrics (Serve's and aitune's), as ``ray start``'s
-``--metrics-export-port`` defaults; ``ray.init`` alone would pick a random port."""
-
-
 def start(
     factory: str,
     artifact: str | Path,
@@ -29,7 +24,7 @@ def start(
     port: int = 8000,
     host: str = "127.0.0.1",
     address: str | None = None,
-    metrics_port: int | None = METRICS_PORT,
+    metrics_port: int | None = None,
     dashboard_port: int | None = None,
     **options: Any,
 ) -> str:
@@ -39,9 +34,9 @@ def start(
     Without ``address`` a local Ray starts here, its workers seeing this directory (so
     ``--factory mymodels:build`` imports from where the command runs); with it, the cluster's
     nodes must have the factory's package and the artifact's path themselves. A local Ray exports
-    its Prometheus metrics on ``metrics_port`` (None: a port Ray picks) and runs its dashboard on
-    ``dashboard_port`` when given, so ``serve status`` and the dashboard's Serve page work; a
-    cluster's own settings stand.
+    its Prometheus metrics on ``metrics_port`` (None: a free port Ray picks; either way printed at
+    start) and runs its dashboard on ``dashboard_port`` when given, so ``serve status`` and the
+    dashboard's Serve page work; a cluster's own settings stand.
 
     A model the replicas cannot load (the artifact refused, the factory or the warm-up call raising)
     raises :class:`~aitune.torch.serving.ServeStartError` with the replicas' own error, once Ray
@@ -79,6 +74,10 @@ def start(
         logs = f"{folder}/logs" if folder else ""
         if logs:
             print(f"Ray's logs (the replicas', Serve's): {logs}", flush=True)
+        if info.get("metrics_export_port"):
+            print(
+                f"Prometheus metrics (Ray's, Serve's, aitune's): http://127.0.0.1:{info['metrics_export_port']}/metrics"
+            )
     serve.start(http_options={"host": host, "port": port})
     try:
         serve.run(app, name=APP, route_prefix="/")
