@@ -187,8 +187,12 @@ class Batcher:
         self.failure = None
 
     def run_now(self, requests: Sequence[Request]) -> list[Answer | ClientError]:
-        """Requests run in the model's thread, blocking (the warm-up before the server is ready)."""
-        return self._thread.submit(self.runner.run, list(requests)).result()
+        """Requests run in the model's thread, blocking (the warm-up before the server is ready); timed,
+        so a model slower than :data:`INLINE_MAX_S` never runs a request on the event loop."""
+        started = time.perf_counter()
+        answers = self._thread.submit(self.runner.run, list(requests)).result()
+        self._last_call_s = time.perf_counter() - started
+        return answers
 
     def close(self) -> None:
         """Take nothing new; what is queued or running is still answered (kserve unloads the model when
