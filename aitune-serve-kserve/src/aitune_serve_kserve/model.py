@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from prometheus_client import Counter, Histogram
 
@@ -221,7 +220,9 @@ class TunedModel(Model):
                     f"{item.name}: datatype {item.datatype}, this model takes {input_datatype(spec)} for {item.name}"
                 )
             try:
-                array = np.array(item.as_numpy(), copy=True)
+                array = item.as_numpy()
+                if not array.flags.writeable:  # a view of the request's bytes: torch wants its own
+                    array = array.copy()
             except (ValueError, TypeError, OverflowError) as exc:
                 raise InvalidInput(
                     f"{item.name}: the data does not make a {item.datatype} tensor of shape {list(item.shape)} ({exc}); "

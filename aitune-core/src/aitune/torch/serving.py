@@ -574,6 +574,9 @@ class BatchRunner:
 
     def run(self, requests: Sequence[Request]) -> list[Answer | ClientError]:
         """One answer per request, in order: its outputs, or what was wrong with it."""
+        if len(requests) == 1:  # a lone request: its own group (the common case of a lightly loaded server)
+            with torch.inference_mode():
+                return self._run_group([requests[0]])
         answers: list[Answer | ClientError | None] = [None] * len(requests)
         groups: dict[Any, list[int]] = collections.defaultdict(list)
         for i, request in enumerate(requests):
@@ -632,7 +635,7 @@ class BatchRunner:
         for take, size in self.plan.chunks(sum(counts)):
             part = {n: _rows(t, self.specs[n].batch_axis, start, take, size) for n, t in joined.items()}
             outputs, call = self._call(part, size, take)
-            pieces.append({n: o.narrow(0, 0, take) for n, o in outputs.items()})
+            pieces.append(outputs if take == size else {n: o.narrow(0, 0, take) for n, o in outputs.items()})
             spans.append((start, start + take, call))
             start += take
         merged = pieces[0] if len(pieces) == 1 else {n: torch.cat([p[n] for p in pieces]) for n in pieces[0]}
@@ -642,7 +645,7 @@ class BatchRunner:
             calls = [c for lo, hi, c in spans if lo < first + count and first < hi]
             answers.append(
                 Answer(
-                    {n: o.narrow(0, first, count) for n, o in merged.items()},
+                    merged if len(counts) == 1 else {n: o.narrow(0, first, count) for n, o in merged.items()},
                     tuple(dict.fromkeys(f"{r.module}={r.backend}" for c in calls for r in c.routes)),
                     tuple(dict.fromkeys(f"{r.module}: {r.reason}" for c in calls for r in c.routes if r.reason)),
                     tuple(c.size for c in calls),
