@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +115,50 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
     # Ctrl-C may land while serve.run is still returning (the first requests are answered before it
     # does): it is noted there and acted on, never lost
     assert "stopping: taking the application down" in output, output[-3000:]
+
+
+def test_sigterm_answers_the_request_in_flight_and_exits_0(artifact, tmp_path):
+    """What ``docker stop`` sends, while a request runs (each call of the eager model takes seconds):
+    the request is answered, the application taken down, the process exits 0."""
+    port = _free_port()
+    command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--engine", "ray", "--eager"]
+    command += ["--factory", "aitune_testkit.serving:build_slow_two_heads", "--port", str(port), "--threads", "1"]
+    command += ["--name", "slow", "--no-check"]
+    log = tmp_path / "serve.log"
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    process = subprocess.Popen(
+        command, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "RAY_TMPDIR": temp}
+    )
+    url = f"127.0.0.1:{port}"
+    answered: dict = {}
+    try:
+        _wait_ready(process, log, url, ["slow"])
+        x = np.random.default_rng(1).standard_normal((2, 8, 16)).astype(np.float32)
+
+        def call() -> None:
+            try:
+                answered["logits"] = _logits(url, "slow", x)
+                answered["at"] = time.monotonic()
+            except Exception as exc:  # reported by the assertion below
+                answered["error"] = exc
+
+        sender = threading.Thread(target=call)
+        sender.start()
+        time.sleep(0.5 * serving.SLOW_S)  # the request is in the model's (slow) call now
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        sender.join(timeout=120)
+        process.wait(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+    assert process.returncode == 0, log.read_text()[-3000:]
+    assert "error" not in answered, answered.get("error")
+    assert answered["at"] > sent, "answered before SIGTERM: nothing was in flight"
+    with torch.no_grad():
+        assert_matches_eager(answered["logits"], serving.build_two_heads()(torch.from_numpy(x))["logits"])
 
 
 def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, tmp_path):

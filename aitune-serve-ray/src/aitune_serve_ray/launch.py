@@ -9,6 +9,7 @@ import re
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ def start(
     address: str | None = None,
     metrics_port: int | None = None,
     dashboard_port: int | None = None,
+    on_ray_started: Callable[[], None] = lambda: None,
     **options: Any,
 ) -> str:
     """Serve ``artifact`` with ``factory`` as the Ray Serve application ``aitune``; the model's URL
@@ -69,6 +71,7 @@ def start(
                 log_to_driver=False,
                 runtime_env={"env_vars": {"PYTHONPATH": path}},
             )
+        on_ray_started()
         info = getattr(context, "address_info", None) or {}  # a Ray Client context (ray://) has none
         folder = info.get("session_dir")
         logs = f"{folder}/logs" if folder else ""
@@ -128,8 +131,15 @@ def serve_until_interrupted(factory: str, artifact: str | Path, **options: Any) 
 
     handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
     previous = {signum: signal.signal(signum, on_signal) for signum in handled}
+
+    def ours_again() -> None:
+        # ray.init installs its own SIGTERM handler in this process, which ends it with status 15 (a
+        # container's stop would drop the requests in flight): ours goes back in front of it
+        for signum in handled:
+            signal.signal(signum, on_signal)
+
     try:
-        url = start(factory, artifact, **options)
+        url = start(factory, artifact, on_ray_started=ours_again, **options)
         if not stop.is_set():
             print(f"serving {artifact} at {url} (Open Inference Protocol v2); Ctrl-C or SIGTERM stops", flush=True)
         while not stop.wait(1.0):

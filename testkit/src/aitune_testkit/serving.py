@@ -37,6 +37,26 @@ class TwoHeads(TinyEncoder):
         return {"logits": self.head(pooled), "pooled": pooled}
 
 
+SLOW_S = 2.0
+"""How long each call of :class:`SlowTwoHeads` takes: a request stays in flight long enough to stop
+the server while it runs."""
+
+
+class SlowTwoHeads(TwoHeads):
+    """:class:`TwoHeads`, each call taking :data:`SLOW_S` (served ``--eager``, so it is this forward)."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]  # TwoHeads' dict
+        import time
+
+        time.sleep(SLOW_S)
+        return super().forward(x)
+
+
+def build_slow_two_heads() -> torch.nn.Module:
+    """:class:`SlowTwoHeads`' factory."""
+    return SlowTwoHeads().eval()
+
+
 def build() -> torch.nn.Module:
     """The factory a deployment calls: the model freshly built, as ``ait.load`` takes it."""
     return TinyEncoder().eval()
