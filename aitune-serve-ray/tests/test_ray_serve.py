@@ -306,3 +306,31 @@ def test_building_the_application_imports_no_kserve(artifact):
         "assert 'kserve' not in sys.modules, sorted(m for m in sys.modules if m.startswith('kserve'))\n"
     )
     subprocess.run([sys.executable, "-c", check], check=True, timeout=180)
+
+
+def test_stalled_uploads_hold_no_slot_another_request_needs(url):
+    """70 connections that send headers and one body byte, then nothing: a request sent after them is
+    answered while they are all still open (none has had its 408 yet), not after their timeout."""
+    host, port = url.split(":")
+    stalled = []
+    try:
+        for _ in range(70):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(
+                f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 1000\r\n\r\n{".encode()
+            )
+            stalled.append(sock)
+        body = {"inputs": [{"name": "x", "shape": [2, 8, 16], "datatype": "FP32", "data": [0.5] * 256}]}
+        request = urllib.request.Request(
+            f"http://{url}/v2/models/{MODEL}/infer", data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            assert answer.status == 200
+        for sock in stalled:  # still waiting: the answer above did not wait for them to time out
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)
+    finally:
+        for sock in stalled:
+            sock.close()

@@ -34,9 +34,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aitune.serve")
 
 BATCH_WAIT_S = 0.005
+MAX_ONGOING_REQUESTS = 256
+"""Requests a replica holds at once (Ray Serve's ``max_ongoing_requests``). Ray's proxy hands a
+request to a replica when its headers come, so a client that stalls its body holds a slot until the
+read timeout drops it; the model's own work is bounded by the batch size, not by this, so it is
+set well above what slow clients can hold (issue 52: 70 stalled uploads left no slot of 64)."""
 
 
-@serve.deployment(max_ongoing_requests=64)
+@serve.deployment(max_ongoing_requests=MAX_ONGOING_REQUESTS)
 @serve.ingress()
 class TunedModel:
     """One replica: ``factory()`` loaded with the artifact, served as model ``name`` on the Open
@@ -142,7 +147,7 @@ def deployment(
     batch_wait_timeout_s: float = BATCH_WAIT_S,
     max_rows: int | None = None,
     pad: Mapping[str, float] | None = None,
-    max_ongoing_requests: int = 64,
+    max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
     max_body_bytes: int = MAX_BODY_BYTES,
     read_timeout_s: float = READ_TIMEOUT_S,
     ray_actor_options: dict[str, Any] | None = None,
