@@ -97,6 +97,7 @@ class TunedModel(Model):
         self._max_rows = max_rows
         self.pad = dict(pad or {})
         self.padding = Padding(reason="not loaded yet")
+        self._padding_text = self.padding.describe()
         self.plan = BatchPlan(())
         self.inputs: dict[str, InputSpec] = {}
         self.outputs: dict[str, OutputSpec] = {}
@@ -139,6 +140,7 @@ class TunedModel(Model):
             smallest = self.plan.ranges[0][0] if self.plan.ranges else None
             padding = padding.probe(lambda request: _answered(plain.run([request])[0]), graph, smallest)
         self.padding = padding
+        self._padding_text = padding.describe()  # in every answer: made once
         runner = BatchRunner(served, self.plan, self.inputs, on_call=self._observe, padding=padding)
         self.batcher = Batcher(
             runner,
@@ -159,7 +161,7 @@ class TunedModel(Model):
             list(self.inputs),
             self.plan.ranges,
             self.threads,
-            self.padding.describe(),
+            self._padding_text,
         )
         self.ready = True
 
@@ -285,7 +287,7 @@ class TunedModel(Model):
             "aitune_requests_joined": answer.joined,
             # kserve's model metadata has fixed fields (REST and gRPC), so each answer says how requests
             # of different lengths are padded, or why they are not
-            "aitune_padding": self.padding.describe(),
+            "aitune_padding": self._padding_text,
         }
         if answer.padded_to:
             parameters["aitune_padded_to"] = ", ".join(f"{dim}={n}" for dim, n in answer.padded_to.items())

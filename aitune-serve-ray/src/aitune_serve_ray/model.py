@@ -25,6 +25,7 @@ from aitune_serve_kserve.batching import Batcher
 from aitune_serve_kserve.model import TunedModel as ProtocolModel
 
 from .metrics import Metrics
+from .replica import BATCH_WAIT_S
 
 
 @attrs.frozen
@@ -113,7 +114,7 @@ class ReplicaModel(ProtocolModel):
         max_rows: int | None = None,
         pad: Mapping[str, float] | None = None,
         max_batch_size: int | None = None,
-        batch_wait_timeout_s: float = 0.005,
+        batch_wait_timeout_s: float = BATCH_WAIT_S,
         batching: bool = True,
     ) -> None:
         super().__init__(
