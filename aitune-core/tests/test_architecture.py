@@ -231,6 +231,7 @@ PLUGIN_API = {
     "aitune.traced_branches",
     "aitune.state",
     "aitune.text",
+    "aitune.tracer_output",
 }
 """The core modules a backend or executor may reach through ``aitune.plugin``; the contract
 ``plugin-api-stays-below-the-engine`` forbids every other one, indirect imports included."""

@@ -27,7 +27,6 @@ answer in silence.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import re
 import shutil
@@ -44,6 +43,7 @@ from . import traced_branches, tracing, tree
 from .errors import BuildError, ConfigError, NotApplicableError
 from .graph import FlatModule, GraphSpec, Sample, TensorSpec, resize
 from .text import clip
+from .tracer_output import captured
 
 EXPORTERS = ("dynamo", "torchscript")
 EXTERNAL_DATA_THRESHOLD = 1 << 30
@@ -217,7 +217,7 @@ def export_onnx(
     judged: list[dict[str, Any]] = []
     for exporter in order:
         try:
-            with _quiet(), _modes_kept(module):
+            with _quiet(f"the {exporter} ONNX export of {type(module).__name__}"), _modes_kept(module):
                 if exporter == "dynamo":
                     judged = _dynamo(
                         wrapper, flat_inputs, graph, sizes, input_names, output_names, path, config.opset, external
@@ -327,14 +327,16 @@ def _weight_bytes(module: torch.nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Exporters print progress, IR dumps and warnings; the error, if any, carries what matters."""
+def _quiet(what: str) -> Iterator[None]:
+    """Exporters print progress, IR dumps and warnings; the error, if any, carries what matters.
+    What this thread prints goes to aitune's log at DEBUG (:func:`aitune.tracer_output.captured`;
+    other threads' output stays theirs)."""
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx", "onnxscript")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        with warnings.catch_warnings(), captured(what):
             warnings.simplefilter("ignore")
             yield
     finally:

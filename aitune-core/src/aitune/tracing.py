@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .tracer_output import captured
+
 LOCK = threading.RLock()
 """Held by a trace that other threads' calls must wait for, and by those calls (JIT background mode)."""
 _TRACES = threading.RLock()
@@ -50,9 +52,11 @@ def exclusive(module: Any = None) -> Iterator[Any]:
 
     With ``module``, yields what to trace: a detached copy other threads never see traced, or, where
     none can be made, ``module`` itself under :data:`LOCK`. Without, yields None under :data:`LOCK`.
+    What the block prints (``torch.export``'s dump of a failed trace) goes to aitune's log at DEBUG
+    (:mod:`aitune.tracer_output`).
     """
     traced = detached(module) if module is not None else None
-    with _TRACES:
+    with _TRACES, captured(f"tracing {_name(module)}"):
         if traced is not None and _patcher() is not None:
             with _tracing_thread_only():
                 yield traced
@@ -63,6 +67,12 @@ def exclusive(module: Any = None) -> Iterator[Any]:
                 yield module
             finally:
                 _HELD.depth -= 1
+
+
+def _name(module: Any) -> str:
+    """The user's module's class, behind the wrapper that flattens its inputs."""
+    inner = getattr(module, "module", module)
+    return type(inner).__name__ if inner is not None else "a module"
 
 
 def held_here() -> bool:
