@@ -27,6 +27,8 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 READ_TIMEOUT_S = 10.0
 """The default wait for a body's next bytes: a stalled upload is dropped after this long."""
 
+_timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
+
 
 class _Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
@@ -68,7 +70,7 @@ class BodyLimits:
         size = 0
         while True:
             try:
-                message = await asyncio.wait_for(receive(), self.read_timeout_s)
+                message = await self._next(receive)
             except asyncio.TimeoutError:
                 raise _Refused(
                     408,
@@ -83,6 +85,14 @@ class BodyLimits:
                 raise _Refused(413, self._too_large(f"more than {self.max_body_bytes} bytes"))
             if not message.get("more_body", False):
                 return messages
+
+    async def _next(self, receive: Receive) -> Message:
+        """The next message within the read timeout. ``asyncio.timeout`` (Python 3.11+) arms a timer on
+        this task; ``wait_for`` runs the read as a task of its own, about 10 µs more on every request."""
+        if _timeout is None:
+            return await asyncio.wait_for(receive(), self.read_timeout_s)
+        async with _timeout(self.read_timeout_s):
+            return await receive()
 
     def _too_large(self, what: str) -> str:
         return (

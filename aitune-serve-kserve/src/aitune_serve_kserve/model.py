@@ -103,6 +103,8 @@ class TunedModel(Model):
         self.outputs: dict[str, OutputSpec] = {}
         self.batcher: Batcher | None = None
         self.row_caps: dict[str, int] = {}
+        self._datatypes: dict[str, str | None] = {}  # per input, its protocol datatype (None: any), read per request
+        self._required: tuple[str, ...] = ()  # the inputs every request sends, in order
         self._warm_up: dict[str, torch.Tensor] | None = None
         self._metric_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._said = ""
@@ -127,6 +129,8 @@ class TunedModel(Model):
         model.eval()
         self.plan = BatchPlan.of(model)
         self.inputs = input_specs(model)
+        self._datatypes = {n: None if spec.dtype is None else input_datatype(spec) for n, spec in self.inputs.items()}
+        self._required = tuple(n for n, spec in self.inputs.items() if spec.required)
         self.row_caps = row_element_caps(model, self.inputs)
         padding = Padding.of(model, self.inputs, self.pad)
         warm_up = _warm_up_request(model, self.plan)
@@ -217,10 +221,9 @@ class TunedModel(Model):
                 raise InvalidInput(f"unknown input {item.name!r}; this model takes: {self._described()}")
             if item.name in tensors:
                 raise InvalidInput(f"input {item.name!r} is sent twice; send each input once")
-            if spec.dtype is not None and item.datatype != input_datatype(spec):
-                raise InvalidInput(
-                    f"{item.name}: datatype {item.datatype}, this model takes {input_datatype(spec)} for {item.name}"
-                )
+            wanted = self._datatypes[item.name]
+            if wanted is not None and item.datatype != wanted:
+                raise InvalidInput(f"{item.name}: datatype {item.datatype}, this model takes {wanted} for {item.name}")
             try:
                 array = item.as_numpy()
                 if not array.flags.writeable:  # a view of the request's bytes: torch wants its own
@@ -236,27 +239,28 @@ class TunedModel(Model):
             if spec.dtype is not None and tensor.dtype != spec.dtype:
                 tensor = tensor.to(spec.dtype)  # bfloat16, which the protocol sends as FP32
             tensors[item.name] = tensor
-        missing = [s.name for s in self.inputs.values() if s.required and s.name not in tensors]
+        missing = [name for name in self._required if name not in tensors]
         if missing:
             raise InvalidInput(f"missing input {', '.join(map(repr, missing))}; this model takes: {self._described()}")
         rows = {}
         for name, tensor in tensors.items():
             spec = self.inputs[name]
-            if spec.rank is not None and tensor.dim() != spec.rank:
+            shape = tensor.shape
+            if spec.rank is not None and len(shape) != spec.rank:
                 raise InvalidInput(
-                    f"{name}: shape {list(tensor.shape)} has rank {tensor.dim()}, this model takes {list(spec.shape or ())} "
+                    f"{name}: shape {list(shape)} has rank {len(shape)}, this model takes {list(spec.shape or ())} "
                     f"(-1: any size; the batch axis included: send one sample as a batch of one)"
                 )
-            if tensor.dim() <= spec.batch_axis or tensor.shape[spec.batch_axis] == 0:
-                raise InvalidInput(f"{name}: shape {list(tensor.shape)} holds no rows on batch axis {spec.batch_axis}")
-            rows[name] = tensor.shape[spec.batch_axis]
+            if len(shape) <= spec.batch_axis or shape[spec.batch_axis] == 0:
+                raise InvalidInput(f"{name}: shape {list(shape)} holds no rows on batch axis {spec.batch_axis}")
+            rows[name] = shape[spec.batch_axis]
             cap = self.row_caps.get(name)
             if cap is not None and tensor.numel() > cap * rows[name]:
                 raise InvalidInput(
                     f"{name}: shape {list(tensor.shape)} holds {tensor.numel() // rows[name]} elements per row; this "
                     f"server takes at most {cap} ({ROW_ELEMENTS_SLACK}x the largest row it was tuned for): send shorter rows"
                 )
-        if len(set(rows.values())) > 1:
+        if len(rows) > 1 and len(set(rows.values())) > 1:
             raise InvalidInput(f"the inputs disagree on the batch size: {rows}")
         if rows and max(rows.values()) > self.max_rows:
             raise InvalidInput(
@@ -343,6 +347,9 @@ def _answered(answer: Answer | ClientError) -> Answer:
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    """On the CPU in a dtype numpy and the protocol take (bfloat16 widened to float32)."""
+    """On the CPU in a dtype numpy and the protocol take (bfloat16 widened to float32). An output that is
+    one already (the usual case) is returned as it is: each conversion is a dispatcher call."""
+    if tensor.is_cpu and not tensor.requires_grad and tensor.dtype != torch.bfloat16 and tensor.is_contiguous():
+        return tensor
     tensor = tensor.detach().cpu()
     return tensor.float() if tensor.dtype == torch.bfloat16 else tensor.contiguous()

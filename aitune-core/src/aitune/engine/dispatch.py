@@ -69,16 +69,20 @@ class Route(NamedTuple):
 _observed: ContextVar[list[Route] | None] = ContextVar("aitune_observed_routes", default=None)
 
 
-@contextlib.contextmanager
-def observe_routes() -> Iterator[list[Route]]:
+class observe_routes:  # lower case: used as a function, ``with observe_routes() as seen``
     """Collect a :class:`Route` for every call of a tuned module made inside (this thread or task
-    only; ``asyncio.to_thread`` copies the context, so a thread started inside adds to the list)."""
-    seen: list[Route] = []
-    token = _observed.set(seen)
-    try:
-        yield seen
-    finally:
-        _observed.reset(token)
+    only; ``asyncio.to_thread`` copies the context, so a thread started inside adds to the list).
+    A class, not a generator-based context manager: a server enters it on every model call."""
+
+    __slots__ = ("_seen", "_token")
+
+    def __enter__(self) -> list[Route]:
+        self._seen: list[Route] = []
+        self._token = _observed.set(self._seen)
+        return self._seen
+
+    def __exit__(self, *exc: object) -> None:
+        _observed.reset(self._token)
 
 
 EAGER = "torch_eager"

@@ -226,7 +226,11 @@ def named_outputs(output: Any, prefix: str = "") -> dict[str, torch.Tensor]:
         return {}
     out: dict[str, torch.Tensor] = {}
     for key, value in items:
-        out.update(named_outputs(value, f"{prefix}.{key}" if prefix else key))
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, torch.Tensor):  # the usual leaf, without a call of its own (a server's every answer)
+            out[name] = value
+        else:
+            out.update(named_outputs(value, name))
     return out
 
 
@@ -574,9 +578,14 @@ class BatchRunner:
 
     def run(self, requests: Sequence[Request]) -> list[Answer | ClientError]:
         """One answer per request, in order: its outputs, or what was wrong with it."""
-        if len(requests) == 1:  # a lone request: its own group (the common case of a lightly loaded server)
+        if len(requests) == 1:  # a lone request (the common case of a lightly loaded server)
+            request = requests[0]
             with torch.inference_mode():
-                return self._run_group([requests[0]])
+                if not self.padding.active:
+                    rows = self.rows(request)
+                    if rows <= self.plan.max_batch_size and self.plan.padded(rows) == rows:
+                        return [self._alone(request, rows)]
+                return self._run_group([request])
         answers: list[Answer | ClientError | None] = [None] * len(requests)
         groups: dict[Any, list[int]] = collections.defaultdict(list)
         for i, request in enumerate(requests):
@@ -622,6 +631,17 @@ class BatchRunner:
         # one request the model cannot take must not fail the others: each one alone
         return [answer for request in requests for answer in self._run_joined([request])]
 
+    def _alone(self, request: Request, rows: int) -> Answer | ClientError:
+        """A lone request whose rows are a tuned batch size as sent: one call, with nothing to join, cut,
+        pad or merge (what :meth:`_run_joined` does for it, without the steps that do nothing here)."""
+        try:
+            outputs, call = self._call(request, rows, rows)
+        except _ModelRefused as refused:
+            if not refused.outside:
+                raise refused.error from None
+            return self.client_error(refused.message())
+        return _answer(outputs, [call], 1)
+
     def _joined(self, requests: list[Request]) -> list[Answer | ClientError]:
         counts = [self.rows(r) for r in requests]
         names = list(requests[0])
@@ -643,15 +663,8 @@ class BatchRunner:
         first = 0
         for count in counts:
             calls = [c for lo, hi, c in spans if lo < first + count and first < hi]
-            answers.append(
-                Answer(
-                    merged if len(counts) == 1 else {n: o.narrow(0, first, count) for n, o in merged.items()},
-                    tuple(dict.fromkeys(f"{r.module}={r.backend}" for c in calls for r in c.routes)),
-                    tuple(dict.fromkeys(f"{r.module}: {r.reason}" for c in calls for r in c.routes if r.reason)),
-                    tuple(c.size for c in calls),
-                    len(requests),
-                )
-            )
+            outputs = merged if len(counts) == 1 else {n: o.narrow(0, first, count) for n, o in merged.items()}
+            answers.append(_answer(outputs, calls, len(requests)))
             first += count
         return answers
 
@@ -674,6 +687,17 @@ class BatchRunner:
                     f"outputs on axis 0, which must hold the call's {size} rows"
                 )
         return outputs, call
+
+
+def _answer(outputs: dict[str, torch.Tensor], calls: Sequence[Call], joined: int) -> Answer:
+    """A request's answer from its outputs and the model calls that served its rows."""
+    return Answer(
+        outputs,
+        tuple(dict.fromkeys(f"{r.module}={r.backend}" for c in calls for r in c.routes)),
+        tuple(dict.fromkeys(f"{r.module}: {r.reason}" for c in calls for r in c.routes if r.reason)),
+        tuple(c.size for c in calls),
+        joined,
+    )
 
 
 def _rows(tensor: torch.Tensor, axis: int, start: int, take: int, size: int) -> torch.Tensor:
