@@ -126,13 +126,23 @@ class _Entry:
     distribution: str
 
 
-class BackendRegistry:
-    """All backends the loaded plugins declared, by name."""
+Discover = Callable[[str | None], None]
+"""Loads the plugins that may declare a backend name (every plugin for None); see :class:`BackendRegistry`."""
 
-    def __init__(self, converter: Converter | None = None) -> None:
+
+class BackendRegistry:
+    """All backends the loaded plugins declared, by name.
+
+    ``discover`` (the manager's) loads plugins on demand: a lookup of a name the registry does not
+    hold yet asks it for that name's plugin, and a listing (``names``, iteration, ``public_names``)
+    for every plugin, so that ``ait.load`` imports only the plugins its artifact needs.
+    """
+
+    def __init__(self, converter: Converter | None = None, discover: Discover | None = None) -> None:
         self._entries: dict[str, _Entry] = {}
         self._converter = converter or Converter()
         """Turns backend configs into JSON and back: the manager's own (see :class:`aitune.plugins.AituneManager`)."""
+        self._discover = discover
 
     def add(self, spec: BackendSpec, *, distribution: str = "unknown", entry_point: str | None = None) -> BackendSpec:
         """Declare a backend of ``distribution``; returns the spec completed from its Backend class.
@@ -164,34 +174,52 @@ class BackendRegistry:
         """Forget the backend ``name`` (a registration that failed half-way takes back what it added)."""
         self._entries.pop(name, None)
 
-    def __contains__(self, name: object) -> bool:
+    def _find(self, name: str) -> _Entry | None:
+        """The entry of ``name``, after loading the plugins that may declare it when it is not held yet."""
+        if name not in self._entries and self._discover is not None:
+            self._discover(name)
+        return self._entries.get(name)
+
+    def _everything(self) -> dict[str, _Entry]:
+        """Every entry, after loading every plugin."""
+        if self._discover is not None:
+            self._discover(None)
+        return self._entries
+
+    def declared(self, name: str) -> bool:
+        """Whether a plugin loaded so far declared ``name`` (loads nothing)."""
         return name in self._entries
 
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._find(name) is not None
+
     def __iter__(self) -> Iterator[BackendSpec]:
-        return (e.spec for e in self._entries.values())
+        return (e.spec for e in list(self._everything().values()))
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._everything())
 
     def names(self) -> list[str]:
-        return list(self._entries)
+        return list(self._everything())
 
     def spec(self, name: str) -> BackendSpec:
-        try:
-            return self._entries[name].spec
-        except KeyError:
+        return self._entry(name).spec
+
+    def _entry(self, name: str) -> _Entry:
+        entry = self._find(name)
+        if entry is None:
             raise BackendNotFoundError(
-                f"no installed plugin provides the backend {name!r}; installed: {sorted(self._entries)}"
-            ) from None
+                f"no installed plugin provides the backend {name!r}; installed: {sorted(self._everything())}"
+            )
+        return entry
 
     def distribution(self, name: str) -> str:
-        self.spec(name)
-        return self._entries[name].distribution
+        return self._entry(name).distribution
 
     def status(self, name: str) -> BackendStatus:
         """Check requirements and the probe for every declared device; imports no runtime."""
-        spec = self.spec(name)
-        dist = self._entries[name].distribution
+        entry = self._entry(name)
+        spec, dist = entry.spec, entry.distribution
         missing = missing_requirements(spec.requirements)
         if missing and spec.install_hint:
             missing = f"{missing.split(' (pip install')[0]}; install it with: {spec.install_hint}"
@@ -247,7 +275,7 @@ class BackendRegistry:
     def public_names(self) -> dict[str, str]:
         """Every public class name a plugin exports, mapped to its dotted path."""
         out: dict[str, str] = {}
-        for entry in self._entries.values():
+        for entry in self._everything().values():
             out.update(entry.spec.public_names())
         return out
 
