@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 import json
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,38 @@ def format_speedup(speedup: float, low: float | None, high: float | None, measur
     if high < 1.0:
         return f"at most {high:.2f}x ({noise})"
     return f"not measured: {noise}"
+
+
+_BATCH = "batch"
+"""The batch dimension's name in a graph (``aitune.graph.BATCH``)."""
+_AUTO_NAME = re.compile(r"d[0-9]+")
+"""The names ``aitune.graph.infer_graph`` gives axes the user did not name (``d0``, ``d1``...)."""
+
+
+def measured_at(graph: Any, size: int) -> str:
+    """The size a figure was measured at, named by the axis it is the size of (``graph``: a
+    :class:`~aitune.graph.GraphSpec` or its JSON, :attr:`GraphReport.graph`).
+
+    ``batch 8`` where the graph has a batch axis (profiling batches the recorded calls to each
+    size). Without one, the recorded calls run as they are and the size is that of their first
+    input's leading axis (``GraphTuning.default_batch_sizes``), so it is named by that axis: its
+    ``DynamicDim`` name (``patches = 16``), else the input and axis (``pixel_values axis 0 = 16``),
+    and a patch count never reads as a batch. A graph not known (an empty JSON) says ``batch N``.
+    """
+
+    def field(obj: Any, name: str) -> Any:
+        return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+    inputs = field(graph, "inputs") or ()
+    if _BATCH in (field(graph, "dims") or {}) or not inputs:
+        return f"batch {size}"
+    first = inputs[0]
+    names = field(first, "dims") or ()
+    if not names:
+        return "the recorded inputs"  # a scalar first: no axis to name
+    if names[0] is not None and not _AUTO_NAME.fullmatch(names[0]):
+        return f"{names[0]} = {size}"
+    return f"{field(first, 'path')} axis 0 = {size}"
 
 
 def _with_details(figure: str, details: str) -> str:

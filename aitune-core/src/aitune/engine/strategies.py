@@ -43,7 +43,7 @@ from .. import payload
 from ..backend import Backend, BackendConfig
 from ..errors import BuildError, TuningError, ValidationError
 from ..profiling import ProfilingConfig
-from ..report import CandidateStatus
+from ..report import CandidateStatus, measured_at
 from ..session import Session
 from .figures import Comparison, compare
 from .graph_tuning import Candidate, GraphTuning, Route
@@ -355,7 +355,7 @@ def describe(tuning: GraphTuning, candidate: Candidate, batch: int, cmp: Compari
     """The figures of ``candidate`` at ``batch`` as the report shows them."""
     mine = candidate.profile_at(batch)
     assert mine is not None
-    text = f"{candidate.name} at batch {batch}: {mine.throughput:.1f} samples/s, p50 {mine.p50_ms:.3g} ms"
+    text = f"{candidate.name} at {measured_at(tuning.graph, batch)}: {mine.throughput:.1f} samples/s, p50 {mine.p50_ms:.3g} ms"
     cmp = cmp or tuning.versus_eager(candidate, batch)
     if cmp is not None and mine.baseline_p50_ms is not None:
         text += f", {versus_eager(cmp, tuning.max_noise)} (p50 {mine.baseline_p50_ms:.3g} ms)"
@@ -513,7 +513,8 @@ class _ProfilingStrategy(TuneStrategy):
             why = describe(tuning, c, b)
             if (c, b) != fastest:
                 why += (
-                    f"; {fastest[0].name} at batch {fastest[1]} ranks higher but does not beat eager beyond the spread"
+                    f"; {fastest[0].name} at {measured_at(tuning.graph, fastest[1])} ranks higher but does not beat "
+                    "eager beyond the spread"
                 )
             return c, b, why
         c, b = fastest
@@ -534,7 +535,9 @@ def _explain_rejections(tuning: GraphTuning, ok: list[Candidate], winner: Candid
         cmp = tuning.versus_eager(c, batch)
         if c is winner or c.report.reason or cmp is None:
             continue
-        c.report.reason = f"{versus_eager(cmp, tuning.max_noise)} at batch {batch}, not chosen over {against}"
+        c.report.reason = (
+            f"{versus_eager(cmp, tuning.max_noise)} at {measured_at(tuning.graph, batch)}, not chosen over {against}"
+        )
 
 
 def versus_eager(cmp: Comparison, max_noise: float) -> str:
@@ -644,7 +647,9 @@ class MaxThroughputStrategy(_ProfilingStrategy):
                 pays.append(size)
             elif self.per_batch_size is None:  # not worth another backend here: the single winner serves it
                 best, why = single, f"the single winner; {why}"
-            winners.append((size, best, f"{best.name if best else 'eager'} at batch {size} ({why})"))
+            winners.append(
+                (size, best, f"{best.name if best else 'eager'} at {measured_at(tuning.graph, size)} ({why})")
+            )
         if self.per_batch_size is None and not pays:
             tuning.annotate(single_batch)
             _explain_rejections(tuning, ok, single, single_batch)

@@ -40,6 +40,7 @@ from ..report import (
     ModuleStatus,
     TuneReport,
     format_speedup,
+    measured_at,
     slower_beyond_interval,
 )
 from ..session import Session
@@ -714,7 +715,9 @@ def tune_recorded(run: TuneRun, module_plan: ModulePlan, report: ModuleReport) -
 
 
 def summarize(report: ModuleReport) -> str:
-    """One line a person can read, e.g. ``encoder: onnxruntime, 1.72x [1.65-1.80] eager at batch 8 (p50 1.04 ms vs 1.79 ms), max rel err 2e-07``."""
+    """One line a person can read, e.g. ``encoder: onnxruntime, 1.72x [1.65-1.80] eager at batch 8 (p50 1.04 ms vs 1.79 ms), max rel err 2e-07``;
+    a graph with no batch axis names the axis whose size it was measured at (``at pixel_values axis 0 = 16``,
+    :func:`aitune.graph.measured_at`)."""
     parts = []
     for g in report.graphs:
         if g.routes:
@@ -737,7 +740,8 @@ def summarize(report: ModuleReport) -> str:
             base = mine.baseline_p50_ms if mine.baseline_p50_ms is not None else eager.p50_ms
             figure = chosen.speedup_text()
             against = "eager" if chosen.measured is not False else "against eager"
-            text += f", {figure} {against} at batch {batch} (p50 {mine.p50_ms:.3g} ms vs {base:.3g} ms)"
+            at = measured_at(g.graph, mine.batch_size)
+            text += f", {figure} {against} at {at} (p50 {mine.p50_ms:.3g} ms vs {base:.3g} ms)"
         if chosen.validation is not None:
             text += f", max rel err {chosen.validation.max_rel_error:.1g}"
         if chosen.metric is not None:

@@ -10,7 +10,7 @@ import io
 from typing import Any
 
 from ..errors import AituneError
-from ..report import GraphReport, TuneReport
+from ..report import GraphReport, TuneReport, measured_at
 from .tables import CANDIDATE_COLUMNS, candidate_rows, graph_inputs, graph_notes, headline, module_status
 
 STYLE = """
@@ -65,7 +65,8 @@ def _plots(graph: GraphReport) -> list[str]:
         ax.plot([p.p50_ms, p.p90_ms], [i, i], color="#3b6fd8", linewidth=6, solid_capstyle="butt")
         ax.plot([p.p50_ms], [i], "o", color="#1d2330", markersize=4)
     ax.set_yticks(range(len(names)), names)
-    ax.set_xlabel(f"latency (ms, log scale) at batch {batch or 'recorded'}: min-p99 line, p50-p90 bar, p50 dot")
+    at = measured_at(graph.graph, batch) if batch else "the recorded inputs"
+    ax.set_xlabel(f"latency (ms, log scale) at {at}: min-p99 line, p50-p90 bar, p50 dot")
     ax.set_xscale("log")
     ax.grid(axis="x", which="both", alpha=0.3)
     plots.append(_svg(fig))
@@ -145,7 +146,7 @@ def render_html(report: TuneReport) -> str:
             parts.append(f"<h3>graph {i}: {html.escape(graph_inputs(graph))}</h3>")
             decision = f"Decision: <b>{html.escape(graph.decision or 'not made: the run stopped first')}</b>"
             if graph.selected_batch_size:
-                decision += f" at batch {graph.selected_batch_size}"
+                decision += f" at {html.escape(measured_at(graph.graph, graph.selected_batch_size))}"
             parts.append(f"<p>{decision}</p>")
             if graph.reason:
                 parts.append(f"<p class='why'>Why: {html.escape(graph.reason)}</p>")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..report import TuneReport
+from ..report import TuneReport, measured_at
 from .tables import CANDIDATE_COLUMNS, candidate_rows, graph_inputs, graph_notes, headline, module_status
 
 
@@ -22,7 +22,7 @@ def render_markdown(report: TuneReport) -> str:
             lines += ["", f"### graph {i}: {graph_inputs(graph)}", ""]
             lines += [
                 f"Decision: **{graph.decision or 'not made: the run stopped first'}**"
-                + (f" at batch {graph.selected_batch_size}" if graph.selected_batch_size else ""),
+                + (f" at {measured_at(graph.graph, graph.selected_batch_size)}" if graph.selected_batch_size else ""),
                 "",
             ]
             if graph.reason:
