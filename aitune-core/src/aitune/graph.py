@@ -24,7 +24,7 @@ import copy
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -236,6 +236,19 @@ class Sample:
 
 
 @attrs.frozen
+class Miss:
+    """One way a call falls outside a graph, and what would cover it (:meth:`GraphSpec.misses`)."""
+
+    text: str
+    path: str | None = None
+    axis: int | None = None
+    dim: str | None = None
+    """The named dimension whose range the call's ``size`` is outside of; None for any other miss
+    (a rank, a static size, two tied axes that differ)."""
+    size: int | None = None
+
+
+@attrs.frozen
 class GraphSpec:
     """One input structure of a module and the ranges of its dynamic axes."""
 
@@ -313,20 +326,26 @@ class GraphSpec:
 
     def mismatch(self, tensors: Sequence[torch.Tensor]) -> str | None:
         """Why these flat input tensors fall outside this graph and what would cover them, or None
-        when they fit."""
+        when they fit (the first of :meth:`misses`; for several routes, :func:`outside`)."""
+        return next((m.text for m in self.misses(tensors)), None)
+
+    def misses(self, tensors: Sequence[torch.Tensor]) -> Iterator[Miss]:
+        """Every way these flat input tensors fall outside this graph, in input and axis order."""
         if len(tensors) != len(self.inputs):
-            return f"expected {len(self.inputs)} tensors, got {len(tensors)}"
+            yield Miss(f"expected {len(self.inputs)} tensors, got {len(tensors)}")
+            return
         seen: dict[str, tuple[int, str, int]] = {}
         for t, spec in zip(tensors, self.inputs):
             if t.dim() != spec.rank:
-                return (
+                yield Miss(
                     f"{spec.path}: rank {t.dim()}, tuned for rank {spec.rank}; record a call of that rank while tuning"
                 )
+                continue
             for axis, (size, static, name) in enumerate(zip(t.shape, spec.shape, spec.dims)):
                 if name is None:
                     if size != static:
                         lo, hi = min(size, static), max(size, static)
-                        return (
+                        yield Miss(
                             f"{spec.path}: axis {axis} is {size}, tuned for the static size {static}; record calls "
                             f"of both sizes while tuning, or declare the axis dynamic: dynamic_shapes="
                             f"{{{spec.path!r}: {{{axis}: ait.DynamicDim(min={lo}, max={hi})}}}}"
@@ -334,20 +353,15 @@ class GraphSpec:
                     continue
                 rng = self.dims[name]
                 if size not in rng:
-                    kind = "BatchDim" if name == BATCH else "DynamicDim"
-                    return (
-                        f"{spec.path}: axis {axis} ({name}) is {size}, tuned for {rng.min}..{rng.max}; record a call "
-                        f"of that size while tuning, or widen the range: dynamic_shapes={{{spec.path!r}: "
-                        f"{{{axis}: ait.{kind}(min={min(rng.min, size)}, max={max(rng.max, size)})}}}}"
-                    )
+                    yield Miss(_outside_range(spec.path, axis, name, size, [rng]), spec.path, axis, name, size)
+                    continue
                 first = seen.setdefault(name, (size, spec.path, axis))
                 if first[0] != size:
-                    return (
+                    yield Miss(
                         f"{spec.path}: axis {axis} ({name}) is {size} but {first[1]} axis {first[2]} is {first[0]}, "
                         "and every tuned call had them equal; record calls where they differ while tuning, or "
                         "declare them as two ait.DynamicDim names"
                     )
-        return None
 
     def differences(self, structure: dict[str, Any], tensors: Sequence[torch.Tensor]) -> list[str]:
         """What a call of another input structure has that this graph's calls did not, one phrase
@@ -389,6 +403,53 @@ class GraphSpec:
             tensors.append(draw(spec, tuple(shape), row, generator, shuffled))
         args, kwargs = self.unflatten(tensors)
         return Sample(args, kwargs)
+
+
+def outside(graphs: Sequence[GraphSpec], tensors: Sequence[torch.Tensor]) -> str:
+    """Why a call fits none of ``graphs``, the routes of one input structure (the batch ranges of one
+    graph, a static build beside a dynamic one), and what would cover it.
+
+    A route with a range that a size of the call is outside of, while another route's range holds
+    that size, is not the call's route: what it lacks is left unsaid (widening that range would not
+    serve the call), only what the routes that hold the call's sizes lack. A size outside every
+    route's range is said once, against all their ranges (``tuned for 1..1, 4..8``). Empty when a
+    route takes the call.
+    """
+    found = [list(g.misses(tensors)) for g in graphs]
+    if not all(found):  # a route takes it (or there is none)
+        return ""
+
+    def ranges(dim: str) -> list[DimRange]:
+        return [g.dims[dim] for g in graphs if dim in g.dims]
+
+    def held(miss: Miss) -> bool:
+        return miss.dim is not None and miss.size is not None and any(miss.size in r for r in ranges(miss.dim))
+
+    routes = [misses for misses in found if not any(held(m) for m in misses)] or found
+    firsts = [misses[0] for misses in routes]
+    places = {(m.path, m.axis, m.dim, m.size) for m in firsts}
+    if len(firsts) > 1 and len(places) == 1:
+        m = firsts[0]
+        if m.path is not None and m.axis is not None and m.dim is not None and m.size is not None:
+            return _outside_range(m.path, m.axis, m.dim, m.size, ranges(m.dim))
+    return "; ".join(dict.fromkeys(m.text for m in firsts))
+
+
+def _outside_range(path: str, axis: int, dim: str, size: int, ranges: Sequence[DimRange]) -> str:
+    """``size`` on ``path``'s ``axis`` is in none of ``ranges`` (those of ``dim``): what would cover it."""
+    spans: list[list[int]] = []
+    for r in sorted(ranges, key=lambda r: (r.min, r.max)):
+        if spans and r.min <= spans[-1][1] + 1:
+            spans[-1][1] = max(spans[-1][1], r.max)
+        else:
+            spans.append([r.min, r.max])
+    tuned = ", ".join(f"{lo}..{hi}" for lo, hi in spans)
+    lo, hi = min(spans[0][0], size), max(spans[-1][1], size)
+    kind = "BatchDim" if dim == BATCH else "DynamicDim"
+    return (
+        f"{path}: axis {axis} ({dim}) is {size}, tuned for {tuned}; record a call of that size while tuning, "
+        f"or widen the range: dynamic_shapes={{{path!r}: {{{axis}: ait.{kind}(min={lo}, max={hi})}}}}"
+    )
 
 
 def _what(node: dict[str, Any]) -> str:
