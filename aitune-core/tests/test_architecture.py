@@ -25,6 +25,7 @@ import aitune
 import aitune.plugin
 
 ROOT = Path(__file__).resolve().parents[2]
+CORE = ROOT / "aitune-core" / "src" / "aitune"
 CONTRACTS = ROOT / ".importlinter"
 PUBLIC = [
     "aitune",
@@ -324,3 +325,35 @@ def test_plugins_import_aitune_only_through_aitune_plugin():
                 if (m == "aitune" or m.startswith("aitune.")) and m not in allowed
             ]
     assert not strays, f"import these through aitune.plugin: {strays}"
+
+
+def _module_private_names() -> set[str]:
+    """The private attributes and methods ``ait.Module`` defines itself (not torch's)."""
+    tree = ast.parse((CORE / "engine" / "module.py").read_text(encoding="utf-8"))
+    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Module"]
+    names = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    for node in ast.walk(cls):  # object.__setattr__(self, "_name", ...)
+        setter = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "__setattr__" and len(node.args) > 1
+        if setter and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            names.add(node.args[1].value)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_module_reaches_into_an_ait_module_s_private_state():
+    """What other modules need of an ``ait.Module`` (how to put a call in the graph's form, holding a
+    decision, keeping warnings while aitune times it) is public; its private attributes are its own."""
+    private = _module_private_names()
+    assert "_dispatcher" in private, private  # the scan still sees what it guards
+    found = []
+    for path in CORE.rglob("*.py"):
+        if path == CORE / "engine" / "module.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            own = (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            )
+            if isinstance(node, ast.Attribute) and node.attr in private and not own:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+    assert not found, f"private attributes of ait.Module read elsewhere: {found}"

@@ -36,7 +36,7 @@ def test_tune_records_each_inputs_range_mask_and_finiteness() -> None:
 
 def test_every_recorded_call_counts_not_only_the_samples_kept() -> None:
     class Wrapper:
-        _canonicalize = Canonicalizer(lambda ids: ids)
+        canonicalizer = Canonicalizer(lambda ids: ids)
 
     recording: Recording[Any] = Recording(max_samples=1)
     wrapper = Wrapper()

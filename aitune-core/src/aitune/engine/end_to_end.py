@@ -78,8 +78,7 @@ def measure(
         with torch.no_grad(), warnings.catch_warnings(record=True) as seen, contextlib.ExitStack() as kept:
             warnings.simplefilter("always")
             for module in modules:  # the user's own first calls still get each warning once
-                if getattr(module, "_dispatcher", None) is not None:
-                    kept.enter_context(module._dispatcher.warnings_kept())
+                kept.enter_context(module.warnings_kept())
             for kind in kinds:  # warm-up: lazy inits, caches
                 timed(kind)
             deadline = time.perf_counter() + budget_s

@@ -43,13 +43,13 @@ def install(
     routes = [Winner(g, b) for g, b in winners]
     if isinstance(target, Module):
         if eager_only(routes):
-            target._hold(routes, report, None, "passthrough")
+            target.hold(routes, report, None, "passthrough")
             return
         inner = target.module
         dispatcher = dispatcher_for(
-            target.name, inner, inner, target._canonicalize, routes, target.strict, inner.modules(), built_with
+            target.name, inner, inner, target.canonicalizer, routes, target.strict, inner.modules(), built_with
         )
-        target._hold(routes, report, dispatcher, "tuned")
+        target.hold(routes, report, dispatcher, "tuned")
         return
     reset(target)
     if eager_only(routes):
@@ -61,7 +61,7 @@ def install(
 def reset(target: torch.nn.Module) -> None:
     """Take an installed decision away: an ``ait.Module`` records again, a plain module gets its own forward back."""
     if isinstance(target, Module):
-        target._hold([], target.report, None, "recording")
+        target.hold([], target.report, None, "recording")
         return
     installed = target.__dict__.get("forward")
     if isinstance(installed, TunedForward):

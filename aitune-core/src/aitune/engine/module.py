@@ -10,6 +10,7 @@ weights again: winners that baked the old weights in stop being used (see ``guar
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -84,7 +85,8 @@ class Module(torch.nn.Module):
         object.__setattr__(self, "masked_by", mask if compare == "unmasked" else None)
         object.__setattr__(self, "metric", metric)
         object.__setattr__(self, "accuracy_budget", check_budget(accuracy_budget))
-        object.__setattr__(self, "_canonicalize", Canonicalizer(module.forward))
+        # how a call is put in the form the graphs were recorded in (recording, install and the plans read it)
+        object.__setattr__(self, "canonicalizer", Canonicalizer(module.forward))
         object.__setattr__(self, "_dispatcher", None)
         object.__setattr__(self, "_state", "recording")
         object.__setattr__(self, "tuned_graphs", [])
@@ -177,14 +179,21 @@ class Module(torch.nn.Module):
 
     # -- set by aitune.engine.install, the one way winners are put in place ----------------------
 
-    def _hold(
+    def hold(
         self, routes: Sequence[Winner], report: ModuleReport | None, dispatcher: Dispatcher | None, state: str
     ) -> None:
-        """Keep what :func:`aitune.engine.install.install` (or ``reset``) decided for this wrapper."""
+        """Keep what :func:`aitune.engine.install.install` (or ``reset``) decided for this wrapper: the
+        one place its routes, report, dispatcher and state change."""
         object.__setattr__(self, "tuned_graphs", list(routes))
         object.__setattr__(self, "report", report)
         object.__setattr__(self, "_dispatcher", dispatcher)
         object.__setattr__(self, "_state", state)
+
+    def warnings_kept(self) -> contextlib.AbstractContextManager[None]:
+        """Calls made inside (aitune timing the whole model) leave each once-per-reason warning for the
+        user's own first call."""
+        dispatcher = self._dispatcher
+        return dispatcher.warnings_kept() if dispatcher is not None else contextlib.nullcontext()
 
     def adopt_weights(self) -> str | None:
         """Refit the winners with the module's weights as they are now and check them against eager

@@ -212,7 +212,7 @@ def graph_of(module: Module, graph_rec: Any, sizes: Sequence[int] | None) -> Any
     with the rows of the embedding tables its integer inputs index (:func:`table_rows`)."""
     graph = infer_graph(
         graph_rec.samples,
-        module._canonicalize.arg_names,
+        module.canonicalizer.arg_names,
         module.dynamic_shapes,
         sizes,
         graph_rec.outputs,

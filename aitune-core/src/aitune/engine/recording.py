@@ -276,7 +276,7 @@ class Recordable(Protocol):
     """
 
     @property
-    def _canonicalize(self) -> Canonicalizer: ...
+    def canonicalizer(self) -> Canonicalizer: ...
 
 
 W = TypeVar("W", bound=Recordable)
@@ -339,7 +339,7 @@ class Recording(Generic[W]):
         try:
             leaves, structure = tree.flatten((args, kwargs))
         except UnsupportedValueError:
-            return Before(None, None, _unsupported(args, kwargs, module._canonicalize.arg_names))
+            return Before(None, None, _unsupported(args, kwargs, module.canonicalizer.arg_names))
         except Exception:
             return None
         rec = self.modules.get(id(module))
@@ -353,7 +353,7 @@ class Recording(Generic[W]):
         if rec is None:
             return True
         try:
-            graph = rec.graphs.get(structure_key(*module._canonicalize(args, kwargs)))
+            graph = rec.graphs.get(structure_key(*module.canonicalizer(args, kwargs)))
         except Exception:
             return True
         return graph is None or len(graph.samples) < self.max_samples or _shapes(args, kwargs) not in graph.shapes
@@ -365,7 +365,7 @@ class Recording(Generic[W]):
             return
         rec = self.modules.setdefault(id(module), ModuleRecording(module))
         rec.calls += 1
-        canonicalize = module._canonicalize
+        canonicalize = module.canonicalizer
         names = canonicalize.arg_names
         layout = layout_of(args, kwargs)
         changed = _changed(before, args, kwargs)
@@ -428,8 +428,8 @@ class Recording(Generic[W]):
         inputs and layout are ones the dataset's calls could have recorded."""
         rec = self.modules.get(id(module))
         try:
-            key = structure_key(*module._canonicalize(args, kwargs))
-            _check_describable(args, kwargs, module._canonicalize.arg_names)
+            key = structure_key(*module.canonicalizer(args, kwargs))
+            _check_describable(args, kwargs, module.canonicalizer.arg_names)
         except Exception:
             return False
         graph = rec.graphs.get(key) if rec is not None else None

@@ -184,7 +184,7 @@ def _install(
     module: torch.nn.Module, cand: JitCandidate, winners: Sequence[Winner], report: ModuleReport | None
 ) -> tuple[str, ...]:
     """Route ``module``'s inference calls to ``winners`` (eager ones run its own forward); the backends used."""
-    install(module, winners, report, name=cand.name, canonicalize=cand.wrapper._canonicalize)
+    install(module, winners, report, name=cand.name, canonicalize=cand.wrapper.canonicalizer)
     STATE.tuned.add(module)
     STATE.modules[module] = "tuned"
     return tuple(w.backend.name for w in winners if w.backend.name != decision_store.EAGER)
