@@ -203,3 +203,26 @@ def test_a_graph_of_one_batch_size_gets_no_static_build(toys, register_plugin):
     [graph] = report.modules[0].graphs
     assert len(graph.candidates) == 1 and graph.routes == []
     assert any("one batch size, which its builds are made for already" in n for n in graph.notes)
+
+
+class Doubled(torch.nn.Module):
+    """Any shape runs eager: a call of a size never tuned still gets its answer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def test_a_call_outside_every_route_is_told_only_what_the_routes_holding_its_batch_lack(toys, register_plugin):
+    """Batch 1 with a row length never tuned: the batch-8 static route, which batch 1 is outside of, is
+    not the call's route, so the warning never advises widening its batch range (SD3's mixed reasons)."""
+    register_plugin(clock({1: 2.0, 8: 16.0}))
+    strategy = ait.MaxThroughputStrategy(backends=[StaticToy()], profiling_config=CONFIG, static_shapes=True)
+    model = ait.Module(Doubled().eval(), "doubled", strategy=strategy)
+    ait.tune(model, data(1, 8, 1, 8), end_to_end=False)
+    assert [b.pinned for _, b in model.tuned_graphs] == [1, 8, None]
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="outside what was tuned") as seen:
+        out = model(torch.ones(1, 9))
+    assert torch.equal(out, torch.full((1, 9), 2.0))
+    [message] = [str(w.message) for w in seen if "outside what was tuned" in str(w.message)]
+    assert "axis 1" in message, message
+    assert "8..8" not in message and "axis 0" not in message, message

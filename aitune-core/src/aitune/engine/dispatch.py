@@ -30,7 +30,7 @@ import torch
 
 from .. import tree
 from ..errors import UnsupportedCallError, UnsupportedValueError
-from ..graph import GraphSpec
+from ..graph import GraphSpec, outside
 from .guard import Guard
 from .recording import Canonicalizer, Layout, layout_of
 
@@ -265,9 +265,9 @@ class Dispatcher:
                 _note(self.name, None)
             return runner(*args, **kwargs)
         if values is not None:
-            outside = values.outside(leaves)
-            if outside is not None:
-                return self._outside(outside, "pass values in that range", args, kwargs)
+            why = values.outside(leaves)
+            if why is not None:
+                return self._outside(why, "pass values in that range", args, kwargs)
         try:
             out = runner(*c_args, **c_kwargs)
         except Exception as exc:
@@ -354,8 +354,8 @@ class Dispatcher:
     def _fallback(
         self, candidates: list[tuple[ShapeCheck, Runner]], leaves: list[torch.Tensor], args: Any, kwargs: Any
     ) -> Any:
-        if candidates:
-            reason = "; ".join(filter(None, (c.graph.mismatch(leaves) for c, _ in candidates)))
+        if candidates:  # only what the routes holding the call's sizes lack (graph.outside)
+            reason = outside([c.graph for c, _ in candidates], leaves)
         else:
             reason = self._unseen(args, kwargs)
         return self._outside(reason, "tune with inputs like this one", args, kwargs)
