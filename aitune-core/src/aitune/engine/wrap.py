@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import InputError
-from .inspection import ModuleInfo
 from .module import Module
-from .strategies import TuneStrategy
+
+if TYPE_CHECKING:
+    from .strategies import TuneStrategy
 
 
 def wrap(
@@ -37,6 +38,8 @@ def wrap(
 
 
 def _path_of(item: Any) -> str:
+    from .inspection import ModuleInfo  # on use: it imports the tuner, which ait.load's resolve and place need not
+
     path = item.name if isinstance(item, ModuleInfo) else item
     if not isinstance(path, str):
         raise InputError(
