@@ -161,3 +161,20 @@ def test_the_peers_table_gives_the_default_picks_miss_against_the_fastest_fp32_c
     assert own_gap(own) == "+9.1%" and own_gap(row) == ""
     assert own_gap({**own, "aitune ORT": s(11.0)}, "aitune ORT") == "+0.0% (aitune ORT)"
     assert miss(own) == "+20% vs ORT torchscript", "aitune's own graph by hand is a reference, not a contender"
+
+
+def test_the_cold_start_table_gives_each_phase_and_the_first_answer_against_eagers() -> None:
+    from benchmarks.cold_start import table
+
+    def run(answer: float, cpu_answer: float, **phases: float) -> tuple[float, dict]:
+        return answer + 0.5, {"answer": answer, "python": 0.02, **phases, "modules": 1000.0, "imported": ["x"],
+                              "cpu": {"answer": cpu_answer, "python": 0.01, **phases}}  # fmt: skip
+
+    results = {"runs": {
+        "eager": [run(1.0, 0.9, weights=0.02), run(1.2, 1.1, weights=0.02), run(1.1, 1.0, weights=0.02)],
+        "ait.load (x)": [run(1.3, 1.2, plugins=0.01), run(1.4, 1.2, plugins=0.01), run(1.2, 1.1, plugins=0.01)],
+    }}  # fmt: skip
+    wall, cpu = table(results).splitlines(), table(results, cpu=True).splitlines()
+    assert "| eager | 0.020 |" in wall[2] and "**1.100** (1.000-1.200) | 1.00x | 0.500 |" in wall[2]
+    assert "**1.300** (1.200-1.400) | 1.18x |" in wall[3] and "| 0.010 |" in wall[3]
+    assert "| ait.load (x) | 0.010 |" in cpu[3] and "**1.200** (1.100-1.200) | 1.20x |" in cpu[3]
