@@ -250,7 +250,7 @@ def test_profiling_sets_a_step_counter_back_before_every_timed_call() -> None:
     transformers = pytest.importorskip("transformers")
     from types import SimpleNamespace
 
-    from aitune.engine.graph_tuning import _runner
+    from aitune.engine.graph_tuning.runners import runner
     from aitune.graph import Sample
 
     config = transformers.MistralConfig(
@@ -264,7 +264,7 @@ def test_profiling_sets_a_step_counter_back_before_every_timed_call() -> None:
         seen.append(cache.layers[0].cumulative_length_int)
         cache.update(torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4), 0)
 
-    run = _runner(SimpleNamespace(infer=step), [Sample((copy.deepcopy(cache),))], restore=True)
+    run = runner(SimpleNamespace(infer=step), [Sample((copy.deepcopy(cache),))], restore=True)
     for _ in range(3):
         run.prepare()
         run()
