@@ -239,7 +239,7 @@ def test_out_of_memory_while_profiling_keeps_what_was_measured(fault_backends, c
     model = ait.Module(SlowModule(), "m", strategy=strategy)
     with caplog.at_level(logging.WARNING, logger="aitune"):
         report = ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)], batch_sizes=[16])
-    assert "m: out of memory at batch size 16; profiling stops there" in caplog.text
+    assert "m: out of memory at batch 16; profiling stops there" in caplog.text
     candidate = _candidates(report)["fault_oom"]
     assert [p.batch_size for p in candidate.profiles] == [2, 4]
     assert candidate.status == "selected"

@@ -19,7 +19,7 @@ import torch
 
 from ...graph import Sample
 from ...profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
-from ...report import MAX_NOISE, ProfileResult
+from ...report import MAX_NOISE, ProfileResult, measured_at
 from .. import recording
 from ..figures import ProfileOutcome, SharedFigures, measure_dispatch_ms, with_dispatch
 from .candidate import Candidate
@@ -118,7 +118,8 @@ class Profiler:
             keys = [f"{c.name}#{i}" for i, c in enumerate(contenders)]
             restore = bool(target.graph.mutated)
             calls = {k: guarded(k, runner(c.backend, inputs, restore)) for k, c in zip(keys, contenders)}
-            what = f"{target.module_name}: profile {', '.join(c.label for c in contenders)} at batch {batch_size}"
+            at = measured_at(target.graph, batch_size)  # "batch 8", or the axis a graph without one varies
+            what = f"{target.module_name}: profile {', '.join(c.label for c in contenders)} at {at}"
             step = None
             try:
                 with (
@@ -143,16 +144,14 @@ class Profiler:
             if self.shared is not None:
                 outcome = self.shared.profiles(what, outcome)
             if outcome.out_of_memory:
-                logger.warning(
-                    "%s: out of memory at batch size %d; profiling stops there", target.module_name, batch_size
-                )
+                logger.warning("%s: out of memory at %s; profiling stops there", target.module_name, at)
                 return None
             if outcome.failed_key is not None:
                 error = outcome.error or RuntimeError("raised while profiled")
                 culprit = contenders[keys.index(outcome.failed_key)]
                 if culprit is self.eager:
                     raise error from None
-                why = f"raised while profiled at batch {batch_size}: {type(error).__name__}: {error}"
+                why = f"raised while profiled at {at}: {type(error).__name__}: {error}"
                 ledger.fail(culprit, "profile", why, error)
                 continue
             assert outcome.results is not None
