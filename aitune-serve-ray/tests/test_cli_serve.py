@@ -1,5 +1,9 @@
 """``aitune serve --engine ray`` as a user runs it: a process that starts a local Ray, serves the Open
-Inference Protocol, and stops on Ctrl-C; and a Serve config file run by Ray's own ``serve run``."""
+Inference Protocol, and stops on Ctrl-C or SIGTERM, or that joins a running Ray (``--address``); and
+a Serve config file run by Ray's own ``serve run`` on a running Ray.
+
+The tests of the local Ray's own start and stop start one each; the others attach to the one Ray
+this folder's tests share (conftest.py's ``ray_address``)."""
 
 from __future__ import annotations
 
@@ -161,9 +165,10 @@ def test_sigterm_answers_the_request_in_flight_and_exits_0(artifact, tmp_path):
         assert_matches_eager(answered["logits"], serving.build_two_heads()(torch.from_numpy(x))["logits"])
 
 
-def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, tmp_path):
-    """Ray's own ``serve run config.yaml``: two applications built by ``aitune_serve_ray:app`` from
-    their ``args:``, each under a route prefix of its own, both answering Triton's client."""
+def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, attach, tmp_path):
+    """Ray's own ``serve run --address ... config.yaml`` on a running Ray: two applications built by
+    ``aitune_serve_ray:app`` from their ``args:``, each under a route prefix of its own, both
+    answering Triton's client; Ctrl-C takes them down and the command exits 0."""
     import yaml
 
     second = tmp_path / "second.ait"
@@ -192,12 +197,10 @@ def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, tmp_path):
     path.write_text(yaml.safe_dump(config))
     serve_cli = Path(sys.executable).parent / "serve"
     log = tmp_path / "serve.log"
-    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     process = subprocess.Popen(
-        [str(serve_cli), "run", str(path)],
+        [str(serve_cli), "run", "--address", attach, str(path)],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, "RAY_TMPDIR": temp},
         cwd=tmp_path,
     )
     try:
@@ -209,8 +212,8 @@ def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, tmp_path):
         assert_matches_eager(_logits(f"127.0.0.1:{port}/first", "twoheads", x), eager)
         assert_matches_eager(_logits(f"127.0.0.1:{port}/second", "other", x), eager)
     finally:
-        _stop(process)
-        shutil.rmtree(temp, ignore_errors=True)
+        _stop(process)  # serve run's Ctrl-C shuts Serve down on the cluster; the Ray stays
+    assert process.returncode == 0, log.read_text()[-3000:]
 
 
 def test_serve_build_writes_the_config_of_a_deployment(artifact, tmp_path):
@@ -272,26 +275,20 @@ def test_a_factory_that_does_not_import_is_a_usage_error(artifact):
     assert "cannot import the model factory 'no_such_package:build'" in said, said
 
 
-def test_an_artifact_the_replicas_cannot_load_is_one_error_line_and_exit_1(tmp_path):
-    """Ray Serve gives up on the replicas; the command says why in one line (the replicas' own error),
-    with none of Ray's tracebacks on the terminal, and exits 1."""
+def test_an_artifact_the_replicas_cannot_load_is_one_error_line_and_exit_1(attach, tmp_path):
+    """Ray Serve gives up on the replicas; the command, joined to a running Ray with ``--address``,
+    says why in one line (the replicas' own error), with none of Ray's tracebacks on the terminal,
+    exits 1, and leaves no application behind on the cluster."""
+    from ray import serve
+
     broken = tmp_path / "broken.ait"
     broken.write_bytes(b"not a zip")
-    command = [sys.executable, "-m", "aitune", "serve", str(broken), "--engine", "ray"]
+    command = [sys.executable, "-m", "aitune", "serve", str(broken), "--engine", "ray", "--address", attach]
     command += ["--factory", "aitune_testkit.serving:build_two_heads", "--port", str(_free_port())]
-    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    try:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "RAY_TMPDIR": temp},
-        )
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {broken} could not be served: ArtifactError:"), last
     assert "not a readable .ait artifact" in last, last
     assert "Traceback" not in done.stderr + done.stdout, done.stderr[-3000:]
+    assert "aitune" not in serve.status().applications, "the failed application is still on the cluster"

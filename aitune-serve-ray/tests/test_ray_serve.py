@@ -1,15 +1,14 @@
 """The deployment on a real local Ray Serve, driven by Triton's own client (nobody here wrote it): one
 replica, loopback only, a bounded number of requests.
 
-Ray and Serve start once for the module (about 15 s); every test talks to that one application.
+Serve starts once for the module on the Ray this folder's tests share (conftest.py's
+``ray_address``), which this process drives; every test talks to that one application.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -40,13 +39,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def url(artifact):
+def url(artifact, ray_address):
     """``host:port`` of the one application every test of this module talks to."""
     import aitune_serve_ray
 
-    # a folder of its own under /tmp: nox points TMPDIR into the virtualenv, too long for Ray's sockets
-    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
+    serve.shutdown()  # another test's Serve (its own HTTP port) would keep this one's port from applying
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = aitune_serve_ray.deployment(
@@ -59,8 +56,6 @@ def url(artifact):
     serve.run(app, name=APP, route_prefix="/")
     yield f"127.0.0.1:{port}"
     serve.shutdown()
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture
@@ -222,27 +217,43 @@ def test_another_deployment_calls_the_model_through_its_handle(url):
         handle.infer.remote({"y": x}).result(timeout_s=60)
 
 
-@pytest.mark.parametrize(
-    ("options", "backend", "batch_size"),
-    [
-        ({"eager": True}, "eager (no tuned module ran)", 2),  # the same batching: one row padded to 2
-        ({"batching": False}, "encoder=torch_eager", 1),  # one row as sent, below the tuned 2..4: eager
-    ],
-    ids=["eager", "unbatched"],
-)
-def test_the_baselines_answer_the_same_protocol(url, artifact, options, backend, batch_size):
+BASELINES = {
+    "eager": ({"eager": True}, "eager (no tuned module ran)", 2),  # the same batching: one row padded to 2
+    "unbatched": ({"batching": False}, "encoder=torch_eager", 1),  # one row as sent, below the tuned 2..4: eager
+}
+"""Each baseline's options, the backend it answers with and the batch size one row runs at."""
+
+
+@pytest.fixture(scope="module")
+def baselines(url, artifact):
+    """The baselines, one application each under its own route, deployed together (their replicas
+    start side by side, beside the module's replica on Ray's two CPUs)."""
     import aitune_serve_ray
 
-    name = "baseline"
-    app = aitune_serve_ray.deployment(
-        "aitune_testkit.serving:build_two_heads",
-        artifact,
-        name=name,
-        threads=1,
-        ray_actor_options={"num_cpus": 0.5},  # beside the module's replica on Ray's two CPUs
-        **options,
-    )
-    serve.run(app, name=name, route_prefix=f"/{name}")
+    targets = [
+        serve.RunTarget(
+            aitune_serve_ray.deployment(
+                "aitune_testkit.serving:build_two_heads",
+                artifact,
+                name=name,
+                threads=1,
+                ray_actor_options={"num_cpus": 0.5},
+                **options,
+            ),
+            name=name,
+            route_prefix=f"/{name}",
+        )
+        for name, (options, _, _) in BASELINES.items()
+    ]
+    serve.run_many(targets)
+    yield
+    for name in BASELINES:
+        serve.delete(name)
+
+
+@pytest.mark.parametrize("name", list(BASELINES))
+def test_the_baselines_answer_the_same_protocol(url, baselines, name):
+    _, backend, batch_size = BASELINES[name]
     client = httpclient.InferenceServerClient(f"{url}/{name}", network_timeout=60)
     try:
         x = _x(1, seed=6)
@@ -251,7 +262,6 @@ def test_the_baselines_answer_the_same_protocol(url, artifact, options, backend,
         result = client.infer(name, [tensor])
     finally:
         client.close()
-        serve.delete(name)
     assert_matches_eager(torch.tensor(result.as_numpy("logits")), _eager(x)["logits"])
     parameters = result.get_response()["parameters"]
     assert parameters["aitune_backend"] == backend and parameters["aitune_batch_size"] == batch_size, parameters
@@ -259,7 +269,8 @@ def test_the_baselines_answer_the_same_protocol(url, artifact, options, backend,
 
 def test_a_killed_replica_is_replaced_and_serves_again(client):
     pid = _stats()["pid"]
-    [name] = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "TunedModel" in a["name"]]
+    actors = ray.util.list_named_actors(all_namespaces=True)
+    [name] = [a["name"] for a in actors if f"::{APP}#TunedModel#" in a["name"]]  # not the baselines' replicas
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
     x = _x(1, seed=4)
     deadline = time.monotonic() + 120
