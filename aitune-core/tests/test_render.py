@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import html
 import json
+import os
 import re
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -27,13 +31,43 @@ QUICK = ProfilingConfig(
 )
 
 
+@pytest.fixture(scope="module")
+def tuned_report(tmp_path_factory):
+    """One tune for the tests that only read its report (seconds each on a busy machine), run as
+    every test here is: a cache of its own, the toy backends and the testkit's doubles registered
+    (conftest.py's ``toy_backends``) and one core kept busy by another process (``busy_core``)."""
+    from aitune_testkit import doubles
+
+    from aitune.plugins import AituneManager, set_manager
+    from aitune.testing import backends, fixtures
+
+    manager = AituneManager()
+    manager.load_entry_points()
+    manager.register(backends, name="aitune.testing.backends", distribution="aitune-core")
+    manager.register(doubles, name="aitune_testkit.doubles", distribution="aitune-testkit")
+    previous = set_manager(manager)
+    core = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    spinner = subprocess.Popen([sys.executable, "-c", fixtures._SPIN, str(core)])
+    patch = pytest.MonkeyPatch()
+    patch.setenv("AITUNE_CACHE_DIR", str(tmp_path_factory.mktemp("aitune-cache")))
+    try:
+        strategy = ait.MaxThroughputStrategy(
+            backends=[ToyBackend(ToyConfig()), ToyBackend(ToyConfig(speed=2.0)), WrongBackend()],
+            profiling_config=QUICK,
+        )
+        model = ait.Module(SlowModule(), "encoder", strategy=strategy)
+        return ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+    finally:
+        patch.undo()
+        spinner.kill()
+        spinner.wait()
+        set_manager(previous)
+
+
 @pytest.fixture
-def report(toy_backends):
-    strategy = ait.MaxThroughputStrategy(
-        backends=[ToyBackend(ToyConfig()), ToyBackend(ToyConfig(speed=2.0)), WrongBackend()], profiling_config=QUICK
-    )
-    model = ait.Module(SlowModule(), "encoder", strategy=strategy)
-    return ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])
+def report(tuned_report):
+    """The module's tuned report, a copy of its own for each test (some change it)."""
+    return copy.deepcopy(tuned_report)
 
 
 def test_markdown_has_every_candidate_and_the_decision(report):
