@@ -227,7 +227,8 @@ BASELINES = {
 @pytest.fixture(scope="module")
 def baselines(url, artifact):
     """The baselines, one application each under its own route, deployed together (their replicas
-    start side by side, beside the module's replica on Ray's two CPUs)."""
+    start side by side, beside the module's replica on Ray's two CPUs; the killed-replica test picks
+    the module's own replica by its application's name)."""
     import aitune_serve_ray
 
     targets = [
@@ -245,10 +246,7 @@ def baselines(url, artifact):
         )
         for name, (options, _, _) in BASELINES.items()
     ]
-    serve.run_many(targets)
-    yield
-    for name in BASELINES:
-        serve.delete(name)
+    serve.run_many(targets)  # taken down with the module's Serve (url's serve.shutdown), all at once
 
 
 @pytest.mark.parametrize("name", list(BASELINES))
