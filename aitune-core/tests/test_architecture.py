@@ -31,9 +31,7 @@ PUBLIC = [
     "aitune",
     "aitune.torch",
     "aitune.torch.backend",
-    "aitune.torch.config",
     "aitune.torch.jit",
-    "aitune.torch.jit.config",
     "aitune.torch.jit.tune",
     "aitune.torch.serving",
     "aitune.torch.task.profiling",
@@ -158,10 +156,12 @@ def test_any_public_module_imported_first_leaves_the_api_whole(first):
         "import aitune.torch as ait\n"
         "assert inspect.isfunction(ait.load) and inspect.isfunction(ait.save), (ait.load, ait.save)\n"
         "assert inspect.isfunction(ait.tune) and inspect.isfunction(ait.inspect), (ait.tune, ait.inspect)\n"
-        "import aitune.torch.config, aitune.engine.settings\n"
-        "assert ait.config is aitune.torch.config is aitune.engine.settings.settings\n"
-        "import aitune.torch.jit.config, aitune.engine.jit.settings\n"
-        "assert aitune.torch.jit.config is aitune.engine.jit.settings.settings\n"
+        "from aitune.torch import config\n"
+        "import aitune.engine.settings\n"
+        "assert ait.config is config is aitune.engine.settings.settings\n"
+        "from aitune.torch.jit import config as jit_config\n"
+        "import aitune.engine.jit.settings\n"
+        "assert jit_config is aitune.engine.jit.settings.settings\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

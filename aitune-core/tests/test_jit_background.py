@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-import aitune.torch.jit.config as jit_config
 from aitune.engine.recording import bypass
 from aitune.testing import assert_matches_eager
 from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch import FirstWinsStrategy, jit
+from aitune.torch.jit import config as jit_config
 
 BUILD_S = 1.5
 """How long the slow toy backend takes to build: far longer than any call."""

@@ -13,7 +13,6 @@ so a process that only loads an artifact (a service starting) never imports the 
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
 
 from ..artifact import LoadOptions, load, save
@@ -38,9 +37,6 @@ if TYPE_CHECKING:
     from ..engine.tuner import tune
 
     HighestThroughputStrategy = MaxThroughputStrategy
-
-# `import aitune.torch.config` finds the settings object (not a module, hence the ignore)
-sys.modules[f"{__name__}.config"] = config  # type: ignore[assignment]
 
 _ON_USE = {
     "InspectResult": ("..engine.inspection", "InspectResult"),

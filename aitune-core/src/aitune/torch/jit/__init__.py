@@ -9,16 +9,11 @@ top-down; decisions are remembered in the cache dir so the next run reuses them.
 
 from __future__ import annotations
 
-import sys
-
 from ...engine.install import TunedForward
 from ...engine.jit.background import wait
 from ...engine.jit.hooks import decisions, disable, enable, enabled, startup, status
 from ...engine.jit.settings import settings as config
 from ...engine.jit.state import Decision
-
-# `import aitune.torch.jit.config` finds the settings object (not a module, hence the ignore)
-sys.modules[f"{__name__}.config"] = config  # type: ignore[assignment]
 
 __all__ = [
     "Decision",
