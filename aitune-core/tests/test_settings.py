@@ -90,7 +90,9 @@ def test_patch_restores_and_reset_returns_to_the_defaults():
 
 
 def test_each_jit_setting_but_the_strategy_has_its_environment_variable(monkeypatch):
-    variables = {field.name: field.metadata["env"][0] for field in attrs.fields(type(ait_jit.config)) if field.metadata}
+    variables = {
+        field.name: field.metadata["env"].name for field in attrs.fields(type(ait_jit.config)) if field.metadata
+    }
     assert variables == {
         name: f"AITUNE_JIT_{name.upper()}" for name in attrs.fields_dict(type(ait_jit.config)) if name != "strategy"
     }

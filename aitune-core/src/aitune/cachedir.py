@@ -23,7 +23,7 @@ import stat
 import warnings
 from pathlib import Path
 
-from .envvars import cache_base
+from .envvars import CACHE_DIR, cache_base
 from .errors import ConfigError
 from .files import make_folders, uid
 
@@ -39,8 +39,7 @@ def cache_dir() -> Path:
     """
     from .distributed import rank_label
 
-    explicit = os.environ.get("AITUNE_CACHE_DIR")
-    path = Path(explicit) if explicit else cache_base() / "aitune"
+    path = CACHE_DIR.get() or cache_base() / "aitune"
     label = rank_label()
     folders = [path, path / label] if label is not None else [path]
     for folder in folders:

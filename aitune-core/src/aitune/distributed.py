@@ -33,11 +33,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import envvars
 from .errors import ConfigError, DistributedTuneError
 
 logger = logging.getLogger("aitune")
 
-DEFAULT_TIMEOUT_S = 7200.0
 _groups: dict[int, Any] = {}
 """aitune's own gloo group per WORLD group. Dropped at exit while the interpreter is whole: a
 process group torch destroys during interpreter teardown can abort the process (gloo threads)."""
@@ -83,16 +83,8 @@ def per_rank_path(path: str | Path) -> Path:
 
 
 def timeout_s() -> float:
-    raw = os.environ.get("AITUNE_DISTRIBUTED_TIMEOUT_S", "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if value <= 0:
-        raise ConfigError(f"AITUNE_DISTRIBUTED_TIMEOUT_S={raw!r} must be a number of seconds > 0")
-    return value
+    """How long a rank waits for the others, in seconds: ``AITUNE_DISTRIBUTED_TIMEOUT_S``."""
+    return envvars.DISTRIBUTED_TIMEOUT_S.get()
 
 
 RANK_DECISIONS = ("rank0", "slowest")
@@ -100,21 +92,20 @@ RANK_DECISIONS = ("rank0", "slowest")
 
 def rank_decision(value: str | None = None) -> str:
     """Who decides for the ranks: ``value``, else ``AITUNE_RANK_DECISION``, else ``rank0``."""
-    chosen = (value if value is not None else os.environ.get("AITUNE_RANK_DECISION", "")).strip().lower()
-    chosen = chosen or "rank0"
+    given = (value or "").strip().lower()
+    chosen = given or envvars.RANK_DECISION.get()
     if chosen not in RANK_DECISIONS:
+        where = "rank_decision" if given else envvars.RANK_DECISION.name
         raise ConfigError(
-            f"rank_decision={chosen!r} is not one of {', '.join(RANK_DECISIONS)}: rank0 tunes on rank 0 and "
+            f"{where}={chosen!r} is not one of {', '.join(RANK_DECISIONS)}: rank0 tunes on rank 0 and "
             "installs its winners everywhere; slowest times on every rank and decides on the slowest rank's figures"
         )
     return chosen
 
 
 def enabled() -> bool:
-    value = os.environ.get("AITUNE_DISTRIBUTED", "auto").strip().lower() or "auto"
-    if value not in ("auto", "off"):
-        raise ConfigError(f"AITUNE_DISTRIBUTED={value!r} is not one of auto, off")
-    return value == "auto"
+    """``AITUNE_DISTRIBUTED``: ``auto`` (coordinate when there are ranks) or ``off``."""
+    return envvars.DISTRIBUTED.get() == "auto"
 
 
 def coordinator() -> Coordinator | None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import attrs
 
+from . import envvars
 from .converter import unstructure
 from .errors import BuildError, ConfigError, PluginError
 
@@ -229,9 +230,8 @@ class ExecutorRegistrar:
 
 
 def chosen(name: str | None = None) -> str:
-    """The executor to use: ``name``, else ``AITUNE_EXECUTOR``, else ``local``."""
-    value = name if name is not None else os.environ.get("AITUNE_EXECUTOR", "").strip()
-    return value.strip().lower() or DEFAULT
+    """The executor to use: ``name``, else ``AITUNE_EXECUTOR``, else ``local`` (in lower case)."""
+    return (name or "").strip().lower() or envvars.EXECUTOR.get()
 
 
 # -- the worker job: what every executor runs ---------------------------------------------------
@@ -241,7 +241,6 @@ EXIT_FAILED = 1
 EXIT_BAD_JOB = 2
 EXIT_OUT_OF_MEMORY = 3
 """The worker's exit codes."""
-DEFAULT_TIMEOUT_S = 1800.0
 LOG_LINES = 20
 
 
@@ -256,7 +255,8 @@ class WorkerBuildError(BuildError):
 
 
 def timeout_s() -> float:
-    return _positive("AITUNE_BUILD_TIMEOUT_S", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S
+    """A worker's time limit in seconds: ``AITUNE_BUILD_TIMEOUT_S``."""
+    return envvars.BUILD_TIMEOUT_S.get()
 
 
 def memory_mb(device: torch.device) -> int | None:
@@ -267,21 +267,9 @@ def memory_mb(device: torch.device) -> int | None:
             default = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4 // (1024 * 1024)
         except (ValueError, OSError, AttributeError):
             default = None
-    value = _positive("AITUNE_BUILD_MEMORY_MB", default)
+    chosen = envvars.BUILD_MEMORY_MB.get()
+    value = default if chosen is None else chosen
     return int(value) if value else None
-
-
-def _positive(name: str, default: float | None) -> float | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r} must be a number >= 0")
-    return value
 
 
 def _class_path(cls: type) -> str:
@@ -457,7 +445,7 @@ def job_on_this_node(job: dict[str, Any], folder: Path) -> dict[str, Any]:
     from .cachedir import cache_dir
 
     local = {**job, **folders(folder), "cache_dir": str(cache_dir())}
-    if not os.environ.get("AITUNE_BUILD_MEMORY_MB"):  # the cap follows this machine's memory
+    if envvars.BUILD_MEMORY_MB.text() is None:  # the cap follows this machine's memory
         import torch
 
         local["memory_mb"] = memory_mb(torch.device(job["device"]))

@@ -40,6 +40,8 @@ The groups:
 * executors (where isolated builds run): :class:`Executor`, the :class:`BuildRequest` it gets and
   the :class:`BuildHandle` it returns, ``worker_job`` (a build as JSON), and on the node that
   builds, ``job_on_this_node`` and ``run_job`` (run the worker), :class:`WorkerBuildError`;
+* a plugin's own ``AITUNE_*`` variables: ``envvars`` (:mod:`aitune.envvars`), whose ``Variable``
+  and parsers read every one, so a plugin's variables follow core's spellings and messages;
 * errors a plugin raises (:mod:`aitune.errors`): :class:`BuildError`, :class:`ConfigError`,
   :class:`SerializationError`, :class:`ArtifactError`, :class:`BackendUnavailableError`,
   :class:`NotApplicableError`, :class:`InputError`.
@@ -50,7 +52,7 @@ plugin imports a name this module does not export), never by importing another c
 
 from __future__ import annotations
 
-from . import hookimpl, tree
+from . import envvars, hookimpl, tree
 from .backend import (
     EXPORT_S,
     Backend,
@@ -124,6 +126,7 @@ __all__ = [  # grouped in the docstring above
     "TensorSpec",
     "Tolerance",
     "WorkerBuildError",
+    "envvars",
     "exclusive",
     "export_onnx",
     "exported_file",

@@ -13,7 +13,6 @@ to import is skipped with a warning naming its distribution, version and error (
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
 import threading
 import warnings
@@ -24,7 +23,7 @@ import pluggy
 
 from . import hookspecs
 from .converter import Converter
-from .envvars import switch
+from .envvars import DISABLE_PLUGINS, LOAD_PLUGINS, STRICT_PLUGINS
 from .errors import PluginError, PluginLoadError
 from .executor import BuildQueue, ExecutorRegistrar, ExecutorRegistry
 from .registry import BackendRegistrar, BackendRegistry
@@ -44,15 +43,8 @@ class PluginInfo:
     error: str | None = None
 
 
-def _env_list(name: str) -> set[str] | None:
-    raw = os.environ.get(name)
-    if raw is None:
-        return None
-    return {item.strip() for item in raw.split(",") if item.strip()}
-
-
 def strict_plugins() -> bool:
-    return switch("AITUNE_STRICT_PLUGINS", False)
+    return STRICT_PLUGINS.get()
 
 
 class AituneManager:
@@ -166,8 +158,9 @@ class AituneManager:
         with self._lock:
             if self._pending is not None:
                 return
-            disabled = _env_list("AITUNE_DISABLE_PLUGINS") or set()
-            only = _env_list("AITUNE_LOAD_PLUGINS")
+            disabled = set(DISABLE_PLUGINS.get() or ())
+            listed = LOAD_PLUGINS.get()
+            only = None if listed is None else set(listed)
             pending = []
             for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
                 dist = ep.dist.name if ep.dist is not None else "unknown"

@@ -15,30 +15,29 @@ memory) is retried once by Ray; a second death costs that candidate, never the t
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from aitune.plugin import BuildHandle, BuildRequest, Executor, WorkerBuildError, worker_job
+from aitune.plugin import BuildHandle, BuildRequest, Executor, WorkerBuildError, envvars, worker_job
 
 from . import task
 
 logger = logging.getLogger("aitune")
 
+BUILD_CPUS = envvars.Variable("AITUNE_RAY_BUILD_CPUS", envvars.number(above=0, what="CPUs per CPU build"), "1")
+"""The CPUs a CPU build's task asks for."""
+ACCELERATOR_TYPE = envvars.Variable("AITUNE_RAY_ACCELERATOR_TYPE", envvars.parse_text)
+"""The GPU model a CUDA build's task asks for; unset: this node's, as Ray names it."""
+SHARED_DIR = envvars.Variable("AITUNE_RAY_SHARED_DIR", envvars.parse_path)
+"""A folder every node mounts; unset: files travel through Ray's object store."""
+VARIABLES = (BUILD_CPUS, ACCELERATOR_TYPE, SHARED_DIR)
+"""Every variable this executor reads (docs/settings.md lists them; its tests check)."""
+
 
 def build_cpus() -> float:
-    raw = os.environ.get("AITUNE_RAY_BUILD_CPUS", "").strip()
-    try:
-        value = float(raw) if raw else 1.0
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        from aitune.plugin import ConfigError
-
-        raise ConfigError(f"AITUNE_RAY_BUILD_CPUS={raw!r} must be a number > 0 (CPUs per CPU build)")
-    return value
+    return BUILD_CPUS.get()
 
 
 def task_resources(device: str, accelerator: str | None) -> dict[str, Any]:
@@ -55,7 +54,7 @@ def local_accelerator() -> str | None:
     """This node's ``accelerator_type:<GPU model>`` resource, which Ray sets on GPU nodes."""
     import ray
 
-    override = os.environ.get("AITUNE_RAY_ACCELERATOR_TYPE", "").strip()
+    override = ACCELERATOR_TYPE.get()
     if override:
         return override if override.startswith("accelerator_type:") else f"accelerator_type:{override}"
     node_id = ray.get_runtime_context().get_node_id()
@@ -77,14 +76,13 @@ class _Answer(BuildHandle):
 
 def shared_dir() -> Path | None:
     """``AITUNE_RAY_SHARED_DIR``: a folder every node mounts, so files travel by path, not through Ray."""
-    raw = os.environ.get("AITUNE_RAY_SHARED_DIR", "").strip()
-    if not raw:
-        return None
-    path = Path(raw)
-    if not path.is_dir():
+    path = SHARED_DIR.get()
+    if path is not None and not path.is_dir():
         from aitune.plugin import ConfigError
 
-        raise ConfigError(f"AITUNE_RAY_SHARED_DIR={raw!r} is not a folder; create it on a filesystem every node mounts")
+        raise ConfigError(
+            f"{SHARED_DIR.name}={str(path)!r} is not a folder; create it on a filesystem every node mounts"
+        )
     return path
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import attrs
 
-from ..envvars import config_base, switch
+from ..envvars import CONFIG_DIR, OWN_KEY, config_base
 from ..files import make_folders
 
 FOLDER = "signing"
@@ -53,7 +53,7 @@ def enabled() -> bool:
 
 def off_reason() -> str | None:
     """Why aitune neither signs with nor trusts the user's own key, or None when it does."""
-    if not switch("AITUNE_OWN_KEY", True):
+    if not OWN_KEY.get():
         return "AITUNE_OWN_KEY is off"
     if config_dir() is None:
         return "there is no home folder to keep a key in (set HOME or AITUNE_CONFIG_DIR)"
@@ -67,9 +67,9 @@ def off_reason() -> str | None:
 def config_dir() -> Path | None:
     """``AITUNE_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/aitune``, else ``~/.config/aitune`` (not created
     here); None with no home folder."""
-    explicit = os.environ.get("AITUNE_CONFIG_DIR")
-    if explicit:
-        return Path(explicit)
+    explicit = CONFIG_DIR.get()
+    if explicit is not None:
+        return explicit
     base = config_base()
     return None if base is None else base / "aitune"
 

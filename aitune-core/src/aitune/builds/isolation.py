@@ -34,24 +34,17 @@ from typing import Any
 
 import torch
 
-from .. import hookimpl
+from .. import envvars, hookimpl
 from ..backend import EXPORT_S, WAIT_S, Backend, BuildContext, LoadContext
-from ..errors import ConfigError
 from ..executor import BuildHandle, BuildRequest, Executor, WorkerBuildError, run_worker, stop
 from ..session import Session
 
 logger = logging.getLogger("aitune")
 
-MODES = ("native", "all", "none")
-
 
 def mode() -> str:
-    value = os.environ.get("AITUNE_ISOLATE", "native").strip().lower() or "native"
-    if value not in MODES:
-        raise ConfigError(
-            f"AITUNE_ISOLATE={value!r} is not one of {', '.join(MODES)}; unset it for the default (native)"
-        )
-    return value
+    """``AITUNE_ISOLATE``: ``native``, ``all`` or ``none``."""
+    return envvars.ISOLATE.get()
 
 
 def isolated(backend: Backend) -> bool:
@@ -180,14 +173,9 @@ def background_workers() -> int:
     """How many builds the local executor runs beside the user's process: ``AITUNE_BUILD_WORKERS``,
     else the cores the tune's threads leave free (2 cores at one thread: 1), at most
     :data:`MAX_BACKGROUND`; 0 builds each one when the strategy asks for it, in the foreground."""
-    value = os.environ.get("AITUNE_BUILD_WORKERS", "").strip()
-    if value:
-        if not value.isdigit():
-            raise ConfigError(
-                f"AITUNE_BUILD_WORKERS={value!r} is not a whole number >= 0: set how many builds may run beside "
-                "the tune (0: one at a time, when asked for), or unset it"
-            )
-        return int(value)
+    chosen = envvars.BUILD_WORKERS.get()
+    if chosen is not None:
+        return chosen
     spare = (os.cpu_count() or 1) // max(torch.get_num_threads(), 1) - 1
     return min(max(spare, 0), MAX_BACKGROUND)
 

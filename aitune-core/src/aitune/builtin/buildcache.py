@@ -30,7 +30,7 @@ from .. import __version__, hookimpl, payload
 from ..backend import Backend, BuildContext, LoadContext
 from ..cachedir import checked_entry, make_private, private_folder
 from ..converter import unstructure
-from ..envvars import switch
+from ..envvars import BUILD_CACHE
 from ..errors import SerializationError
 from ..module_code import module_digest
 from ..registry import BackendRegistry
@@ -41,7 +41,7 @@ logger = logging.getLogger("aitune")
 
 
 def enabled() -> bool:
-    return switch("AITUNE_BUILD_CACHE", True)
+    return BUILD_CACHE.get()
 
 
 def builds_dir() -> Path:

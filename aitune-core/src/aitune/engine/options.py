@@ -1,8 +1,9 @@
 """What a user asked of one tune: ``ait.tune``'s arguments as one frozen, validated value.
 
 :class:`TuneOptions` is built once, at the top of ``ait.tune`` (:meth:`TuneOptions.from_arguments`
-fills what was left None from ``ait.config`` and refuses bad values with the error naming the
-argument), and is carried on the run from then on, so no step re-checks or re-passes a setting.
+fills what was left None from ``ait.config`` and the environment, and refuses bad values with the
+error naming the argument, the executor included, before ``ait.tune`` changes anything), and is
+carried on the run from then on, so no step re-checks or re-passes a setting.
 The JIT builds its run from one too. :class:`AccuracyRule` is the user's accuracy measure and how
 far it may fall (``metric`` and ``accuracy_budget``), given to ``ait.tune`` or ``ait.Module``.
 """
@@ -11,20 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
 from .. import distributed
 from ..backend import Tolerance
-from ..errors import InputError
+from ..errors import ConfigError, InputError
+from ..executor import chosen
 from .settings import settings
+
+if TYPE_CHECKING:
+    from ..executor import ExecutorRegistry
 
 Metric = Callable[[Any, Any, Any], float]
 """``fn(tuned_outputs, eager_outputs, batch) -> float``, 1.0 when the candidate answered as eager did."""
 
-AITUNE_DEFAULT_BATCH_SIZES = (1, 2)
+BATCH_ONE_SIZES = (1, 2)
 """What ``batch_sizes=None`` means for data of batch-1 items, as in AITune."""
 
 END_TO_END_S = 10.0
@@ -78,6 +83,11 @@ def _metric_for_budget(instance: Any, attribute: attrs.Attribute[Any], value: Ac
         )
 
 
+def _rank_decision(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in distributed.RANK_DECISIONS:
+        raise ConfigError(f"rank_decision must be one of {', '.join(distributed.RANK_DECISIONS)}, got {value!r}")
+
+
 def _as_tuple(values: Sequence[int] | None) -> tuple[int, ...] | None:
     return tuple(values) if values is not None else None
 
@@ -124,7 +134,7 @@ class TuneOptions:
     the plain ones (the JIT's); ``ait.tune`` fills what the user left None from ``ait.config``."""
 
     batch_sizes: tuple[int, ...] | None = attrs.field(default=None, converter=_as_tuple)
-    batch_one_sizes: tuple[int, ...] | None = attrs.field(default=AITUNE_DEFAULT_BATCH_SIZES, converter=_as_tuple)
+    batch_one_sizes: tuple[int, ...] | None = attrs.field(default=BATCH_ONE_SIZES, converter=_as_tuple)
     """What ``batch_sizes=None`` means for a graph whose recorded calls all have batch 1 (the JIT: None,
     the recorded sizes)."""
     device: torch.device | None = attrs.field(default=None, converter=_as_device)
@@ -138,8 +148,9 @@ class TuneOptions:
     dry_run: bool = False
     set_eval: bool = False
     executor: str | None = None
-    """Where isolated builds run; None: ``AITUNE_EXECUTOR``, else local."""
-    rank_decision: str = attrs.field(default="rank0", converter=distributed.rank_decision)
+    """Where isolated builds run: an executor's name, which :meth:`from_arguments` checks against the
+    tune's plugin manager; None (the JIT's): ``AITUNE_EXECUTOR``, else local, when builds start."""
+    rank_decision: str = attrs.field(default="rank0", validator=_rank_decision)
     freeze: bool = False
     threads: int | None = attrs.field(default=None, validator=attrs.validators.optional(_int_at_least_one))
     accuracy: AccuracyRule = attrs.field(factory=AccuracyRule, validator=_metric_for_budget)
@@ -165,10 +176,15 @@ class TuneOptions:
         fail_fast: bool | None = None,
         show_progress: bool | None = None,
         freeze: bool | None = None,
+        executor: str | None = None,
+        rank_decision: str | None = None,
+        executors: ExecutorRegistry | None = None,
         **given: Any,
     ) -> TuneOptions:
-        """The options of ``ait.tune(**arguments)``: None taken from ``ait.config``, AITune's spellings
-        mapped to aitune's, every value checked once."""
+        """The options of ``ait.tune(**arguments)``: None taken from ``ait.config`` (the executor and
+        the rank decision from their environment variables), AITune's spellings mapped to aitune's,
+        every value checked once. ``executors``, the tune's plugin manager's, is what the executor's
+        name is checked against: an unknown one, or one that cannot run here, is refused now."""
         if max_num_batches_per_batch_size is not None:
             raise InputError(
                 "ait.tune(max_num_batches_per_batch_size=...) is not supported: aitune forms each batch size "
@@ -188,8 +204,19 @@ class TuneOptions:
             freeze=settings.freeze if freeze is None else freeze,
             accuracy=AccuracyRule(metric, accuracy_budget),
             end_to_end_s=_end_to_end_budget(end_to_end),
+            executor=_checked_executor(chosen(executor), executors),
+            rank_decision=distributed.rank_decision(rank_decision),
             **given,
         )
+
+
+def _checked_executor(name: str, executors: ExecutorRegistry | None) -> str:
+    """``name`` when ``executors`` holds it and it can run here; else a ConfigError saying what exists."""
+    if executors is not None:
+        reason = executors.reason(name)  # an unknown name raises, listing the installed ones
+        if reason:
+            raise ConfigError(f"the {name} executor cannot run here: {reason}")
+    return name
 
 
 def _end_to_end_budget(value: bool | float) -> float:

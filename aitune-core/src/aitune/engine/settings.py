@@ -3,9 +3,10 @@
 A settings object is an attrs instance of a :class:`Settings` subclass whose fields are the
 settings. Every assignment runs the field's converter and validators, so a bad value fails
 where it is made, and a misspelt name is refused with the list of names. A field may name the
-environment variable it is read from; ``Settings._read_environment``, run when the object is made
-and by :meth:`Settings.reset`, is the one place settings read the environment. Two objects exist: :data:`settings` here, public as
-``ait.config`` and ``aitune.torch.config``, and JIT tuning's
+environment variable it is read from (an :class:`aitune.envvars.Variable`, :func:`from_env`);
+``Settings._read_environment``, run when the object is made and by :meth:`Settings.reset`, reads
+them through it. Two objects exist: :data:`settings` here, public as ``ait.config`` and
+``aitune.torch.config``, and JIT tuning's
 :data:`aitune.engine.jit.settings.settings`, public as ``aitune.torch.jit.config``. The engine
 reads them at each use, so a change affects what is tuned after it.
 """
@@ -13,11 +14,12 @@ reads them at each use, so a change affects what is tuned after it.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import attrs
+
+from ..envvars import Variable
 
 _CONVERT_AND_CHECK = attrs.setters.pipe(attrs.setters.convert, attrs.setters.validate)
 
@@ -68,47 +70,21 @@ class Settings:
         for field in attrs.fields(type(self)):
             if "env" not in field.metadata:
                 continue
-            variable, parse = field.metadata["env"]
-            raw = os.environ.get(variable)
+            variable: Variable[Any] = field.metadata["env"]
+            raw = variable.text()
             if raw is None:
                 continue
-            value = parse(variable, raw.strip())  # a ValueError here names the variable already
+            value = variable.parse(variable.name, raw)  # a ValueError here names the variable already
             try:
                 setattr(self, field.name, value)
             except ValueError as exc:
-                raise ValueError(f"{variable}={raw.strip()!r}: {exc}") from None
+                raise ValueError(f"{variable.name}={raw!r}: {exc}") from None
 
 
-def from_env(variable: str, parse: Callable[[str, str], Any]) -> dict[str, Any]:
-    """A field's metadata saying which environment variable sets it, and how its text is read."""
-    return {"env": (variable, parse)}
-
-
-# Reading an environment variable's text (after strip); the value is then checked as any assignment.
-# Switches are read by aitune.envvars.parse_bool, the one boolean parser.
-
-
-def parse_int(variable: str, raw: str) -> int:
-    try:
-        return int(raw.replace("_", ""))
-    except ValueError:
-        raise ValueError(f"{variable}={raw!r} is not an integer") from None
-
-
-def parse_float(variable: str, raw: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{variable}={raw!r} is not a number") from None
-
-
-def parse_names(variable: str, raw: str) -> tuple[str, ...]:
-    """A comma-separated list: ``onnxruntime, torch_inductor_jit``."""
-    return tuple(item.strip() for item in raw.split(",") if item.strip())
-
-
-def parse_word(variable: str, raw: str) -> str:
-    return raw.lower()
+def from_env(name: str, parse: Callable[[str, str], Any]) -> dict[str, Any]:
+    """A field's metadata saying which environment variable sets it, and how its text is read
+    (a parser of :mod:`aitune.envvars`); unset or empty, the field keeps its value."""
+    return {"env": Variable(name, parse)}
 
 
 # Converters and validators shared by the settings classes; messages name the setting as users write it.

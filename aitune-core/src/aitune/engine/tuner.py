@@ -120,7 +120,7 @@ def tune(
     ``AITUNE_EXECUTOR``, else local). ``rank_decision`` says who decides when the ranks of a
     ``torch.distributed`` job tune together: ``"rank0"`` (default; ``AITUNE_RANK_DECISION``) or
     ``"slowest"`` (every rank times its own builds; the slowest rank's figures count). Arguments
-    left as None take their value from :mod:`aitune.torch.config`.
+    left as None take their value from ``ait.config``.
 
     Tuning is for inference: a wrapped module in training mode whose code reads ``self.training``
     (Dropout, BatchNorm, ...) is refused, or with ``set_eval=True`` switched to eval mode (logged).
@@ -171,7 +171,8 @@ def tune(
     process's, :func:`aitune.plugins.get_manager`).
     """
     check_switches()
-    options = TuneOptions.from_arguments(
+    manager = get_manager() if manager is None else manager
+    options = TuneOptions.from_arguments(  # refuses a bad argument before anything below changes
         batch_sizes=batch_sizes,
         device=device,
         max_samples=max_samples,
@@ -193,6 +194,7 @@ def tune(
         time_budget=time_budget,
         static_cache=static_cache,
         pad=pad,
+        executors=manager.executors,
     )
     if options.threads is not None:
         torch.set_num_threads(options.threads)
@@ -200,7 +202,6 @@ def tune(
     _inference_mode(wrapped_modules(model_or_callable), options.set_eval)
     kept = _kept_as_they_are(model_or_callable) if options.dry_run else contextlib.nullcontext()
     progress = TuneProgress(options.show_progress, options.time_budget)
-    manager = get_manager() if manager is None else manager
     switch = StaticCacheSwitch.apply(model_or_callable) if options.static_cache else StaticCacheSwitch([])
     try:
         with progress, kept, build_queue(manager.executors, manager.registry, options.executor) as builds:

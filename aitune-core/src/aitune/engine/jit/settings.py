@@ -1,6 +1,6 @@
 """JIT tuning's settings, public as ``aitune.torch.jit.config``: :data:`settings`, a :class:`JITSettings`.
 
-    import aitune.torch.jit.config as jit_config
+    from aitune.torch.jit import config as jit_config
     jit_config.min_samples = 3
 
 Every setting but ``strategy`` can also come from its environment variable
@@ -16,22 +16,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ...envvars import parse_bool
-from ..settings import (
-    Settings,
-    as_float,
-    as_names,
-    boolean,
-    from_env,
-    int_at_least,
-    names,
-    one_of,
-    parse_float,
-    parse_int,
-    parse_names,
-    parse_word,
-    share,
-)
+from ...envvars import parse_bool, parse_float, parse_int, parse_names, parse_word
+from ..settings import Settings, as_float, as_names, boolean, from_env, int_at_least, names, one_of, share
 
 MODES = ("background", "inline")
 
