@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import platform
@@ -30,6 +31,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -432,11 +434,12 @@ def serve_by_hand(onnx_path: str, port: int, threads: int) -> None:
     ModelServer(http_port=port, enable_grpc=False, workers=1, enable_latency_logging=False).start([model])
 
 
-def run_kserve(
+@contextlib.contextmanager
+def _kserve_server(
     case: str, artifact: Path, args: argparse.Namespace, eager: bool, by_hand: Path | None = None
-) -> dict[str, Any]:
-    """``aitune serve`` (the kserve engine), or the hand-written server, in a process of its own:
-    warm-up, the counted run, SIGTERM."""
+) -> Iterator[tuple[str, str]]:
+    """``aitune serve`` (the kserve engine), or the hand-written server, in a process of its own, ready:
+    its URL and model name; SIGTERM at the end."""
     import subprocess
     import sys
 
@@ -455,8 +458,7 @@ def run_kserve(
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             _wait_ready(server, log, url, model)
-            load_kserve(url, model, case, args.clients, args.warmup)  # warm-up, not counted
-            return load_kserve(url, model, case, args.clients, args.requests)
+            yield url, model
         finally:
             server.terminate()
             try:
@@ -464,6 +466,64 @@ def run_kserve(
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def run_kserve(
+    case: str, artifact: Path, args: argparse.Namespace, eager: bool, by_hand: Path | None = None
+) -> dict[str, Any]:
+    """``aitune serve`` (the kserve engine), or the hand-written server, in a process of its own:
+    warm-up, the counted run, SIGTERM."""
+    with _kserve_server(case, artifact, args, eager, by_hand) as (url, model):
+        load_kserve(url, model, case, args.clients, args.warmup)  # warm-up, not counted
+        return load_kserve(url, model, case, args.clients, args.requests)
+
+
+def run_interleaved(case: str, artifact: Path, by_hand: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """(d) and (f) up at once, one client sending each request to one and then the other, alternating
+    which goes first: both are timed under the same conditions, so a busy machine slows both alike
+    and their ratio holds where the separate runs' figures do not."""
+    import tritonclient.http as httpclient
+
+    with (
+        _kserve_server(case, artifact, args, False) as tuned,
+        _kserve_server(case, artifact, args, False, by_hand=by_hand) as hand,
+    ):
+        servers = {INTERLEAVED[0]: tuned, INTERLEAVED[1]: hand}
+        clients = {
+            name: httpclient.InferenceServerClient(url, network_timeout=60) for name, (url, _) in servers.items()
+        }
+        inputs = []
+        for name, array in _kserve_inputs(case).items():
+            tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype.kind == "f" else "INT64")
+            tensor.set_data_from_numpy(array, binary_data=True)
+            inputs.append(tensor)
+        outputs = [httpclient.InferRequestedOutput(KSERVE_OUTPUTS[case], binary_data=True)]
+        latencies: dict[str, list[float]] = {name: [] for name in servers}
+        try:
+            for i in range(args.warmup + args.requests):
+                order = list(servers) if i % 2 else list(reversed(servers))
+                for name in order:
+                    start = time.perf_counter()
+                    clients[name].infer(servers[name][1], inputs, outputs=outputs)
+                    if i >= args.warmup:
+                        latencies[name].append(time.perf_counter() - start)
+        finally:
+            for client in clients.values():
+                client.close()
+    results = {}
+    for name, times in latencies.items():
+        results[name] = {
+            **_figures(len(times), times, sum(times)),  # one client: throughput is 1 / the mean latency
+            "failures": [],
+            "lost": 0,
+            "tuned_share": None,
+            "mean_batch_size": 1.0,
+        }
+    return results
+
+
+INTERLEAVED = ("(d) kserve, tuned, interleaved with (f)", "(f) kserve by hand, interleaved with (d)")
+"""The two setups of :func:`run_interleaved`, as the table names them."""
 
 
 def _wait_ready(server: Any, log: Any, url: str, model: str, within_s: float = 300) -> None:
@@ -571,6 +631,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1, help="Torch threads per replica.")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="CPUs Ray may use.")
     parser.add_argument("--no-kill", action="store_true", help="Skip the replica-kill run.")
+    parser.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="For the BERT, also run (d) and (f) at once, one client alternating between them (a ratio a busy "
+        "machine does not move).",
+    )
     parser.add_argument("--engines", default="ray,kserve", help="Comma-separated engines: ray, kserve.")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--serve-by-hand", type=Path, help=argparse.SUPPRESS)  # the (f) server's own process
@@ -609,9 +675,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
             if case == "bert":
                 name = "(f) kserve, the same graph by hand"
-                result = run_kserve(case, artifacts[case], args, False, by_hand=export_bert_by_hand(folder))
+                by_hand = export_bert_by_hand(folder)
+                result = run_kserve(case, artifacts[case], args, False, by_hand=by_hand)
                 results["setups"][case][name] = result
                 print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+                if args.interleaved:
+                    for name, result in run_interleaved(case, artifacts[case], by_hand, args).items():
+                        results["setups"][case][name] = result
+                        print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
     results["load_average_end"] = os.getloadavg()[0]
     print(markdown(results))
     if args.out:
