@@ -28,7 +28,7 @@ def log(msg: str) -> None:
 
 
 def machine(args: Any) -> dict[str, Any]:
-    from aitune.engine.tuner import environment
+    from aitune.machine import environment
 
     env = environment(torch.device(args.device))
     env.update(

@@ -19,6 +19,7 @@ from ..engine.module import named_wrapped_modules
 from ..envvars import check_switches
 from ..errors import ArtifactError, InputError, SerializationError
 from ..files import make_folders
+from ..machine import environment
 from ..plugins import AituneManager, get_manager
 from ..registry import BackendRegistry
 from ..report import TuneReport
@@ -51,8 +52,6 @@ def runtime_versions(registry: BackendRegistry) -> dict[str, str]:
 
 
 def fingerprint(registry: BackendRegistry, device: torch.device | None = None) -> dict[str, Any]:
-    from ..engine.tuner import environment
-
     env = environment(device or torch.device("cpu"))
     env["runtimes"] = runtime_versions(registry)
     return env

@@ -16,8 +16,6 @@ import datetime
 import hashlib
 import inspect
 import logging
-import os
-import platform
 import tempfile
 import time
 import warnings
@@ -32,6 +30,7 @@ from ..backend import Tolerance
 from ..builds.queue import build_queue
 from ..envvars import check_switches
 from ..errors import AituneError, ConfigError, DistributedTuneError, InputError, PluginError
+from ..machine import environment, load_average
 from ..plugins import AituneManager, get_manager
 from ..report import (
     EndToEndReport,
@@ -757,47 +756,3 @@ def _graph_json(graph: Any) -> dict[str, Any]:
     from ..converter import unstructure
 
     return unstructure(graph)
-
-
-def environment(device: torch.device) -> dict[str, Any]:
-    """What the figures were measured on."""
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "cpu": _cpu_model(),
-        "threads": torch.get_num_threads(),
-        "interop_threads": torch.get_num_interop_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (the OpenMP runtime's default)"),
-        "thread_settings": {k: os.environ[k] for k in _THREAD_VARS if k in os.environ},
-        "cuda": torch.version.cuda,
-        "load_average_start": load_average(),
-    }
-    if device.type == "cuda" and torch.cuda.is_available():
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        env["gpu"] = torch.cuda.get_device_name(index)
-        env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
-    return env
-
-
-def load_average() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages (None where the platform has none): a figure measured
-    while other programs ran says so."""
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
-_THREAD_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "KMP_BLOCKTIME", "OPENBLAS_NUM_THREADS")
-"""Settings that change CPU timings a lot (a busy 2-core machine swings eager latency 5x without them)."""
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

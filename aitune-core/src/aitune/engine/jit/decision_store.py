@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import torch
 
-from ... import __version__, payload
+from ... import __version__, machine, payload
 from ...backend import Backend, LoadContext, payload_file
 from ...cachedir import checked_entry, make_private, private_folder
 from ...converter import unstructure
@@ -71,9 +71,7 @@ def _backend_identity(registry: BackendRegistry, backend: Backend) -> dict[str, 
 
 def environment(device: torch.device) -> dict[str, Any]:
     """The parts of the machine a decision depends on."""
-    from ..tuner import environment as full
-
-    env = full(device)
+    env = machine.environment(device)
     out = {"aitune": __version__, "torch": torch.__version__, "device": str(device), "cuda": env.get("cuda")}
     for name in ("gpu", "compute_capability"):
         if name in env:
