@@ -5,7 +5,8 @@ by side (a Ray cluster), waiting for each in turn would waste it, so the builds 
 worker are exported and submitted here, all at once; the strategy's own ``build`` then takes the
 finished result (see :meth:`aitune.builds.queue.TuneBuildQueue.take`). FirstWins builds lazily by its
 rules, so only its first candidate goes ahead
-(:meth:`~.strategies.TuneStrategy.builds_ahead`: each strategy says which).
+(:meth:`~.strategies.TuneStrategy.builds_ahead`: each strategy says which, of its candidates in
+:meth:`~.strategies.TuneStrategy.build_order`, the order its ``tune`` builds them in).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def submit_ahead(plans: Sequence[ModulePlan], run: TuneRun) -> int:
             graph = graph_plan.graph
         except AituneError:
             continue  # the strategy's turn reports it
-        for template in graph_plan.strategy.builds_ahead(graph_plan.candidates()):
+        strategy = graph_plan.strategy
+        for template in strategy.builds_ahead(strategy.build_order(run.defaults, run.progress)):
             backend = template.clone()
             if not isolation.isolated(backend) or registry.unavailable(backend, device, graph):
                 continue  # built in this process when its turn comes

@@ -47,6 +47,8 @@ from ..report import CandidateStatus, measured_at
 from ..session import Session
 from .figures import Comparison, compare
 from .graph_tuning import Candidate, GraphTuning, Route
+from .graph_tuning import build as building
+from .progress import TuneProgress
 from .specialise import specialise
 
 
@@ -261,12 +263,20 @@ class TuneStrategy:
         return self.performance_validation is not PerformanceValidationMode.DISABLED
 
     def candidates(self, default: Sequence[Backend]) -> list[Backend]:
+        """The backends this strategy tries (its own, else the tune's ``default``), as listed."""
         return list(self.backends) if self.backends is not None else list(default)
 
+    def build_order(self, default: Sequence[Backend], progress: TuneProgress) -> list[Backend]:
+        """:meth:`candidates` in the order :meth:`tune` builds them: the one place that order is
+        decided, so the builds sent ahead (:meth:`builds_ahead`, given this list) are those tried
+        first. With a time budget, the cheapest first (``Backend.build_cost``; ties keep their order)."""
+        return building.order(self.candidates(default), progress)
+
     def builds_ahead(self, candidates: Sequence[Backend]) -> list[Backend]:
-        """Of ``candidates``, the ones this strategy builds whatever the others do: when the tune's
-        executor runs builds side by side, these are submitted at once, before :meth:`tune` asks for
-        them. Every one by default; a strategy whose rules stop early names fewer (FirstWins: its first)."""
+        """Of ``candidates`` (in :meth:`build_order`), the ones this strategy builds whatever the
+        others do: when the tune's executor runs builds side by side, these are submitted at once,
+        before :meth:`tune` asks for them. Every one by default; a strategy whose rules stop early
+        names fewer (FirstWins: its first)."""
         return list(candidates)
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
@@ -411,16 +421,20 @@ class OneBackendStrategy(_GateStrategy):
 class FirstWinsStrategy(_GateStrategy):
     """Backends in priority order; the first that builds, is correct and is faster wins."""
 
+    def build_order(self, default: Sequence[Backend], progress: TuneProgress) -> list[Backend]:
+        """A list the user gave is the priority this rule keeps, time budget or not; the defaults
+        are ordered as by any strategy."""
+        if self.backends is not None:
+            return list(self.backends)
+        return super().build_order(default, progress)
+
     def builds_ahead(self, candidates: Sequence[Backend]) -> list[Backend]:
         """Only the first: whether the next one is built at all depends on how the first one fares."""
         return list(candidates[:1])
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
         reasons = []
-        templates = self.candidates(default_backends)
-        if self.backends is None:  # the user's own list is the priority this rule keeps
-            templates = tuning.order(templates)
-        for template in templates:
+        for template in self.build_order(default_backends, tuning.progress):
             candidate = tuning.build(template)
             if candidate.ok and tuning.validate(candidate):
                 passed, why, batch = self._gate(tuning, candidate)
@@ -444,7 +458,7 @@ class _ProfilingStrategy(TuneStrategy):
 
     def _correct(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> list[Candidate]:
         correct = []
-        for template in tuning.order(self.candidates(default_backends)):
+        for template in self.build_order(default_backends, tuning.progress):
             candidate = tuning.build(template)
             if candidate.ok and tuning.validate(candidate):
                 correct.append(candidate)
