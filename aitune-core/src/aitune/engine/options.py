@@ -167,24 +167,35 @@ class TuneOptions:
     def from_arguments(
         cls,
         *,
-        ignore_failing_modules: bool | None = None,
-        max_num_batches_per_batch_size: int | None = None,
-        end_to_end: bool | float = True,
-        metric: Metric | None = None,
-        accuracy_budget: float | None = None,
+        batch_sizes: Sequence[int] | None = None,
+        device: str | torch.device | None = None,
         max_samples: int | None = None,
         fail_fast: bool | None = None,
+        report_path: str | Path | None = None,
+        tolerances: Mapping[str, Tolerance] | None = None,
         show_progress: bool | None = None,
-        freeze: bool | None = None,
+        ignore_failing_modules: bool | None = None,
+        dry_run: bool = False,
+        max_num_batches_per_batch_size: int | None = None,
+        set_eval: bool = False,
         executor: str | None = None,
         rank_decision: str | None = None,
+        freeze: bool | None = None,
+        threads: int | None = None,
+        metric: Metric | None = None,
+        accuracy_budget: float | None = None,
+        end_to_end: bool | float = True,
+        time_budget: float | None = None,
+        static_cache: bool = True,
+        pad: Mapping[str, float] | None = None,
         executors: ExecutorRegistry | None = None,
-        **given: Any,
     ) -> TuneOptions:
-        """The options of ``ait.tune(**arguments)``: None taken from ``ait.config`` (the executor and
-        the rank decision from their environment variables), AITune's spellings mapped to aitune's,
-        every value checked once. ``executors``, the tune's plugin manager's, is what the executor's
-        name is checked against: an unknown one, or one that cannot run here, is refused now."""
+        """The options of ``ait.tune``, its keyword arguments by the same names (typed, so a name
+        ``ait.tune`` forwards wrongly is a type error, not a value lost): None taken from ``ait.config``
+        (the executor and the rank decision from their environment variables), AITune's spellings
+        mapped to aitune's, every value checked once. ``executors``, the tune's plugin manager's, is
+        what the executor's name is checked against: an unknown one, or one that cannot run here, is
+        refused now."""
         if max_num_batches_per_batch_size is not None:
             raise InputError(
                 "ait.tune(max_num_batches_per_batch_size=...) is not supported: aitune forms each batch size "
@@ -198,15 +209,24 @@ class TuneOptions:
                 )
             fail_fast = not ignore_failing_modules
         return cls(
+            batch_sizes=batch_sizes,
+            device=device,
             max_samples=settings.max_samples if max_samples is None else max_samples,
             fail_fast=settings.fail_fast if fail_fast is None else fail_fast,
+            report_path=report_path,
+            tolerances=tolerances,
             show_progress=settings.show_progress if show_progress is None else show_progress,
-            freeze=settings.freeze if freeze is None else freeze,
-            accuracy=AccuracyRule(metric, accuracy_budget),
-            end_to_end_s=_end_to_end_budget(end_to_end),
+            dry_run=dry_run,
+            set_eval=set_eval,
             executor=_checked_executor(chosen(executor), executors),
             rank_decision=distributed.rank_decision(rank_decision),
-            **given,
+            freeze=settings.freeze if freeze is None else freeze,
+            threads=threads,
+            accuracy=AccuracyRule(metric, accuracy_budget),
+            end_to_end_s=_end_to_end_budget(end_to_end),
+            time_budget=time_budget,
+            static_cache=static_cache,
+            pad=pad,
         )
 
 
