@@ -34,6 +34,7 @@ PUBLIC = [
     "aitune.torch.jit",
     "aitune.torch.jit.tune",
     "aitune.torch.serving",
+    "aitune.torch.strategies",
     "aitune.torch.task.profiling",
     "aitune.torch.task.profiling.profiling_stop_strategy",
     "aitune.artifact",
