@@ -15,6 +15,9 @@ import torch
 from aitune_testkit.doubles import SlowModule
 
 import aitune.torch as ait
+from aitune.artifact import FORMAT_VERSION, Manifest
+from aitune.artifact.archive import MANIFEST, Writer
+from aitune.converter import unstructure
 from aitune.testing.backends import ToyBackend
 from aitune.torch.serving import (
     BatchPlan,
@@ -186,10 +189,12 @@ def test_a_factory_is_a_callable_or_an_import_path():
 
 
 def test_the_threads_come_from_the_manifest_bounded_by_the_cores(tmp_path):
-    def artifact(environment: object) -> str:
+    def artifact(environment: dict[str, object]) -> str:
         path = tmp_path / "a.ait"
-        with zipfile.ZipFile(path, "w") as archive:
-            archive.writestr("manifest.json", json.dumps({"environment": environment}))
+        manifest = Manifest(FORMAT_VERSION, "2026-01-01T00:00:00Z", "0", {}, environment)
+        writer = Writer(path)
+        writer.add_bytes(MANIFEST, json.dumps(unstructure(manifest)).encode())
+        writer.commit()
         return str(path)
 
     assert tuned_threads(artifact({"threads": 1})) == 1
@@ -199,6 +204,10 @@ def test_the_threads_come_from_the_manifest_bounded_by_the_cores(tmp_path):
     assert tuned_threads(tmp_path / "missing.ait") is None
     (tmp_path / "junk.ait").write_bytes(b"not a zip")
     assert tuned_threads(tmp_path / "junk.ait") is None
+    # a manifest no digest list vouches for is not read: ait.load would refuse the file
+    with zipfile.ZipFile(tmp_path / "unlisted.ait", "w") as archive:
+        archive.writestr(MANIFEST, json.dumps({"environment": {"threads": 1}}))
+    assert tuned_threads(tmp_path / "unlisted.ait") is None
 
 
 def test_importing_it_imports_no_server():

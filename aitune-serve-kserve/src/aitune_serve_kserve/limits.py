@@ -136,19 +136,18 @@ def row_element_caps(model: Any, inputs: Any) -> dict[str, int]:
     """Per model input (``inputs``: :func:`aitune.torch.serving.input_specs`), the most elements one
     row may hold: :data:`ROW_ELEMENTS_SLACK` times the largest row any tuned graph taking that input
     by name was tuned for. Inputs no tuned graph names have no cap here (the body cap holds them)."""
-    from aitune.torch.serving import tuned_modules
+    from aitune.torch.serving import tuned_graphs
 
     caps: dict[str, int] = {}
-    for module in tuned_modules(model):
-        for graph, _ in module.tuned_graphs:
-            for spec in graph.inputs:
-                if spec.path not in inputs:
-                    continue
-                shape = list(graph.shape_at(spec, "max"))
-                if spec.batch_axis is not None:
-                    del shape[spec.batch_axis]
-                elements = 1
-                for size in shape:
-                    elements *= max(size, 1)
-                caps[spec.path] = max(caps.get(spec.path, 0), ROW_ELEMENTS_SLACK * elements)
+    for graph in tuned_graphs(model):
+        for spec in graph.inputs:
+            if spec.path not in inputs:
+                continue
+            shape = list(graph.shape_at(spec, "max"))
+            if spec.batch_axis is not None:
+                del shape[spec.batch_axis]
+            elements = 1
+            for size in shape:
+                elements *= max(size, 1)
+            caps[spec.path] = max(caps.get(spec.path, 0), ROW_ELEMENTS_SLACK * elements)
     return caps

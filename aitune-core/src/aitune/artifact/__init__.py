@@ -7,7 +7,17 @@ here shares a public function's name, so ``aitune.artifact.load`` is always the 
 from .archive import FORMAT_VERSION
 from .format import GraphEntry, Manifest, ModuleEntry
 from .options import LoadOptions
-from .reader import load, verify
+from .reader import load, manifest_of, verify
 from .writer import save
 
-__all__ = ["FORMAT_VERSION", "GraphEntry", "LoadOptions", "Manifest", "ModuleEntry", "load", "save", "verify"]
+__all__ = [
+    "FORMAT_VERSION",
+    "GraphEntry",
+    "LoadOptions",
+    "Manifest",
+    "ModuleEntry",
+    "load",
+    "manifest_of",
+    "save",
+    "verify",
+]

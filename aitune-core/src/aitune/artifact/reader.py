@@ -844,6 +844,14 @@ def _cache() -> Path:
     return cache_dir()
 
 
+def manifest_of(path: str | Path) -> Manifest:
+    """The artifact's manifest, its digest and format checked, without loading anything: what a server
+    reads before ``ait.load`` (the threads it was tuned with, in ``environment``)."""
+    path = Path(path)
+    with only_artifact_errors(path, "reading the manifest"), open_artifact(path) as reader:
+        return read_manifest(reader)
+
+
 def read_report(path: str | Path) -> Any:
     """The tuning report saved with the artifact (what ``aitune report model.ait`` shows)."""
     from ..report import TuneReport

@@ -20,8 +20,9 @@ here, and each engine keeps only its own side:
   row, the padding's answers dropped) and split back per request; each call observed
   (:func:`observe_routes`), so every answer says which backend served it and why a tuned module ran
   eager; a request the model cannot take fails alone;
-- :func:`named_outputs`, :func:`resolve_factory`, :func:`tuned_threads`: outputs as named tensors,
-  the user's model factory, the torch threads the artifact was tuned with.
+- :func:`tuned_graphs`, :func:`named_outputs`, :func:`resolve_factory`, :func:`tuned_threads`: every
+  tuned graph (what a request is bounded by), outputs as named tensors, the user's model factory, the
+  torch threads the artifact was tuned with (read from its manifest by :func:`aitune.artifact.manifest_of`).
 
 No server, protocol or numpy here: importing this module is as light as ``import aitune.torch``.
 """
@@ -31,9 +32,7 @@ from __future__ import annotations
 import collections
 import importlib
 import inspect
-import json
 import os
-import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 import attrs
 import torch
 
+from ..artifact import manifest_of
 from ..engine.dispatch import Route, observe_routes
 from ..engine.module import Module
 from ..engine.options import check_pad
@@ -69,6 +69,7 @@ __all__ = [
     "named_outputs",
     "parse_pad",
     "resolve_factory",
+    "tuned_graphs",
     "tuned_modules",
     "tuned_threads",
 ]
@@ -77,7 +78,6 @@ Factory = Callable[[], torch.nn.Module]
 Request = dict[str, torch.Tensor]
 Ranges = tuple[tuple[int, int], ...]
 """Sorted, disjoint, inclusive batch-size ranges."""
-MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 
 
 # -- what the artifact says: batch sizes and inputs --------------------------------------------------------
@@ -128,6 +128,12 @@ def tuned_modules(model: torch.nn.Module) -> list[Module]:
     return [m for m in model.modules() if isinstance(m, Module) and m.state == "tuned"]
 
 
+def tuned_graphs(model: torch.nn.Module) -> list[GraphSpec]:
+    """Every graph the tuned modules in ``model`` were tuned for (what a server bounds requests by),
+    in module order, then in each module's order."""
+    return [winner.graph for module in tuned_modules(model) for winner in module.tuned_graphs]
+
+
 def merge(ranges: Iterable[tuple[int, int]]) -> Ranges:
     """Overlapping or adjacent ranges joined."""
     out: list[tuple[int, int]] = []
@@ -176,11 +182,10 @@ def model_graph(model: torch.nn.Module) -> Any:
     when the model itself was tuned, else the first tuned module called with the model's inputs
     unchanged, like the demo's ``features``), or None."""
     names = {p.name for p in _parameters(model)}
-    for module in tuned_modules(model):
-        for graph, _ in module.tuned_graphs:
-            paths = [t.path for t in graph.inputs]
-            if paths and set(paths) <= names and len(set(paths)) == len(paths):
-                return graph
+    for graph in tuned_graphs(model):
+        paths = [t.path for t in graph.inputs]
+        if paths and set(paths) <= names and len(set(paths)) == len(paths):
+            return graph
     return None
 
 
@@ -499,11 +504,8 @@ def resolve_factory(factory: Factory | str) -> Factory:
 def tuned_threads(artifact: str | Path) -> int | None:
     """The torch threads the artifact was tuned (and timed) with, bounded by this machine's cores."""
     try:
-        with zipfile.ZipFile(artifact) as archive:
-            if archive.getinfo("manifest.json").file_size > MAX_MANIFEST_BYTES:
-                return None
-            threads = json.loads(archive.read("manifest.json")).get("environment", {}).get("threads")
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        threads = manifest_of(artifact).environment.get("threads")
+    except AituneError:
         return None  # ait.load says what is wrong with the file
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         return None
