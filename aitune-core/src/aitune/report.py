@@ -204,7 +204,7 @@ class CandidateReport:
     validate_time_s: float | None = None
     """Wall time of the comparison with eager (the validate hook)."""
     profile_time_s: float | None = None
-    """Its share of the interleaved profiling sessions it ran in (each session's time over its runners)."""
+    """Its share of the interleaved profiling rounds it ran in (each round's time over its runners)."""
     from_cache: bool = False
     build_info: dict[str, Any] = attrs.field(factory=dict)
     validation: ValidationReport | None = None
@@ -361,7 +361,7 @@ class TuneReport:
     time_by_candidate: dict[str, dict[str, float]] = attrs.field(factory=dict)
     """The per-candidate stages of ``time_spent`` (``export``, ``build``, ``validate``, ``profile``,
     ``waiting``) by whom they were spent on: ``module: backend (variant)``, ``module: torch_eager``
-    (its share of each profiling session) and ``builds ahead`` (profiling waiting for builds of
+    (its share of each profiling round) and ``builds ahead`` (profiling waiting for builds of
     other graphs). For each of those stages the entries add up to its ``time_spent``."""
     time_budget: float | None = None
     """``ait.tune(time_budget=...)``, seconds; candidates not built in it are ``skipped``."""

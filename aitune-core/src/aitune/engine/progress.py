@@ -128,7 +128,7 @@ class TuneProgress:
         """Run one step: logged at its start and end, a heartbeat while it runs, its seconds added to ``stage``.
 
         ``charge_to`` shares the seconds out equally among those it names (the contenders of one
-        interleaved profiling session); with ``stage`` None the caller charges them itself
+        interleaved profiling round); with ``stage`` None the caller charges them itself
         (a build splits its seconds into export, waiting and build).
         """
         step = Step(description, stage)
