@@ -389,10 +389,10 @@ def _load(
             check = not trust.vouched
         targets = _targets(obj, manifest, reader)
         devices = _devices(manifest, device_map)
-        plans = {}
+        ready = {}
         for entry in manifest.modules:
             with _as_artifact_error(path, entry):
-                plans[entry.name] = _plan_module(
+                ready[entry.name] = _check_module(
                     reader, entry, targets[entry.name], devices[entry.name], fallback, session, trust, weights
                 )
         # -- every check passed: from here on the given object changes --------------------------------
@@ -411,7 +411,9 @@ def _load(
             with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
                 for entry in manifest.modules:
                     with _as_artifact_error(path, entry):
-                        _apply_plan(reader, plans[entry.name], targets[entry.name], fallback, Path(tmp), session, check)
+                        _apply_module(
+                            reader, ready[entry.name], targets[entry.name], fallback, Path(tmp), session, check
+                        )
                     object.__setattr__(targets[entry.name], "pad", dict(entry.pad))
         except BaseException:
             for kept in saved:
@@ -578,27 +580,30 @@ def _saved_shapes(reader: Reader, entry: ModuleEntry) -> dict[str, tuple[int, ..
 
 
 @attrs.define
-class _GraphPlan:
+class _ReadyGraph:
+    """One graph of a module ready to load: its manifest entry, checked, and the backend made from its config."""
+
     index: int
     entry: GraphEntry
     backend: Backend
 
 
 @attrs.define
-class _ModulePlan:
-    """What loading one module will do, decided with the given object untouched."""
+class _ReadyModule:
+    """What loading one module will do, decided with the given object untouched: a saved decision
+    checked and ready to apply (no tuning plan: nothing is built or measured)."""
 
     entry: ModuleEntry
     weights: dict[str, torch.Tensor]
     device: torch.device | None
     """None: the module runs eager on the CPU (its CUDA device is missing and fallback="eager")."""
-    graphs: list[_GraphPlan]
+    graphs: list[_ReadyGraph]
     whose: str | None
     native_trusted: bool = False
     """The bytes are trusted enough to run native payloads (their graphs were refused otherwise)."""
 
 
-def _plan_module(
+def _check_module(
     reader: Reader,
     entry: ModuleEntry,
     target: Any,
@@ -607,7 +612,7 @@ def _plan_module(
     session: Session,
     trust: Trust,
     whose: str | None,
-) -> _ModulePlan:
+) -> _ReadyModule:
     """Read and check everything about ``entry``; refusals raise (or, with ``fallback="eager"``, leave
     a graph eager with a warning). Changes nothing in ``target``."""
     from safetensors.torch import load as load_tensors  # imported on use: it costs ~75 ms at import
@@ -631,7 +636,7 @@ def _plan_module(
         if fallback != "eager":
             raise ArtifactError(message + "; load it on a GPU machine, or pass fallback='eager'")
         warnings.warn(message + "; running it eager on the CPU", RuntimeWarning, stacklevel=4)
-        return _ModulePlan(entry, weights, None, [], whose)
+        return _ReadyModule(entry, weights, None, [], whose)
     if whose is None and _differ(module, weights):
         warnings.warn(
             f"{reader.path}: the weights of {entry.name} in the given model differ from the artifact's; ait.load "
@@ -657,7 +662,7 @@ def _plan_module(
                     "only from an artifact you trust: pass expected_sha256='<its SHA-256>', trusted_keys=[public key] "
                     "(the artifact signed with aitune sign), or trust_native_code=True"
                 )
-            graphs.append(_GraphPlan(index, graph_entry, backend_class(config)))
+            graphs.append(_ReadyGraph(index, graph_entry, backend_class(config)))
         except ArtifactError as exc:
             if fallback != "eager" or isinstance(exc, ArtifactIntegrityError):
                 raise
@@ -667,28 +672,28 @@ def _plan_module(
             if fallback != "eager":
                 raise ArtifactError(message) from exc
             warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
-    return _ModulePlan(entry, weights, device, graphs, whose, trust.native)
+    return _ReadyModule(entry, weights, device, graphs, whose, trust.native)
 
 
-def _apply_plan(
+def _apply_module(
     reader: Reader,
-    plan: _ModulePlan,
+    ready: _ReadyModule,
     target: Module,
     fallback: str | None,
     tmp: Path,
     session: Session,
     check: bool = False,
 ) -> None:
-    """Put the checked plan into ``target``: its weights, its device, each payload loaded, the winners."""
-    entry, whose, device = plan.entry, plan.whose, plan.device
+    """Put the checked, ready module into ``target``: its weights, its device, each payload loaded, the winners."""
+    entry, whose, device = ready.entry, ready.whose, ready.device
     if whose != "model":
-        target.module.load_state_dict(plan.weights, strict=True)
+        target.module.load_state_dict(ready.weights, strict=True)
     winners: list[Winner] = []
     built_with = None
     if device is not None:
         target.module.to(device)
-        winners = _loaded_winners(reader, plan, target, device, fallback, tmp, session, check)
-        built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in plan.weights.items()}
+        winners = _loaded_winners(reader, ready, target, device, fallback, tmp, session, check)
+        built_with = {name: (t.dtype, tuple(t.shape), device) for name, t in ready.weights.items()}
     install(target, winners, None, built_with=built_with)
     if device is None:
         return
@@ -710,7 +715,7 @@ def _apply_plan(
 
 def _loaded_winners(
     reader: Reader,
-    plan: _ModulePlan,
+    ready: _ReadyModule,
     target: Module,
     device: torch.device,
     fallback: str | None,
@@ -718,10 +723,10 @@ def _loaded_winners(
     session: Session,
     check: bool,
 ) -> list[Winner]:
-    """Each planned graph's payload loaded into a backend on ``device`` (with ``fallback="eager"``, those that load)."""
-    entry, whose = plan.entry, plan.whose
+    """Each ready graph's payload loaded into a backend on ``device`` (with ``fallback="eager"``, those that load)."""
+    entry, whose = ready.entry, ready.whose
     winners: list[Winner] = []
-    for graph in plan.graphs:
+    for graph in ready.graphs:
         index, graph_entry = graph.index, graph.entry
         try:
             folder = tmp / f"{entry.name}-{index}".replace("/", "_")
@@ -737,7 +742,7 @@ def _loaded_winners(
             )
             context = LoadContext(graph_entry.graph, device, dict(record.metadata), _cache(), entry.name)
             loaded = payload.read(
-                record, folder, target.module, context, session, plan.native_trusted, backend=graph.backend
+                record, folder, target.module, context, session, ready.native_trusted, backend=graph.backend
             )
             if check and whose != "model" and not graph_entry.refit:  # refitted ones are checked by adopt_weights
                 disagreement = _disagreement(loaded, target.module, graph_entry.graph, target.masked_by)
