@@ -30,8 +30,8 @@ from ..engine.generation import StaticCacheSwitch
 from ..engine.install import install
 from ..engine.module import Module, freeze_tuned, wrapped_modules
 from ..engine.options import check_pad
-from ..engine.routes import Winner
 from ..engine.settings import settings
+from ..engine.winners import Winner
 from ..envvars import check_switches
 from ..errors import AituneError, ArtifactError, ArtifactIntegrityError, InputError
 from ..graph import GraphSpec

@@ -21,7 +21,7 @@ from . import recording
 from .guard import Layout, RecheckWeights
 from .module import Module
 from .recording import Canonicalizer
-from .routes import Winner, dispatcher_for, eager_only
+from .winners import Winner, dispatcher_for, eager_only
 
 
 def install(

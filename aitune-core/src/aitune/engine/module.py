@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from ..backend import Tolerance
     from ..report import ModuleReport, TuneReport
     from .dispatch import Dispatcher
-    from .routes import Winner
     from .strategies import TuneStrategy
+    from .winners import Winner
 
 logger = logging.getLogger("aitune")
 

@@ -31,7 +31,7 @@ from ..report import CandidateReport, GraphReport, ModuleReport, ProfileResult, 
 from ..text import clip
 from .install import install
 from .plan import ModulePlan, TuneRun
-from .routes import Winner
+from .winners import Winner
 
 if TYPE_CHECKING:
     from .module import Module

@@ -50,7 +50,7 @@ from .module import Module, freeze_tuned, wrapped_modules
 from .options import TuneOptions
 from .plan import ModulePlan, TuneRun, default_backends, strategy_for, weights_device
 from .progress import TuneProgress
-from .routes import Winner, eager_only, winners_of
+from .winners import Winner, eager_only, winners_of
 
 logger = logging.getLogger("aitune")
 

@@ -28,8 +28,8 @@ from ..install import install
 from ..options import TuneOptions
 from ..plan import TuneRun, default_backends, plan_module, weights_device
 from ..progress import Step, TuneProgress
-from ..routes import Winner, eager_only
 from ..strategies import FirstWinsStrategy, TuneStrategy
+from ..winners import Winner, eager_only
 from . import decision_store
 from .admission import admit
 from .settings import settings
