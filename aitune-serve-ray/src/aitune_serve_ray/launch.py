@@ -7,8 +7,10 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ def start(
     metrics_port: int | None = None,
     dashboard_port: int | None = None,
     on_ray_started: Callable[[], None] = lambda: None,
+    on_warning: Callable[[str], None] | None = None,
     **options: Any,
 ) -> str:
     """Serve ``artifact`` with ``factory`` as the Ray Serve application ``aitune``; the model's URL
@@ -42,7 +45,12 @@ def start(
 
     A model the replicas cannot load (the artifact refused, the factory or the warm-up call raising)
     raises :class:`~aitune.torch.serving.ServeStartError` with the replicas' own error, once Ray
-    Serve gives up on them; the application is deleted.
+    Serve gives up on them; the application is deleted. So does a cluster that refuses this
+    process's Ray auth token (or its lack of one), at once rather than after Ray's 20 s of retries.
+
+    Ray Serve already running on the cluster keeps the HTTP host and port it started with: the URL
+    is then the one Serve listens on, and ``on_warning`` (default: a :class:`RuntimeWarning`) says
+    that ``port`` was not applied.
     """
     import ray
     from ray import serve
@@ -61,7 +69,14 @@ def start(
         # terminal: a replica that fails to start would print Ray's tracebacks before the one line
         # that says why
         if address:
-            context = ray.init(address=address, log_to_driver=False)
+            try:
+                _ask_gcs_once(address)
+                context = ray.init(address=address, log_to_driver=False)
+            except Exception as exc:
+                reason = _token_advice(address, exc)
+                if reason is None:
+                    raise
+                raise ServeStartError(f"{artifact} could not be served: {reason}") from None
         else:
             path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
             context = ray.init(
@@ -82,6 +97,7 @@ def start(
                 f"Prometheus metrics (Ray's, Serve's, aitune's): http://127.0.0.1:{info['metrics_export_port']}/metrics"
             )
     serve.start(http_options={"host": host, "port": port})
+    host, port = _serve_http(host, port, on_warning or _runtime_warning)
     try:
         serve.run(app, name=APP, route_prefix="/")
     except RuntimeError as exc:  # Ray Serve's "Deploying application aitune failed", the reason elsewhere
@@ -91,6 +107,88 @@ def start(
         where = f" (the replicas' logs: {logs})" if logs else ""
         raise ServeStartError(f"{artifact} could not be served: {reason}{where}") from None
     return f"http://{host}:{port}/v2/models/{name}"
+
+
+def _ask_gcs_once(address: str) -> None:
+    """Raises Ray's ``AuthenticationError`` at once if the GCS at ``address`` (``host:port``)
+    refuses this process's token (or its lack of one): ``ray.init`` retries that for about 20 s,
+    then raises a ``ConnectionError`` with a long traceback, where one direct call answers in
+    milliseconds. Only a port that accepts a TCP connection within 2 s is asked (an unreachable one
+    is left to ``ray.init``'s own wait), through Ray's GCS client where this Ray version has it;
+    any other outcome is left to ``ray.init``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "/" in address or not port.isdigit():  # "auto", "ray://...": ray.init's to resolve
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stub
+        from ray.exceptions import AuthenticationError
+    except (OSError, ValueError, ImportError):  # unreachable, or another Ray: ray.init's error then
+        return
+    try:
+        GcsClient(address=address)
+    except AuthenticationError:
+        raise
+    except Exception:  # reachable but not answering as a GCS: ray.init reports it as it does
+        return
+
+
+def _token_advice(address: str, exc: BaseException) -> str | None:
+    """The one line that says what to set, if Ray's ``AuthenticationError`` is ``exc`` or what
+    caused it (ray.init wraps it in ``ConnectionError``); None for any other error."""
+    try:
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # a Ray without token authentication
+        return None
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, AuthenticationError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    said = str(getattr(cause, "message", "") or "").strip().rstrip(".")
+    said = f" (Ray: {said})" if said else ""
+    where = "RAY_AUTH_TOKEN (or a file named by RAY_AUTH_TOKEN_PATH; default ~/.ray/auth_token)"
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return (
+            f"the Ray cluster at {address} requires Ray's auth token{said}: "
+            f"set RAY_AUTH_MODE=token and the cluster's token in {where}"
+        )
+    return f"the Ray cluster at {address} refused this process's auth token{said}: set the cluster's token in {where}"
+
+
+def _runtime_warning(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _serve_http(host: str, port: int, warn: Callable[[str], None]) -> tuple[str, int]:
+    """The host and port Ray Serve's proxies listen on, which are the requested ones unless Serve
+    already ran on the cluster (``serve.start`` then keeps its own and only logs it). Ray has no
+    public getter of the HTTP options in effect: the Serve client's ``http_config`` is read, and a
+    Ray without it gets the requested port back with a warning that it could not be checked."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client()
+        if client is None:  # raises rather than returns None, as called: just in case
+            raise RuntimeError("no Serve controller found")
+        config = client.http_config
+        actual_host, actual_port = str(config.host), int(config.port)
+    except Exception as exc:  # a Ray version without that client or field
+        warn(
+            f"could not check which HTTP port Ray Serve listens on ({type(exc).__name__}: {exc}); "
+            f"the URL assumes port {port}, which Serve ignores if it already ran on this cluster"
+        )
+        return host, port
+    ignored = [f"port {port}"] if actual_port != port else []
+    ignored += [f"host {host}"] if actual_host != host else []
+    if ignored:
+        warn(
+            f"Ray Serve already runs on this cluster on {actual_host}:{actual_port}, which it keeps: "
+            f"{' and '.join(ignored)} not applied (only restarting Serve there, which takes every "
+            "application down, changes them)"
+        )
+    # a Serve on every interface answers on the requested host too
+    return (host if actual_host in ("0.0.0.0", "::") else actual_host), actual_port
 
 
 def _replicas_error(app: str) -> str | None:
@@ -109,6 +207,11 @@ def _replicas_error(app: str) -> str | None:
             if found:
                 return f"{found.group(1)}: {found.group(2)}"
     return None
+
+
+def _print_warning(message: str) -> None:
+    """The command's warnings: one line on stderr, as its errors (``error: ...``)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def serve_until_interrupted(factory: str, artifact: str | Path, **options: Any) -> None:
@@ -139,7 +242,7 @@ def serve_until_interrupted(factory: str, artifact: str | Path, **options: Any) 
             signal.signal(signum, on_signal)
 
     try:
-        url = start(factory, artifact, on_ray_started=ours_again, **options)
+        url = start(factory, artifact, on_ray_started=ours_again, on_warning=_print_warning, **options)
         if not stop.is_set():
             print(f"serving {artifact} at {url} (Open Inference Protocol v2); Ctrl-C or SIGTERM stops", flush=True)
         while not stop.wait(1.0):
