@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -38,8 +39,30 @@ class SlowTwoHeads(TwoHeads):
         return super().forward(x)
 
 
+STUCK_S = 60.0
+STUCK_VALUE = 1234.0
+
+
+class StuckTwoHeads(TwoHeads):
+    """The same model, an eager call whose first value is :data:`STUCK_VALUE` taking a minute (the
+    warm-up's and the load check's calls never hold it): a request still in flight, whatever the
+    machine's load, when the server is told to stop twice."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if x.numel() and float(x.flatten()[0]) == STUCK_VALUE:
+            mark = os.environ.get("STUCK_MARK")
+            if mark:  # tells the test the call has started
+                Path(mark).touch()
+            time.sleep(STUCK_S)
+        return super().forward(x)
+
+
 def build() -> torch.nn.Module:
     return TwoHeads().eval()
+
+
+def build_stuck() -> torch.nn.Module:
+    return StuckTwoHeads().eval()
 
 
 def build_slow() -> torch.nn.Module:

@@ -3,6 +3,8 @@ draining a request in flight and exiting 0."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
 import threading
@@ -65,6 +67,39 @@ def test_eager_serves_the_same_answers_without_tuned_backends_and_sigterm_drains
             want = kserve_testmodel.build()(torch.from_numpy(x))
         assert_matches_eager(torch.tensor(result.as_numpy("logits")), want["logits"])
         assert result.get_response()["parameters"]["aitune_backend"] == "eager (no tuned module ran)"
+
+
+def test_a_second_signal_during_the_drain_exits_at_once(artifact, tmp_path, monkeypatch):
+    """SIGTERM drains; a second SIGTERM while a request is still in flight (its call takes a minute)
+    exits at once with 128 + 15, as ``docker stop`` users and a second Ctrl-C expect."""
+    mark = tmp_path / "stuck"
+    monkeypatch.setenv("STUCK_MARK", str(mark))
+    with running(
+        artifact, tmp_path / "serve.log", "--eager", "--name", "stuck", factory="kserve_testmodel:build_stuck"
+    ) as server:
+        server.wait_ready("stuck")
+        x = np.zeros((2, 8, 16), dtype=np.float32)
+        x.flat[0] = kserve_testmodel.STUCK_VALUE
+        sender = threading.Thread(target=lambda: _request_quietly(server.url, "stuck", x), daemon=True)
+        sender.start()
+        deadline = time.monotonic() + 30
+        while not mark.exists():  # the model's call has started: it holds the request
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.05)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        while "stopping: answering the requests in flight" not in server.log.read_text():  # the drain began
+            assert server.process.poll() is None and time.monotonic() < deadline + 30, server.output()
+            time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(timeout=30)
+        assert code == 128 + signal.SIGTERM, server.output()
+        assert time.monotonic() - started < kserve_testmodel.STUCK_S, "it waited for the request in flight"
+
+
+def _request_quietly(url: str, model: str, x: np.ndarray) -> None:
+    with contextlib.suppress(Exception):  # the server exits under it: no answer is expected
+        _request(url, model, x)
 
 
 def test_sigterm_while_the_model_loads_exits_0_without_serving(artifact, tmp_path):

@@ -45,7 +45,34 @@ class _Server(ModelServer):
         if self._rest_server is not None:
             self._rest_server.config.host = self.host
             rest_app.add_middleware(BodyLimits, **self.limits)
+            rest_app.router.on_startup.append(_second_signal_exits)
         super().setup_event_loop()
+
+
+_DRAINING: list[int] = []
+"""The signal that started the drain, once one has."""
+
+
+def _second_signal_exits() -> None:
+    """A startup handler of the REST app, so it runs inside uvicorn's ``serve()`` with uvicorn's own
+    signal handlers in place: the first SIGTERM or SIGINT still drains (theirs), a second one during
+    the drain exits at once with status 128 + its number, as the Ray engine's does (uvicorn alone
+    forces a stop only on a second SIGINT, and the process then still waits for the model's call)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        drains = signal.getsignal(signum)
+        if not callable(drains):
+            continue
+
+        def handler(sig: int, frame: Any, drains: Any = drains) -> None:
+            if _DRAINING:
+                os._exit(128 + sig)
+            _DRAINING.append(sig)
+            print("stopping: answering the requests in flight (a second signal exits at once)", flush=True)
+            drains(sig, frame)
+
+        signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
