@@ -25,7 +25,7 @@ from aitune.plugin import (
 )
 
 from .config import TorchInductorJitBackendConfig, capped_options
-from .recompiles import RecompileWatch
+from .recompiles import RecompileWatch, predicted_recompiles
 from .shapes import dim_sizes, unseen_sizes, warmup_cases
 
 RECOMPILE_LIMIT = 64
@@ -79,7 +79,11 @@ class TorchInductorJitBackend(Backend):
                     "nn.GRU and nn.LSTM): the result would be eager plus guard checks, so this candidate is "
                     "dropped; try torch_inductor_aot or onnxruntime"
                 )
-            self._compile(module, context.graph, context.device, warmup_cases(context.graph, context.samples))
+            cases = warmup_cases(context.graph, context.samples)
+            foreseen = _foreseen_recompiles(module, context.graph, cases, self.config)
+            if foreseen:
+                raise BuildError(foreseen)
+            self._compile(module, context.graph, context.device, cases)
         self._cache = InductorCacheSwitch(folder)
         self.build_info.update(cache_dir=str(folder), compiled_on_load=False)
 
@@ -191,6 +195,42 @@ def _dynamic(cfg: TorchInductorJitBackendConfig, graph: GraphSpec) -> bool | Non
     if cfg.dynamic is None and graph.counters:
         return None
     return bool(cfg.dynamic)
+
+
+def _foreseen_recompiles(
+    module: torch.nn.Module,
+    graph: GraphSpec,
+    cases: Sequence[tuple[str, Sample]],
+    cfg: TorchInductorJitBackendConfig,
+) -> str | None:
+    """Why this build could not win, found before Inductor compiles anything: the module's code fixes
+    an axis the recorded calls vary, so calls the graph is tuned for would keep compiling at run time
+    until the watch refuses them (:func:`predicted_recompiles`). Tracing with a backend that compiles
+    nothing costs a few Dynamo traces against the build's Inductor compiles of every warm-up case.
+    """
+    if cfg.dynamic is False or not graph.dims:
+        return None  # nothing is marked dynamic: unsupported_reason already refused a dynamic graph
+    traced = 0
+
+    def record(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        nonlocal traced
+        traced += 1
+        return gm.forward
+
+    stand_in = torch.compile(module, backend=record, dynamic=_dynamic(cfg, graph), fullgraph=cfg.fullgraph)
+
+    def run(sample: Sample) -> int:
+        before = traced
+        args, kwargs = _marked(graph, sample.fresh())
+        stand_in(*args, **kwargs)
+        return traced - before
+
+    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=limit), torch.no_grad():
+            return predicted_recompiles(run, graph, cases)
+    except Exception:  # a module Dynamo cannot trace: the build itself says why, with its own message
+        return None
 
 
 def _marked(graph: GraphSpec, sample: Sample) -> tuple[tuple[Any, ...], dict[str, Any]]:

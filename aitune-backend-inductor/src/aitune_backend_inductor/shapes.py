@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from aitune.plugin import GraphSpec, Sample, resize
+from aitune.plugin import DimRange, GraphSpec, Sample, resize
 
 
 def dim_sizes(graph: GraphSpec, sample: Sample) -> dict[str, int]:
@@ -53,6 +53,23 @@ def unseen_sizes(graph: GraphSpec, seen: Sequence[dict[str, int]]) -> dict[str, 
             return None
         out[name] = fresh[0]
     return out or None
+
+
+def unwarmed_sizes(rng: DimRange, used: Iterable[int], want: int = 2) -> tuple[int, list[int]]:
+    """How many sizes of ``rng`` (from 2 up: torch specializes 0 and 1) no warm-up used, and up to
+    ``want`` of them, nearest the middle first (the sizes a run-time call is likeliest to take)."""
+    lo = max(rng.min, 2)
+    warm = {u for u in used if lo <= u <= rng.max}
+    count = max(0, rng.max - lo + 1) - len(warm)
+    mid = (lo + rng.max) // 2
+    picks: list[int] = []
+    for step in range(rng.max - lo + 1):
+        if len(picks) >= want:
+            break
+        for v in (mid + step, mid - step - 1):
+            if lo <= v <= rng.max and v not in warm and v not in picks and len(picks) < want:
+                picks.append(v)
+    return count, picks
 
 
 def trace_sizes(graph: GraphSpec) -> dict[str, int]:
