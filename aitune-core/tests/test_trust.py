@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -782,3 +783,20 @@ def test_check_is_off_for_a_pinned_artifact_and_can_be_asked_for(saved, tmp_path
         ait.load(_fresh(), bad, expected_sha256=pin, check=True)
     assert ait.load(_fresh(), bad, check=False).state == "tuned"
     assert ait.load(_fresh(), saved).state == "tuned", "a faithful payload passes the check"
+
+
+def test_a_model_holding_the_artifacts_weights_is_restored_without_a_copy_of_them(saved, tmp_path):
+    """When the model's weights equal the artifact's, ait.load keeps no host copy for a rollback and
+    puts the artifact's back (issue 56): the model is still as it was after a late failure."""
+    bad = _rewrite(saved, tmp_path / "bad.ait", _swap_to_wrong)
+    own = {k: v.detach().clone() for k, v in ait.load(_fresh(), saved).module.state_dict().items()}
+    model = SlowModule(delay_s=0.0)
+    model.load_state_dict(own)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # equal weights: no "differ" warning
+        with pytest.raises(ArtifactError, match="does not answer as eager does"):
+            ait.load(model, bad)
+    after = model.state_dict()
+    assert after.keys() == own.keys()
+    assert all(torch.equal(after[k], v) and after[k].dtype == v.dtype for k, v in own.items()), "not restored"
+    assert all(not isinstance(m, ait.Module) for m in model.modules())

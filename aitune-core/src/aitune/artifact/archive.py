@@ -16,6 +16,7 @@ it covers the digest list, and every member is checked against that list on the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -23,16 +24,14 @@ import shutil
 import stat
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 from ..cachedir import file_sha256
 from ..errors import ArtifactError, ArtifactIntegrityError
 from . import seal
-
-T = TypeVar("T")
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -122,6 +121,7 @@ class Reader:
         as a detached signature over the whole file is checked; a pin always does."""
         self.path = path
         self.verified = False
+        self._checked: set[str] = set()
         self.file, self._sha256 = open_once(path, private=private or expected_sha256 is not None)
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         try:
@@ -255,26 +255,40 @@ class Reader:
             raise ArtifactIntegrityError(
                 f"{self.path}: member {name!r} does not match its SHA-256; the file was altered"
             )
+        self._checked.add(name)  # these very bytes were checked: verify_all need not hash the member again
         return data
 
-    def extract(self, prefix: str, target: Path) -> list[str]:
-        """Write every member under ``prefix/`` into ``target``, checking each digest while copying."""
-        written = []
-        for name in self.infos:
-            if not name.startswith(prefix + "/"):
-                continue
-            rel = name[len(prefix) + 1 :]
-            dest = target / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            with open(dest, "wb") as out:
-                self._stream_checked(name, out.write)
-            written.append(rel)
-        return written
+    def verify_all(self, extract: Mapping[str, Sequence[Path]] | None = None) -> None:
+        """Check the digest of every member, streaming, so a large payload is never held in memory;
+        a member :meth:`read` already checked on the bytes it handed out is not hashed again.
 
-    def verify_all(self) -> None:
-        """Check every member's digest, streaming, so a large payload is never held in memory."""
+        ``extract``: members under ``<prefix>/`` are written, as they are hashed, into each of the
+        new private folders given for that prefix (a payload's files, for a runtime that opens
+        paths): the bytes checked are the bytes written, in a folder nobody else may write, so the
+        copy needs no second check. A member that fails its digest raises; what was written of it
+        stays in the caller's folder, which the caller removes unused.
+        """
+        targets = dict(extract or {})
+        for folders in targets.values():
+            for folder in folders:
+                folder.mkdir()
         for name in self.digests:
-            self._stream_checked(name, lambda block: None)
+            sinks = [
+                folder / name[len(prefix) + 1 :]
+                for prefix, folders in targets.items()
+                if name.startswith(prefix + "/")
+                for folder in folders
+            ]
+            if not sinks:
+                if name not in self._checked:
+                    self._stream_checked(name, lambda block: None)
+                continue
+            with contextlib.ExitStack() as stack:
+                outs: list[IO[bytes]] = []
+                for dest in sinks:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    outs.append(stack.enter_context(open(dest, "xb")))
+                self._stream_checked(name, _writer(outs))
         self.verified = True
 
     def _stream_checked(self, name: str, sink: Callable[[bytes], Any]) -> None:
@@ -291,19 +305,6 @@ class Reader:
             raise ArtifactIntegrityError(
                 f"{self.path}: member {name!r} does not match its SHA-256; the file was altered"
             )
-
-    def read_from(self, name: str, read: Callable[[IO[bytes]], T]) -> T:
-        """``read`` applied to member ``name`` as a stream (a header, without the rest), once
-        :meth:`verify_all` has checked every digest; errors ``read`` raises itself pass through."""
-        if not self.verified:
-            raise ArtifactError(f"{self.path}: read_from needs verify_all first")
-        if name not in self.infos or name == SUMS:
-            raise ArtifactError(f"{self.path} has no member {name!r}")
-        try:
-            with self.zip.open(self.infos[name]) as src:
-                return read(src)
-        except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as exc:
-            raise ArtifactError(f"{self.path}: member {name!r} cannot be read: {exc}") from exc
 
     def sha256(self) -> str:
         """SHA-256 of the whole file as this reader opened it (computed while copying, where it was copied)."""
@@ -346,6 +347,16 @@ class Reader:
         self.file.close()
         if self._scratch is not None:
             self._scratch.cleanup()
+
+
+def _writer(outs: Sequence[IO[bytes]]) -> Callable[[bytes], None]:
+    """A sink that writes each block into every one of ``outs``."""
+
+    def write(block: bytes) -> None:
+        for out in outs:
+            out.write(block)
+
+    return write
 
 
 def open_once(path: Path, *, private: bool = False) -> tuple[IO[bytes], str | None]:

@@ -18,7 +18,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import attrs
 import torch
@@ -317,7 +317,7 @@ def load(
     trust, the object's structure) passes before anything in ``obj`` changes. With ``fallback``
     left None, a failure after that (a runtime refusing a payload, ``check``) puts the model's own
     weights, device and modules back before the error is raised: it costs a host copy of the
-    weights while loading.
+    weights while loading, unless they equal the artifact's (those are put back then).
 
     ``static_cache`` (default True): when a loaded decode step runs on a static KV cache, the
     transformers model holding it generates with one (``generation_config.cache_implementation =
@@ -378,26 +378,49 @@ def _load(
     manifest, the object's structure, every device, config, bound and the trust policy passed."""
     from ..engine.wrap import place  # the wrap helpers live with ait.wrap, above this layer
 
-    with open_artifact(path, asked.expected_sha256, private=asked.detached(path)) as reader:
+    with (
+        open_artifact(path, asked.expected_sha256, private=asked.detached(path)) as reader,
+        tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp,
+    ):
         trust = asked.judge(reader)
-        reader.verify_all()
+        # each member is hashed once, on the bytes used: the manifest and the weights as they are read,
+        # the rest (payloads copied into the private folder while hashed) by verify_all, all before
+        # anything in obj changes
         manifest = read_manifest(reader)
         if not trust.vouched:
             own = asked.own_key(reader)
             trust = own if own.vouched else trust
         if check is None:  # on unless the bytes are vouched for: pinned, or signed by a trusted key or your own
             check = not trust.vouched
-        targets = _targets(obj, manifest, reader)
+        tensors = {entry.name: _read_weights(reader, entry) for entry in manifest.modules}
+        targets = _targets(obj, manifest, reader, tensors)
         devices = _devices(manifest, device_map)
         ready = {}
         for entry in manifest.modules:
             with _as_artifact_error(path, entry):
                 ready[entry.name] = _check_module(
-                    reader, entry, targets[entry.name], devices[entry.name], fallback, session, trust, weights
+                    reader,
+                    entry,
+                    tensors[entry.name],
+                    targets[entry.name],
+                    devices[entry.name],
+                    fallback,
+                    session,
+                    trust,
+                    weights,
                 )
+        folders: dict[str, list[Path]] = {}
+        for module in ready.values():
+            for graph in module.graphs:
+                folders.setdefault(graph.entry.payload, []).append(_payload_folder(Path(tmp), module.entry, graph))
+        reader.verify_all(extract=folders)
         # -- every check passed: from here on the given object changes --------------------------------
         given = obj
-        saved = [_Saved.of(obj, entry, targets[entry.name]) for entry in manifest.modules] if fallback is None else []
+        saved = (
+            [_Saved.of(obj, entry, targets[entry.name], ready[entry.name]) for entry in manifest.modules]
+            if fallback is None
+            else []
+        )
         try:
             for entry in sorted(manifest.modules, key=lambda e: -_depth(e)):  # children before the object itself
                 target = targets[entry.name]
@@ -408,13 +431,10 @@ def _load(
                     else:
                         obj = target
                     targets[entry.name] = target
-            with tempfile.TemporaryDirectory(prefix="aitune-load-") as tmp:
-                for entry in manifest.modules:
-                    with _as_artifact_error(path, entry):
-                        _apply_module(
-                            reader, ready[entry.name], targets[entry.name], fallback, Path(tmp), session, check
-                        )
-                    object.__setattr__(targets[entry.name], "pad", dict(entry.pad))
+            for entry in manifest.modules:
+                with _as_artifact_error(path, entry):
+                    _apply_module(reader, ready[entry.name], targets[entry.name], fallback, Path(tmp), session, check)
+                object.__setattr__(targets[entry.name], "pad", dict(entry.pad))
         except BaseException:
             for kept in saved:
                 try:
@@ -450,9 +470,14 @@ class _Saved:
     device: torch.device | None
 
     @classmethod
-    def of(cls, obj: Any, entry: ModuleEntry, target: Any) -> _Saved:
+    def of(cls, obj: Any, entry: ModuleEntry, target: Any, ready: _ReadyModule) -> _Saved:
+        """``ready.weights`` stand for the module's own when they were found equal to them, dtype and
+        all (:func:`_same_weights`): then no host copy is made; they are never written to."""
         module = target.module if isinstance(target, Module) else target
-        state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        if ready.same_weights:
+            state = ready.weights
+        else:
+            state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
         first = next(iter(module.state_dict().values()), None)
         return cls(entry, module, isinstance(target, Module), state, first.device if first is not None else None)
 
@@ -484,7 +509,9 @@ def _depth(entry: ModuleEntry) -> int:
     return -1 if not entry.path else entry.path.count(".")
 
 
-def _targets(obj: Any, manifest: Manifest, reader: Reader) -> dict[str, Any]:
+def _targets(
+    obj: Any, manifest: Manifest, reader: Reader, tensors: Mapping[str, Mapping[str, torch.Tensor]]
+) -> dict[str, Any]:
     """Per saved module, what in ``obj`` receives it: its ``ait.Module``, or the plain module at its path.
 
     Every problem is collected first and raised as one error, so a bad object is left untouched.
@@ -515,7 +542,8 @@ def _targets(obj: Any, manifest: Manifest, reader: Reader) -> dict[str, Any]:
                     f"{type(target).__name__}, not a torch.nn.Module"
                 )
                 continue
-        differences = _structure_differences(reader, entry, target.module if isinstance(target, Module) else target)
+        saved = {k: tuple(v.shape) for k, v in tensors[entry.name].items()}
+        differences = _structure_differences(saved, target.module if isinstance(target, Module) else target)
         if differences:
             problems.append(
                 f"{'the given object' if entry.path == '' else 'the module ' + _where(entry)} has another "
@@ -534,9 +562,8 @@ def _targets(obj: Any, manifest: Manifest, reader: Reader) -> dict[str, Any]:
     return targets
 
 
-def _structure_differences(reader: Reader, entry: ModuleEntry, module: torch.nn.Module) -> str:
+def _structure_differences(saved: Mapping[str, tuple[int, ...]], module: torch.nn.Module) -> str:
     """What differs between the saved weights' names and shapes and ``module``'s, or ``""``."""
-    saved = _saved_shapes(reader, entry)
     here = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     parts = []
     missing, unexpected = sorted(set(saved) - set(here)), sorted(set(here) - set(saved))
@@ -558,25 +585,23 @@ def _few(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")
 
 
-def _saved_shapes(reader: Reader, entry: ModuleEntry) -> dict[str, tuple[int, ...]]:
-    """Names and shapes from the safetensors header of the module's weights, read as JSON."""
-
-    def read_header(src: IO[bytes]) -> Any:
-        head = src.read(8)
-        size = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if not 0 < size <= MAX_MANIFEST_BYTES:
-            raise ValueError(f"a header of {size} bytes")
-        return json.loads(src.read(size))
+def _read_weights(reader: Reader, entry: ModuleEntry) -> dict[str, torch.Tensor]:
+    """The module's saved weights, from the bytes whose digest :meth:`Reader.read` checked."""
+    from safetensors.torch import load as load_tensors  # imported on use: it costs ~75 ms at import
 
     try:
-        header = reader.read_from(entry.weights, read_header)
-        return {k: tuple(int(n) for n in v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        return load_tensors(reader.read(entry.weights))
     except AituneError:
         raise
     except Exception as exc:
         raise ArtifactError(
             f"{reader.path}: the weights of {entry.name!r} cannot be read: not valid safetensors ({exc})"
         ) from exc
+
+
+def _payload_folder(tmp: Path, entry: ModuleEntry, graph: _ReadyGraph) -> Path:
+    """Where a graph's payload is copied (while its digests are checked) for its runtime to open."""
+    return tmp / f"{entry.name}-{graph.index}".replace("/", "_")
 
 
 @attrs.define
@@ -601,11 +626,14 @@ class _ReadyModule:
     whose: str | None
     native_trusted: bool = False
     """The bytes are trusted enough to run native payloads (their graphs were refused otherwise)."""
+    same_weights: bool = False
+    """The module's own weights equal these, name, dtype and value: a rollback puts these back."""
 
 
 def _check_module(
     reader: Reader,
     entry: ModuleEntry,
+    weights: dict[str, torch.Tensor],
     target: Any,
     chosen: torch.device | None,
     fallback: str | None,
@@ -615,15 +643,7 @@ def _check_module(
 ) -> _ReadyModule:
     """Read and check everything about ``entry``; refusals raise (or, with ``fallback="eager"``, leave
     a graph eager with a warning). Changes nothing in ``target``."""
-    from safetensors.torch import load as load_tensors  # imported on use: it costs ~75 ms at import
-
     module = target.module if isinstance(target, Module) else target
-    try:
-        weights = load_tensors(reader.read(entry.weights))
-    except AituneError:
-        raise
-    except Exception as exc:
-        raise ArtifactError(f"{reader.path}: weights of {entry.name!r} cannot be read: {exc}") from exc
     mismatch = _weights_mismatch(module, weights)
     if mismatch:
         raise ArtifactError(
@@ -637,7 +657,8 @@ def _check_module(
             raise ArtifactError(message + "; load it on a GPU machine, or pass fallback='eager'")
         warnings.warn(message + "; running it eager on the CPU", RuntimeWarning, stacklevel=4)
         return _ReadyModule(entry, weights, None, [], whose)
-    if whose is None and _differ(module, weights):
+    same = fallback is None and _same_weights(module, weights)  # no rollback copy needed then
+    if whose is None and not same and _differ(module, weights):
         warnings.warn(
             f"{reader.path}: the weights of {entry.name} in the given model differ from the artifact's; ait.load "
             "serves the artifact's (those its payloads were built with). Pass weights='model' to serve the model's "
@@ -672,7 +693,7 @@ def _check_module(
             if fallback != "eager":
                 raise ArtifactError(message) from exc
             warnings.warn(message + "; running eager for that graph", RuntimeWarning, stacklevel=4)
-    return _ReadyModule(entry, weights, device, graphs, whose, trust.native)
+    return _ReadyModule(entry, weights, device, graphs, whose, trust.native, same)
 
 
 def _apply_module(
@@ -729,9 +750,7 @@ def _loaded_winners(
     for graph in ready.graphs:
         index, graph_entry = graph.index, graph.entry
         try:
-            folder = tmp / f"{entry.name}-{index}".replace("/", "_")
-            folder.mkdir()
-            reader.extract(graph_entry.payload, folder)  # each member's digest checked against the sums file
+            folder = _payload_folder(tmp, entry, graph)  # copied there as verify_all checked each digest
             record = PayloadRecord(
                 backend=graph_entry.backend,
                 config=graph_entry.config,
@@ -830,6 +849,21 @@ def _differ(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> bool:
         if mine.shape != saved.shape or not torch.equal(mine.detach(), saved.to(mine.device)):
             return True
     return False
+
+
+def _same_weights(module: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> bool:
+    """The module's state is the artifact's exactly: the same names, dtypes, shapes and values (no
+    meta tensor), so putting ``weights`` back restores it as a copy of its own would."""
+    own = module.state_dict()
+    if own.keys() != weights.keys():
+        return False
+    for name, mine in own.items():
+        saved = weights[name]
+        if mine.device.type == "meta" or mine.dtype != saved.dtype or mine.shape != saved.shape:
+            return False
+        if not torch.equal(mine.detach(), saved.to(mine.device)):
+            return False
+    return True
 
 
 def _unimportable(entry: GraphEntry) -> str | None:

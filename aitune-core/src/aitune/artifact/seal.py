@@ -28,6 +28,30 @@ _CONTEXT = b"aitune artifact SHA256SUMS\n"
 """Signed before the digest list, so a signature made by the same key for another purpose never reads as one of these."""
 
 
+_P256_SPKI = bytes.fromhex("3059301306072a8648ce3d020106082a8648ce3d030107034200")
+"""The DER of a P-256 public key (SubjectPublicKeyInfo) before its 65-byte uncompressed point: fixed
+for every such key, so a verifier can read one without cryptography's serialization modules (26
+modules more at import, where checking a signature needs ``ec`` and ``hashes``: 14)."""
+
+
+def _public_key(pem: bytes) -> Any:
+    """The public key in ``pem``: a P-256 key read from its fixed DER layout (the point checked to be on
+    the curve by cryptography), any other through cryptography's PEM reader; ValueError when not a key."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    lines = pem.strip().splitlines()
+    if len(lines) >= 3 and lines[0] == b"-----BEGIN PUBLIC KEY-----" and lines[-1] == b"-----END PUBLIC KEY-----":
+        try:
+            der = base64.b64decode(b"".join(line.strip() for line in lines[1:-1]), validate=True)
+        except ValueError:
+            der = b""
+        if len(der) == len(_P256_SPKI) + 65 and der.startswith(_P256_SPKI):
+            return ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), der[len(_P256_SPKI) :])
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization.load_pem_public_key(pem)
+
+
 def key_id(public_pem: bytes) -> str:
     """A short name of a public key: the first 16 hex digits of the SHA-256 of its DER form."""
     from cryptography.hazmat.primitives import serialization
@@ -71,7 +95,7 @@ def signer(member: bytes, sums: bytes, public_pems: Sequence[bytes]) -> int | No
     """The index of the key in ``public_pems`` whose holder signed ``sums`` (the digest list as read),
     or None when none did (signed by another key, or the list changed since)."""
     from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
 
     record = parse(member)
@@ -81,7 +105,7 @@ def signer(member: bytes, sums: bytes, public_pems: Sequence[bytes]) -> int | No
         raise ArtifactError(f"the artifact's {MEMBER} member holds no signature: {exc}") from exc
     for index, pem in enumerate(public_pems):
         try:
-            key = serialization.load_pem_public_key(pem)
+            key = _public_key(pem)
         except ValueError as exc:
             raise ArtifactError(f"a trusted key is not a PEM public key: {exc}") from exc
         if not isinstance(key, ec.EllipticCurvePublicKey):
