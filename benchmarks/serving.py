@@ -104,9 +104,9 @@ def tune_bert(folder: Path) -> Path:
     return path
 
 
-def _oip_body(case: str) -> tuple[bytes, dict[str, str]]:
-    """One request of the case as the protocol's binary body (what Triton's client sends), for the
-    kill run's plain HTTP client, which retries."""
+def _triton_request(case: str) -> tuple[list[Any], list[Any]]:
+    """One request of the case in Triton's client: its inputs as binary tensors, and the one output
+    every setup asks for (binary too)."""
     import tritonclient.http as httpclient
 
     inputs = []
@@ -114,7 +114,15 @@ def _oip_body(case: str) -> tuple[bytes, dict[str, str]]:
         tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype.kind == "f" else "INT64")
         tensor.set_data_from_numpy(array, binary_data=True)
         inputs.append(tensor)
-    outputs = [httpclient.InferRequestedOutput(KSERVE_OUTPUTS[case], binary_data=True)]
+    return inputs, [httpclient.InferRequestedOutput(KSERVE_OUTPUTS[case], binary_data=True)]
+
+
+def _oip_body(case: str) -> tuple[bytes, dict[str, str]]:
+    """One request of the case as the protocol's binary body (what Triton's client sends), for the
+    kill run's plain HTTP client, which retries."""
+    import tritonclient.http as httpclient
+
+    inputs, outputs = _triton_request(case)
     body, json_size = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
     headers = {"Content-Type": "application/octet-stream"}
     if json_size is not None:
@@ -313,7 +321,6 @@ def load_kserve(url: str, model: str, case: str, clients: int, total: int) -> di
     each answer's parameters say (the backend, the size of the model call)."""
     import tritonclient.http as httpclient
 
-    arrays = _kserve_inputs(case)
     latencies: list[float] = []
     failures: list[str] = []
     backends: list[str] = []
@@ -323,12 +330,7 @@ def load_kserve(url: str, model: str, case: str, clients: int, total: int) -> di
 
     def client() -> None:
         connection = httpclient.InferenceServerClient(url, network_timeout=60)
-        inputs = []
-        for name, array in arrays.items():
-            tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype.kind == "f" else "INT64")
-            tensor.set_data_from_numpy(array, binary_data=True)
-            inputs.append(tensor)
-        outputs = [httpclient.InferRequestedOutput(KSERVE_OUTPUTS[case], binary_data=True)]
+        inputs, outputs = _triton_request(case)
         try:
             while True:
                 with lock:
@@ -492,12 +494,7 @@ def run_interleaved(case: str, artifact: Path, by_hand: Path, args: argparse.Nam
         clients = {
             name: httpclient.InferenceServerClient(url, network_timeout=60) for name, (url, _) in servers.items()
         }
-        inputs = []
-        for name, array in _kserve_inputs(case).items():
-            tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype.kind == "f" else "INT64")
-            tensor.set_data_from_numpy(array, binary_data=True)
-            inputs.append(tensor)
-        outputs = [httpclient.InferRequestedOutput(KSERVE_OUTPUTS[case], binary_data=True)]
+        inputs, outputs = _triton_request(case)
         latencies: dict[str, list[float]] = {name: [] for name in servers}
         try:
             for i in range(args.warmup + args.requests):
