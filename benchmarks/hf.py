@@ -238,7 +238,7 @@ def run_case(case: HFCase, backends: list[str], args: argparse.Namespace, tmp: P
 
 
 def _cpu() -> str:
-    from aitune.engine.tuner import _cpu_model
+    from aitune.machine import _cpu_model
 
     return _cpu_model()
 
