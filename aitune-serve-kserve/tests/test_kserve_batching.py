@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from aitune.torch.serving import BatchPlan, BatchRunner, ClientError, InputSpec
-from aitune_serve_kserve.batching import Batcher, Stopping
+from aitune_serve_kserve.batching import Batcher, Stopping, request_company
 
 
 class Recording(torch.nn.Module):
@@ -52,6 +54,57 @@ def test_a_lone_request_runs_at_once_on_the_event_loop():
         batcher.close()
     assert model.calls == [2] and model.threads == [threading.main_thread().name]
     assert answer.tolist() == [[2.0, 2.0]]
+
+
+@pytest.mark.parametrize("company", [None, True, False])
+def test_a_request_yields_to_the_loop_before_deciding_unless_the_server_says_it_is_alone(company):
+    """Another task that is ready gets its turn before the lone request's call, so a request that arrived
+    with it can join; a server that knows no other request is in progress skips that yield."""
+    model = Recording()
+    model.release.set()
+    batcher = _batcher(model)
+    if company is not None:
+        batcher.company = lambda: company
+    order: list[str] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().call_soon(order.append, "other task")
+        await batcher.submit({"x": torch.ones(1, 2)})
+        order.append("answered")
+        await asyncio.sleep(0)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert model.calls == [2]
+    expected = ["answered", "other task"] if company is False else ["other task", "answered"]
+    assert order == expected
+
+
+def test_the_server_knows_whether_other_requests_are_in_progress_from_uvicorns_request_tasks():
+    """``aitune serve`` gives each batcher a view of uvicorn's set of request tasks (that of the uvicorn
+    server kserve's REST server keeps as ``_server``), and none with gRPC on: that set does not hold
+    gRPC requests."""
+    import importlib.util
+
+    import uvicorn
+
+    # kserve's RESTServer, read rather than imported (kserve's gRPC protos clash with those of
+    # tritonclient.grpc, which other tests import, in one process): it keeps its uvicorn server as _server
+    spec = importlib.util.find_spec("kserve")  # a top-level package's spec imports nothing
+    assert spec is not None and spec.submodule_search_locations
+    source = Path(next(iter(spec.submodule_search_locations)), "protocol", "rest", "server.py").read_text()
+    assert "self._server = _RefreshingServer(self.config)" in source
+    rest_server = types.SimpleNamespace(_server=uvicorn.Server(uvicorn.Config(app=None)))
+    assert request_company(rest_server, grpc=True) is None
+    assert request_company(types.SimpleNamespace(), grpc=False) is None  # unknown: the batcher assumes company
+    company = request_company(rest_server, grpc=False)
+    assert company is not None and not company()
+    rest_server._server.server_state.tasks.add("this request")
+    assert not company()
+    rest_server._server.server_state.tasks.add("another")
+    assert company()
 
 
 def test_requests_that_come_together_or_while_a_call_runs_join_one_call():

@@ -24,6 +24,7 @@ import aitune.torch as ait
 from aitune.torch.serving import AituneError, Factory, ServeStartError, resolve_factory
 
 from ._kserve import ModelServer, rest_app
+from .batching import Batcher, request_company
 from .limits import MAX_BODY_BYTES, READ_TIMEOUT_S, BodyLimits
 from .model import TunedModel
 from .protocol import ProtocolDataPlane
@@ -46,7 +47,17 @@ class _Server(ModelServer):
             self._rest_server.config.host = self.host
             rest_app.add_middleware(BodyLimits, **self.limits)
             rest_app.router.on_startup.append(_second_signal_exits)
+            self._tell_company()
         super().setup_event_loop()
+
+    def _tell_company(self) -> None:
+        company = request_company(self._rest_server, grpc=self.enable_grpc)
+        if company is None:
+            return
+        for model in self.registered_models.get_models().values():
+            batcher = getattr(model, "batcher", None)
+            if isinstance(batcher, Batcher):
+                batcher.company = company
 
 
 _DRAINING: list[int] = []
