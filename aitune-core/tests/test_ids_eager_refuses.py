@@ -208,6 +208,24 @@ def test_the_check_reads_nothing_of_an_empty_input_and_names_the_input():
     assert "x holds a value outside 0..9" in (check.outside([torch.full((2, 3), 10)]) or "")
 
 
+@pytest.mark.parametrize("rows", [1, 100])  # a sentence's ids read as a list; a batch's by two ops
+@pytest.mark.parametrize("table", [True, False])  # a range with an upper end, or below 0 only
+def test_a_small_and_a_large_input_are_judged_alike_wherever_the_bad_value_lies(rows, table):
+    facts = ValueFacts(low=3, high=9, rows=10) if table else ValueFacts(low=3, high=9)
+    check = ValueCheck.of(_graph("int64", facts))
+    assert check is not None
+    good = torch.arange(4 * rows).reshape(rows, 4) % 10
+    assert check.outside([good]) is None
+    assert check.outside([good.t()]) is None  # not contiguous
+    for place in (0, good.numel() - 1):
+        for bad in [-1, 10] if table else [-1]:
+            sent = good.clone().view(-1)
+            sent[place] = bad
+            assert check.outside([sent.view(rows, 4)]) is not None, (place, bad)
+    if not table:
+        assert check.outside([torch.full((rows, 4), 10**6)]) is None  # no upper end: any id above 0 is eager's to judge
+
+
 class Tables(torch.nn.Module):
     """Shifted ids (not as they are), token types through two tables (one as a flat view), a float input."""
 
