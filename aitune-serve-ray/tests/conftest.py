@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from aitune_testkit import serving
 
@@ -24,25 +27,51 @@ def artifact(tmp_path_factory):
     return serving.tune(tmp_path_factory.mktemp("serve") / "twoheads.ait", factory=serving.build_two_heads)
 
 
-@pytest.fixture(scope="session")
-def ray_address() -> Iterator[str]:
-    """The address of one local Ray (2 CPUs) started in this process for the tests that attach to a
-    running cluster (``aitune serve --address``, ``serve run --address``, the in-process Serve
-    tests), each of which would otherwise start and stop a Ray of its own (seconds each). Stopped
-    after this folder's last test, not at the end of the whole run.
+@attrs.frozen
+class SharedRay:
+    """The Ray this folder's tests share, as a user's ``ray start --head`` would leave it."""
 
-    The tests that prove what ``aitune serve`` does with the local Ray it starts (Ctrl-C, SIGTERM,
-    the dashboard and metrics ports) start their own. Ray Serve tries a replica's constructor once
-    here, not three times: each try starts a replica process (seconds), and the tests that make the
-    constructor fail need its error once. Ray's token (its default for a local Ray) is put in this
-    process's environment by ``ray.init``, so the commands started from here send it.
+    address: str
+    """Its GCS address (``host:port``), what ``--address`` and ``RAY_ADDRESS`` take."""
+    dashboard: str
+    """Its dashboard's URL (``http://127.0.0.1:PORT``), what ``serve status --address`` takes."""
+    packages: Path
+    """A folder on every worker's ``PYTHONPATH``: a module put there is one installed on every node
+    (a config file's ``factory: mymodels:build_model``)."""
+
+
+@pytest.fixture(scope="session")
+def shared_ray() -> Iterator[SharedRay]:
+    """One local Ray (2 CPUs) started in this process for the tests that attach to a running cluster
+    (``aitune serve --address``, ``serve run --address``, the in-process Serve tests), each of which
+    would otherwise start and stop a Ray of its own (seconds each). Stopped after this folder's last
+    test, not at the end of the whole run.
+
+    It runs Ray's dashboard, as ``ray start --head`` does where Ray's dashboard dependencies are
+    installed (``ray.init`` leaves it out by default), so ``serve status`` reads it (about 5 s more
+    at start, once). The tests that prove what ``aitune serve`` does with the local Ray it starts
+    (Ctrl-C, SIGTERM, the dashboard and metrics ports) start their own. Ray Serve tries a replica's
+    constructor once here, not three times: each try starts a replica process (seconds), and the
+    tests that make the constructor fail need its error once. Ray's token (its default for a local
+    Ray) is put in this process's environment by ``ray.init``, so the commands started from here
+    send it.
     """
     ray = pytest.importorskip("ray")
     # a folder of its own under /tmp: nox points TMPDIR into the virtualenv, too long for Ray's sockets
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    packages = Path(temp) / "packages"
+    packages.mkdir()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT", "1")  # read by Serve's controller, started below
-        context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
+        # both read by the processes started below: Serve's controller, every worker
+        patch.setenv("RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT", "1")
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(packages), os.environ.get("PYTHONPATH")])))
+        context = ray.init(
+            num_cpus=2,
+            include_dashboard=True,
+            dashboard_port=_free_port(),
+            log_to_driver=False,
+            _temp_dir=temp,
+        )
 
     def stop() -> None:
         from ray import serve
@@ -52,8 +81,14 @@ def ray_address() -> Iterator[str]:
         shutil.rmtree(temp, ignore_errors=True)
 
     _STOPS.append(stop)
-    yield context.address_info["gcs_address"]
+    yield SharedRay(context.address_info["gcs_address"], f"http://{context.dashboard_url}", packages)
     _stop_shared_ray()
+
+
+@pytest.fixture(scope="session")
+def ray_address(shared_ray: SharedRay) -> str:
+    """:func:`shared_ray`'s GCS address."""
+    return shared_ray.address
 
 
 @pytest.fixture
@@ -64,6 +99,12 @@ def attach(ray_address: str) -> str:
 
     serve.shutdown()
     return ray_address
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _stop_shared_ray() -> None:

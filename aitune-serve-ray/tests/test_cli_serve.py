@@ -63,6 +63,22 @@ def _logits(url: str, model: str, x: np.ndarray) -> torch.Tensor:
         client.close()
 
 
+def _serve_status(dashboard: str) -> dict:
+    """What Ray's own ``serve status --address DASHBOARD`` prints, read as the YAML it is. A local
+    Ray 2.60 requires its token (``~/.ray/auth_token``), which Ray's CLI sends in token mode."""
+    import yaml
+
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "serve"), "status", "--address", dashboard],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return yaml.safe_load(done.stdout)
+
+
 def _stop(process: subprocess.Popen) -> None:
     process.send_signal(signal.SIGINT)
     try:
@@ -96,17 +112,8 @@ def test_aitune_serve_answers_on_localhost_and_stops_on_ctrl_c(artifact, tmp_pat
         with pytest.raises(Exception, match="9 rows in one request; this server takes at most 8"):
             _logits(url, "tiny", np.zeros((9, 8, 16), np.float32))
         # Ray's own tools: serve status through the dashboard, Prometheus on the metrics port
-        status = subprocess.run(
-            [str(Path(sys.executable).parent / "serve"), "status", "--address", f"http://127.0.0.1:{dashboard_port}"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            # a local Ray 2.60 requires its token (~/.ray/auth_token); Ray's CLI sends it in token mode
-            env={**os.environ, "RAY_AUTH_MODE": "token"},
-        )
-        assert status.returncode == 0 and "aitune" in status.stdout and "RUNNING" in status.stdout, (
-            status.stdout[-2000:] + status.stderr[-3000:]
-        )
+        status = _serve_status(f"http://127.0.0.1:{dashboard_port}")
+        assert status["applications"]["aitune"]["status"] == "RUNNING", status
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as answer:
@@ -165,10 +172,11 @@ def test_sigterm_answers_the_request_in_flight_and_exits_0(artifact, tmp_path):
         assert_matches_eager(answered["logits"], serving.build_two_heads()(torch.from_numpy(x))["logits"])
 
 
-def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, attach, tmp_path):
+def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, attach, shared_ray, tmp_path):
     """Ray's own ``serve run --address ... config.yaml`` on a running Ray: two applications built by
     ``aitune_serve_ray:app`` from their ``args:``, each under a route prefix of its own, both
-    answering Triton's client; Ctrl-C takes them down and the command exits 0."""
+    answering Triton's client, both RUNNING in Ray's own ``serve status`` (through the cluster's
+    dashboard); Ctrl-C takes them down and the command exits 0."""
     import yaml
 
     second = tmp_path / "second.ait"
@@ -211,6 +219,13 @@ def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, attach, tmp_p
             eager = serving.build_two_heads()(torch.from_numpy(x))["logits"]
         assert_matches_eager(_logits(f"127.0.0.1:{port}/first", "twoheads", x), eager)
         assert_matches_eager(_logits(f"127.0.0.1:{port}/second", "other", x), eager)
+        status = _serve_status(shared_ray.dashboard)
+        assert {name: app["status"] for name, app in status["applications"].items()} == {
+            "first": "RUNNING",
+            "second": "RUNNING",
+        }, status
+        for app in status["applications"].values():  # each one's replicas, as Serve's controller sees them
+            assert app["deployments"]["TunedModel"]["status"] == "HEALTHY", status
     finally:
         _stop(process)  # serve run's Ctrl-C shuts Serve down on the cluster; the Ray stays
     assert process.returncode == 0, log.read_text()[-3000:]
