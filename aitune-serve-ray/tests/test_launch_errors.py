@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import ClassVar
 
 import pytest
 
@@ -178,3 +179,63 @@ def test_a_ray_without_the_serve_client_gives_the_asked_port_with_a_warning(monk
     assert _serve_http("127.0.0.1", 8123, said.append) == ("127.0.0.1", 8123)
     assert len(said) == 1 and said[0].startswith("could not check which HTTP port Ray Serve listens on"), said
     assert "port 8123" in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("replicas", "threads", "cpus", "said"),
+    [
+        (2, 2, 2, "2 replicas of 2 CPUs each (its torch threads) need 4 CPUs and this Ray has 2: pass --threads 1"),
+        (3, 2, 4, "need 6 CPUs and this Ray has 4: pass --threads 1 or --replicas 2"),
+        (3, 1, 2, "3 replicas of 1 CPUs each (its torch threads) need 3 CPUs and this Ray has 2: pass --replicas 2"),
+        (1, 4, 2, "1 replica of 4 CPUs (its torch threads) needs 4 CPUs and this Ray has 2: pass --threads 2"),
+        (2, 1, 2, None),
+    ],
+)
+def test_replicas_asking_more_cpus_than_ray_has_are_named_with_the_options_that_fit(
+    artifact, replicas, threads, cpus, said
+):
+    """Each replica asks Ray for its threads in CPUs; replicas that cannot all be placed would leave
+    Ray Serve waiting forever without a word (``--replicas 2`` of an artifact tuned on 2 cores did)."""
+    from aitune_serve_ray import deployment
+    from aitune_serve_ray.launch import _cpus_short
+
+    app = deployment(FACTORY, artifact, replicas=replicas, threads=threads)
+    short = _cpus_short(app, cpus)
+    assert short == said if said is None else said in (short or ""), short
+    # autoscaled: the replicas it starts with must fit, the rest are the autoscaler's to place
+    autoscaled = {"autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas + 4}}
+    assert _cpus_short(deployment(FACTORY, artifact, threads=threads, deployment_options=autoscaled), cpus) == short
+
+
+@pytest.mark.parametrize("here", [True, False], ids=["ray-started-here", "cluster"])
+def test_replicas_a_ray_cannot_place_fail_at_once_on_its_own_ray_and_warn_on_a_cluster(monkeypatch, artifact, here):
+    """On the Ray ``aitune serve`` starts itself nothing will add CPUs: it stops before deploying, with
+    the reason; a cluster's autoscaler may add nodes, so there it warns and deploys."""
+    from ray import serve
+
+    from aitune.torch.serving import ServeStartError
+    from aitune_serve_ray import launch
+
+    class Context:
+        address_info: ClassVar[dict[str, str]] = {}
+
+    deployed: list[str] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: Context())
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(launch, "_ask_gcs_once", lambda address: None)
+    monkeypatch.setattr(serve, "start", lambda **kwargs: deployed.append("serve.start"))
+    monkeypatch.setattr(launch, "_serve_http", lambda host, port, warn: (host, port))
+    monkeypatch.setattr(serve, "run", lambda *args, **kwargs: deployed.append("serve.run"))
+    warned: list[str] = []
+    start = lambda: launch.start(  # noqa: E731
+        FACTORY, artifact, replicas=3, threads=1, address=None if here else "10.0.0.1:6379", on_warning=warned.append
+    )
+    if here:
+        with pytest.raises(ServeStartError, match="3 replicas of 1 CPUs each .* pass --replicas 2"):
+            start()
+        assert deployed == []
+    else:
+        start()
+        assert deployed == ["serve.start", "serve.run"]
+        assert len(warned) == 1 and "wait until the cluster has the CPUs" in warned[0], warned

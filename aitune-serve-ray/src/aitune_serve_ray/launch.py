@@ -64,6 +64,7 @@ def start(
     name = options.pop("name", None) or Path(artifact).stem
     app = deployment(factory, artifact, name=name, **options)
     logs = ""
+    started_here = False  # a Ray of this process's own: nothing will ever add CPUs to it
     if not ray.is_initialized():
         # the replicas' and Serve's logs stay in Ray's session folder (printed below), not on this
         # terminal: a replica that fails to start would print Ray's tracebacks before the one line
@@ -79,6 +80,7 @@ def start(
                 raise ServeStartError(f"{artifact} could not be served: {reason}") from None
         else:
             path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+            started_here = True
             context = ray.init(
                 include_dashboard=dashboard_port is not None,
                 dashboard_port=dashboard_port,
@@ -96,6 +98,11 @@ def start(
             print(
                 f"Prometheus metrics (Ray's, Serve's, aitune's): http://127.0.0.1:{info['metrics_export_port']}/metrics"
             )
+    short = _cpus_short(app, float(ray.cluster_resources().get("CPU", 0)))
+    if short is not None:
+        if started_here:
+            raise ServeStartError(f"{artifact} could not be served: {short}")
+        (on_warning or _runtime_warning)(f"{short}; the replicas that do not fit wait until the cluster has the CPUs")
     serve.start(http_options={"host": host, "port": port})
     host, port = _serve_http(host, port, on_warning or _runtime_warning)
     try:
@@ -107,6 +114,29 @@ def start(
         where = f" (the replicas' logs: {logs})" if logs else ""
         raise ServeStartError(f"{artifact} could not be served: {reason}{where}") from None
     return f"http://{host}:{port}/v2/models/{name}"
+
+
+def _cpus_short(app: Any, cpus: float) -> str | None:
+    """Why ``app``'s replicas (each asking Ray for as many CPUs as it runs threads) cannot all be
+    placed on a Ray of ``cpus`` CPUs, with the options that fit; None when they can. Autoscaled, the
+    replicas it starts with count. Ray Serve waits for CPUs that never come without a word."""
+    bound = getattr(app, "_bound_deployment", None)  # the Deployment a serve.Application binds
+    replicas = getattr(bound, "num_replicas", None)
+    autoscaling = getattr(getattr(bound, "_deployment_config", None), "autoscaling_config", None)
+    if autoscaling is not None:
+        replicas = getattr(autoscaling, "initial_replicas", None) or getattr(autoscaling, "min_replicas", None)
+    per = float((getattr(bound, "ray_actor_options", None) or {}).get("num_cpus") or 0)
+    if not isinstance(replicas, int) or per <= 0 or replicas * per <= cpus:
+        return None
+    fits, threads = int(cpus // per), int(cpus // replicas)
+    fixes = [f"--threads {threads}"] if 1 <= threads < per else []
+    fixes += [f"--replicas {fits}"] if 1 <= fits < replicas else []
+    one = replicas == 1
+    return (
+        f"{replicas} replica{'' if one else 's'} of {per:g} CPUs{'' if one else ' each'} (its torch threads) "
+        f"need{'s' if one else ''} {replicas * per:g} CPUs and this Ray has {cpus:g}: "
+        + (f"pass {' or '.join(fixes)}" if fixes else "run it on a Ray with more CPUs")
+    )
 
 
 def _ask_gcs_once(address: str) -> None:
