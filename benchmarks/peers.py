@@ -21,12 +21,24 @@ aitune's call of its graph is from that ("default vs its own graph"), so a per-c
 adds shows at once. Where the default picks another runtime, the graph is that of "aitune ORT"
 (``MaxThroughputStrategy`` over ONNX Runtime's default candidates alone), and the row says so.
 ``--contenders "aitune default,aitune ORT"`` tunes those alone (minutes instead of the whole field).
+
+That comparison is also timed call by call (``--paired``, default 100 iterations per batch size):
+each iteration calls aitune's pick, its graph by hand, a second plain session on the same file and
+the TorchScript export by hand once each, in an order drawn afresh (the main table's rotation keeps
+one cyclic order, so each contender follows the same other one every round), and each is given as
+the median of its per-iteration ratios to its graph by hand, with a 95% interval. Two plain
+sessions on one file are not equally fast: each keeps an offset of its own for the whole process
+(0.6-2.5% apart among four sessions in one process, measured for issue 56), so the second session's
+row is the floor, and a gap of aitune's within it is no gap.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
+import statistics
 import sys
 import tempfile
 import time
@@ -118,10 +130,12 @@ def contenders() -> dict[str, Callable[[], Any]]:
 STATIC = "AOTInductor static"
 BY_HAND = "TorchScript by hand"
 OWN_GRAPH = "aitune's graph by hand"
+SECOND = "its graph, a 2nd plain session"
+"""A second plain session on the file of ``OWN_GRAPH``: how far two identical sessions are apart."""
 ORT_PICK = "aitune ORT"
 """aitune's pick among ONNX Runtime's default candidates alone (both exports, eager attention): the
 call whose own graph is run by hand where the default pick is not ONNX Runtime."""
-FP32_EXCLUDED = ("ORT int8", "aitune default", "aitune + int8", OWN_GRAPH, ORT_PICK)
+FP32_EXCLUDED = ("ORT int8", "aitune default", "aitune + int8", OWN_GRAPH, SECOND, ORT_PICK)
 """Not fp32 contenders of their own: the default pick's miss is measured against the others."""
 
 
@@ -188,6 +202,40 @@ def own_graph(model: Any, threads: int) -> Callable[[dict[str, Any]], Callable[[
     return run
 
 
+def paired(runners: dict[str, Callable[[], Any]], base: str, iterations: int, seed: int = 0) -> dict[str, Any]:
+    """Each runner's time over ``base``'s, call by call: every iteration calls each runner once in a
+    fresh random order (the call before, whose data the caches hold, is anyone's), so load that
+    comes and goes hits both sides of a ratio alike. Per runner: the median of the per-iteration
+    ratios minus one, in %, and its 95% interval (order statistics: no distribution assumed)."""
+    import torch
+
+    names, rng = list(runners), random.Random(seed)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    with torch.no_grad():
+        for name in names:  # warm-up
+            runners[name]()
+        for _ in range(iterations):
+            rng.shuffle(names)
+            for name in names:
+                start = time.perf_counter()
+                runners[name]()
+                times[name].append(time.perf_counter() - start)
+    out: dict[str, Any] = {}
+    n = iterations
+    low = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))
+    high = min(n - 1, math.ceil(n / 2 + 0.98 * math.sqrt(n)))
+    for name, values in times.items():
+        ratios = sorted(a / b for a, b in zip(values, times[base]))
+        out[name] = {
+            "pct": (statistics.median(ratios) - 1) * 100,
+            "low": (ratios[low] - 1) * 100,
+            "high": (ratios[high] - 1) * 100,
+            "ms": statistics.median(values) * 1e3,
+            "n": n,
+        }
+    return out
+
+
 BUDGETED = {"aitune + int8": {"metric": "cosine_similarity", "accuracy_budget": 0.01}}
 """Contenders tuned with a metric and an accuracy budget (which admits ONNX Runtime int8 by default)."""
 
@@ -236,10 +284,12 @@ def run_case(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if model.state == "tuned":
             models[label] = model
     owners = [
-        (label, own_graph(models[label], args.threads)) for label in ("aitune default", ORT_PICK) if label in models
+        (label, own_graph(models[label], args.threads), own_graph(models[label], args.threads))
+        for label in ("aitune default", ORT_PICK)
+        if label in models
     ]
-    owners = [(label, own) for label, own in owners if own is not None]
-    out["own_graph_of"] = {}
+    owners = [(label, own, second) for label, own, second in owners if own is not None and second is not None]
+    out["own_graph_of"], out["paired"] = {}, {}
     static: dict[int, Any] = {}
     if "torch_inductor_aot" in ait_backends() and "AOTInductor" in chosen:
         for batch in BATCHES:
@@ -273,14 +323,20 @@ def run_case(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             runners[STATIC] = lambda m=static[batch], item=item: m(**item)
         if hand is not None:
             runners[BY_HAND] = lambda item=item: hand(item)
-        for label, own in owners:  # the default pick's graph where it runs ONNX Runtime, else ONNX Runtime's pick's
-            mine = own(item)
-            if mine is not None:
+        pair: dict[str, Callable[[], Any]] = {}
+        for label, own, second in owners:  # the default pick's graph where it runs ONNX Runtime, else ORT's pick's
+            mine, again = own(item), second(item)
+            if mine is not None and again is not None:
                 runners[OWN_GRAPH] = mine
                 out["own_graph_of"][str(batch)] = label
                 out["contenders"][OWN_GRAPH] = {"pick": ["onnxruntime session on the ONNX file aitune's session opens"]}
+                pair = {label: runners[label], OWN_GRAPH: mine, SECOND: again}
+                if BY_HAND in runners:
+                    pair[BY_HAND] = runners[BY_HAND]
                 break
         out["timing_ms"][str(batch)] = interleaved(runners, args.steps, args.repeats)
+        if pair and args.paired:
+            out["paired"][str(batch)] = paired(pair, OWN_GRAPH, args.paired)
     out["load_after"] = os.getloadavg()
     return out
 
@@ -349,6 +405,9 @@ def markdown(results: dict[str, Any]) -> str:
             row.append(miss(timing, wrong))
             row.append(own_gap(timing, case.get("own_graph_of", {}).get(batch, "aitune default")))
             lines.append("| " + " | ".join(row) + " |")
+    rows = [(c["case"], batch, p) for c in results["cases"] for batch, p in c.get("paired", {}).items()]
+    if rows:
+        lines += ["", paired_table(rows)]
     picks = [
         f"- {c['case']} / {label}: {v.get('pick') or v.get('error')} (max rel err {v.get('max_rel_error')})"
         for c in results["cases"]
@@ -359,6 +418,22 @@ def markdown(results: dict[str, Any]) -> str:
         for c in results["cases"]
     ]
     return "\n".join([*lines, "", *picks, *loads])
+
+
+def paired_table(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
+    """The call-by-call comparison with aitune's graph by hand: % slower than it [95% interval]."""
+    labels = list(dict.fromkeys(label for _, _, p in rows for label in p if label != OWN_GRAPH))
+    head = ["case", "batch", f"{OWN_GRAPH} ms", *(f"{label} vs it" for label in labels), "iterations"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for case, batch, p in rows:
+        cells = [
+            f"{p[label]['pct']:+.1f}% [{p[label]['low']:+.1f}, {p[label]['high']:+.1f}]" if label in p else ""
+            for label in labels
+        ]
+        lines.append(
+            "| " + " | ".join([case, batch, f"{p[OWN_GRAPH]['ms']:.2f}", *cells, str(p[OWN_GRAPH]["n"])]) + " |"
+        )
+    return "\n".join(lines)
 
 
 def contenders_names(results: dict[str, Any]) -> list[str]:
@@ -372,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--paired", type=int, default=100, help="call-by-call iterations against aitune's graph by hand (0: none)"
+    )
     p.add_argument("--contenders", default="", help="comma-separated contender names to tune (default: all)")
     args = p.parse_args(argv)
     if "torch" not in sys.modules:
