@@ -24,11 +24,14 @@ def free_port() -> int:
 class Server:
     """``aitune serve`` in a process of its own, as a user starts it."""
 
-    def __init__(self, artifact: Path, log: Path, *extra: str, factory: str = "kserve_testmodel:build") -> None:
+    def __init__(
+        self, artifact: Path, log: Path, *extra: str, factory: str = "kserve_testmodel:build", threads: str | None = "1"
+    ) -> None:
         self.port, self.grpc_port = free_port(), free_port()
         self.log = log
         command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", factory]
-        command += ["--port", str(self.port), "--grpc-port", str(self.grpc_port), "--threads", "1", *extra]
+        command += ["--port", str(self.port), "--grpc-port", str(self.grpc_port)]
+        command += ["--threads", threads, *extra] if threads else list(extra)  # None: the artifact's threads
         self.process = subprocess.Popen(
             command,
             stdout=log.open("w"),
@@ -69,8 +72,10 @@ class Server:
 
 
 @contextlib.contextmanager
-def running(artifact: Path, log: Path, *extra: str, factory: str = "kserve_testmodel:build") -> Iterator[Server]:
-    server = Server(artifact, log, *extra, factory=factory)
+def running(
+    artifact: Path, log: Path, *extra: str, factory: str = "kserve_testmodel:build", threads: str | None = "1"
+) -> Iterator[Server]:
+    server = Server(artifact, log, *extra, factory=factory, threads=threads)
     try:
         yield server
     finally:

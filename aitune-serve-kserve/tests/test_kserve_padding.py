@@ -1,6 +1,8 @@
-"""Requests of different lengths joined into one call, padded, each answer cut back to its own length:
-a tiny BERT tuned whole with ``ait.tune(..., pad=...)``, served by ``aitune serve``, driven by Triton's
-own client."""
+"""A tiny BERT tuned whole with ``ait.tune(..., pad=...)`` and saved unsigned, as from the README's
+install, served by ``aitune serve`` with its default options, driven by Triton's own client: it starts
+(``ait.load``'s check against eager passes), requests of different lengths join one call, padded, each
+answer cut back to its own length, and the requests issue 52 found answered wrongly or too late are
+refused (a token id eager refuses, 200k rows)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ httpclient = pytest.importorskip("tritonclient.http")
 pytest.importorskip("transformers")
 import kserve_bert  # noqa: E402
 from kserve_harness import Server, running  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MODEL = "bert"
@@ -23,17 +26,14 @@ MODEL = "bert"
 
 @pytest.fixture(scope="module")
 def bert_server(tmp_path_factory) -> Iterator[Server]:
+    """The one BERT server of this module: no option but the factory and the ports (no ``--threads``,
+    no pin or check flag)."""
     pytest.importorskip("aitune_backend_onnxruntime")
-    artifact = kserve_bert.tune(tmp_path_factory.mktemp("bert") / "bert.ait")
-    with running(artifact, tmp_path_factory.mktemp("log") / "serve.log", factory="kserve_bert:build") as server:
+    artifact = kserve_bert.tuned(tmp_path_factory)
+    log = tmp_path_factory.mktemp("log") / "serve.log"
+    with running(artifact, log, factory="kserve_bert:build", threads=None) as server:
         server.wait_ready(MODEL)
         yield server
-
-
-def _eager(request: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    with torch.no_grad():
-        out = kserve_bert.build()(**{k: torch.from_numpy(v) for k, v in request.items()})
-    return {"last_hidden_state": out.last_hidden_state, "pooler_output": out.pooler_output}
 
 
 def _inputs(request: dict[str, np.ndarray]) -> list:
@@ -53,7 +53,7 @@ def _check(result, request: dict[str, np.ndarray]) -> dict:
     length = request["input_ids"].shape[1]
     got = {name: torch.from_numpy(result.as_numpy(name)) for name in ("last_hidden_state", "pooler_output")}
     assert got["last_hidden_state"].shape == (1, length, 32)  # cut back to its own length
-    assert_matches_eager(got, _eager(request))
+    assert_matches_eager(got, kserve_bert.eager(request))
     return result.get_response()["parameters"]
 
 
@@ -87,6 +87,53 @@ def test_an_unpadded_sentence_is_served_by_the_tuned_backend(bert_server):
         client.close()
     assert parameters["aitune_backend"] == "bert=onnxruntime", parameters
     assert "aitune_eager_reason" not in parameters
+
+
+def test_the_unsigned_bert_starts_with_default_options_its_payload_checked_against_eager(bert_server, tmp_path_factory):
+    """Issue 52's first failure: this BERT, unsigned, was refused at load by the check against eager
+    (which filled the attention mask with zeros). Unsigned, the check runs; the server started; the
+    check compared the payload (no warning that it could not); the tuned payload answers as eager."""
+    assert not kserve_bert.signed(kserve_bert.tuned(tmp_path_factory))
+    assert "could not be compared" not in bert_server.log.read_text()
+    client = httpclient.InferenceServerClient(bert_server.url)
+    try:
+        request = {k: v.numpy() for k, v in kserve_bert.tokens(4, 12, seed=7, padded=2).items()}
+        result = client.infer(MODEL, _inputs(request))
+    finally:
+        client.close()
+    got = {name: torch.from_numpy(result.as_numpy(name).copy()) for name in ("last_hidden_state", "pooler_output")}
+    assert_matches_eager(got, kserve_bert.eager(request))
+    assert result.get_response()["parameters"]["aitune_backend"] == "bert=onnxruntime"
+
+
+def _refusal(server: Server, request: dict[str, np.ndarray]) -> InferenceServerException:
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer(MODEL, _inputs(request))
+    finally:
+        client.close()
+    return raised.value
+
+
+def test_token_id_minus_1_is_a_400_naming_input_ids(bert_server):
+    """ONNX Runtime's Gather would answer -1 with the last row's embedding; eager raises: the server
+    says which input holds a value outside the range tuning saw."""
+    request = _request(6, seed=5)
+    request["input_ids"][0, 2] = -1
+    refused = _refusal(bert_server, request)
+    assert refused.status() == "400", refused
+    said = refused.message()
+    assert "input_ids holds a value outside" in said and "IndexError" in said, said
+
+
+def test_200k_rows_are_refused_by_the_row_cap_before_the_model_runs(bert_server):
+    """0.41 MB of token ids once made a 417 MB answer and held other requests for seconds: 200k rows
+    (of 4 tokens) are refused by the row cap, the model never called."""
+    request = {"input_ids": np.ones((200_000, 4), dtype=np.int64), "attention_mask": np.ones((200_000, 4), np.int64)}
+    refused = _refusal(bert_server, request)
+    assert refused.status() == "400", refused
+    assert "200000 rows in one request; this server takes at most 32" in refused.message(), refused.message()
 
 
 def test_where_no_padding_is_known_the_answers_say_so(server):
