@@ -1,6 +1,7 @@
 """``aitune serve --engine ray`` as a user runs it: a process that starts a local Ray, serves the Open
-Inference Protocol, and stops on Ctrl-C or SIGTERM, or that joins a running Ray (``--address``); and
-a Serve config file run by Ray's own ``serve run`` on a running Ray.
+Inference Protocol, and stops on Ctrl-C or SIGTERM, or that joins a running Ray (``--address``);
+``serve build`` and the application builder's arguments. (A Serve config file of two artifacts
+under Ray's own ``serve run`` is test_ray_docs.py's, run as the docs write it.)
 
 The tests of the local Ray's own start and stop start one each; the others attach to the one Ray
 this folder's tests share (conftest.py's ``ray_address``)."""
@@ -172,65 +173,6 @@ def test_sigterm_answers_the_request_in_flight_and_exits_0(artifact, tmp_path):
         assert_matches_eager(answered["logits"], serving.build_two_heads()(torch.from_numpy(x))["logits"])
 
 
-def test_serve_run_of_a_config_file_serves_two_artifacts(artifact, attach, shared_ray, tmp_path):
-    """Ray's own ``serve run --address ... config.yaml`` on a running Ray: two applications built by
-    ``aitune_serve_ray:app`` from their ``args:``, each under a route prefix of its own, both
-    answering Triton's client, both RUNNING in Ray's own ``serve status`` (through the cluster's
-    dashboard); Ctrl-C takes them down and the command exits 0."""
-    import yaml
-
-    second = tmp_path / "second.ait"
-    shutil.copyfile(artifact, second)
-    port = _free_port()
-    common = {"factory": "aitune_testkit.serving:build_two_heads", "threads": 1, "max_batch_size": 4}
-    config = {
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1", "port": port},
-        "applications": [
-            {
-                "name": "first",
-                "route_prefix": "/first",
-                "import_path": "aitune_serve_ray:app",
-                "args": {**common, "artifact": str(artifact), "batch_wait_timeout_s": 0.01},
-            },
-            {
-                "name": "second",
-                "route_prefix": "/second",
-                "import_path": "aitune_serve_ray:app",
-                "args": {**common, "artifact": str(second), "name": "other", "load_options": {"check": False}},
-            },
-        ],
-    }
-    path = tmp_path / "serve.yaml"
-    path.write_text(yaml.safe_dump(config))
-    serve_cli = Path(sys.executable).parent / "serve"
-    log = tmp_path / "serve.log"
-    process = subprocess.Popen(
-        [str(serve_cli), "run", "--address", attach, str(path)],
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        cwd=tmp_path,
-    )
-    try:
-        _wait_ready(process, log, f"127.0.0.1:{port}/first", ["twoheads"])
-        _wait_ready(process, log, f"127.0.0.1:{port}/second", ["other"])
-        x = np.random.default_rng(1).standard_normal((2, 8, 16)).astype(np.float32)
-        with torch.no_grad():
-            eager = serving.build_two_heads()(torch.from_numpy(x))["logits"]
-        assert_matches_eager(_logits(f"127.0.0.1:{port}/first", "twoheads", x), eager)
-        assert_matches_eager(_logits(f"127.0.0.1:{port}/second", "other", x), eager)
-        status = _serve_status(shared_ray.dashboard)
-        assert {name: app["status"] for name, app in status["applications"].items()} == {
-            "first": "RUNNING",
-            "second": "RUNNING",
-        }, status
-        for app in status["applications"].values():  # each one's replicas, as Serve's controller sees them
-            assert app["deployments"]["TunedModel"]["status"] == "HEALTHY", status
-    finally:
-        _stop(process)  # serve run's Ctrl-C shuts Serve down on the cluster; the Ray stays
-    assert process.returncode == 0, log.read_text()[-3000:]
-
-
 def test_serve_build_writes_the_config_of_a_deployment(artifact, tmp_path):
     """``serve build`` takes a built application (a module of the user's own holding
     ``deployment(...)``'s result; a builder with ``args:`` is for config files) and writes its config."""
@@ -263,9 +205,17 @@ def test_the_application_builder_refuses_what_it_does_not_take(artifact):
     with pytest.raises(ValueError, match="needs factory"):
         aitune_serve_ray.app({"artifact": str(artifact)})
     app = aitune_serve_ray.app(
-        {"artifact": str(artifact), "factory": "m:b", "autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}
+        {
+            "artifact": str(artifact),
+            "factory": "m:b",
+            "name": "other",
+            "load_options": {"check": False},
+            "autoscaling_config": {"min_replicas": 1, "max_replicas": 2},
+        }
     )
-    assert app._bound_deployment._deployment_config.autoscaling_config.max_replicas == 2
+    bound = app._bound_deployment  # Ray Serve has no public accessor for a bound application's arguments
+    assert bound._deployment_config.autoscaling_config.max_replicas == 2
+    assert bound.init_kwargs["name"] == "other" and bound.init_kwargs["load_options"].check is False
 
 
 def test_a_factory_that_does_not_import_is_a_usage_error(artifact):

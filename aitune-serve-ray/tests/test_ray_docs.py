@@ -61,17 +61,25 @@ def _wait_for_line(reader: docs.Reader, process, start: str, within_s: float) ->
         time.sleep(0.5)
 
 
-def _statuses(reader: docs.Reader, line: str, apps: list[str], within_s: float = 60) -> dict[str, str]:
-    """Each application's status in what the documented ``serve status`` prints, once none of
-    ``apps`` is still deploying (its status lags the replicas' readiness by a controller loop)."""
+def _statuses(reader: docs.Reader, line: str, apps: list[str], within_s: float = 60) -> dict[str, tuple]:
+    """Each application's status and its deployments' (as Serve's controller sees their replicas) in
+    what the documented ``serve status`` prints, once none of ``apps`` is still deploying (its status
+    lags the replicas' readiness by a controller loop)."""
     deadline = time.monotonic() + within_s
     while True:
         said = yaml.safe_load(reader.shell(line))
-        statuses = {name: app["status"] for name, app in (said.get("applications") or {}).items()}
-        settled = all(statuses.get(app) not in (None, "NOT_STARTED", "DEPLOYING") for app in apps)
+        statuses = {
+            name: (app["status"], {d: info["status"] for d, info in (app.get("deployments") or {}).items()})
+            for name, app in (said.get("applications") or {}).items()
+        }
+        settled = all(statuses.get(app, (None,))[0] not in (None, "NOT_STARTED", "DEPLOYING") for app in apps)
         if settled or time.monotonic() > deadline:
             return statuses
         time.sleep(1)
+
+
+RUNNING = ("RUNNING", {"TunedModel": "HEALTHY"})
+"""An application serving, its one deployment's replicas healthy."""
 
 
 def _checked_answer(request: str, answer: dict) -> None:
@@ -117,7 +125,7 @@ def test_aitune_serve_commands_and_requests_run_as_written(artifact, tmp_path):
                     _checked_answer(line, json.loads(reader.shell(line)))
                 else:
                     assert "serve status" in line, f"a documented command this test does not check: {line}"
-                    assert _statuses(reader, line, ["aitune"]) == {"aitune": "RUNNING"}
+                    assert _statuses(reader, line, ["aitune"]) == {"aitune": RUNNING}
             for block in pythons[serve]:
                 result = reader.python(block)["result"]
                 assert result.as_numpy("logits").shape == (1, 4)
@@ -131,7 +139,8 @@ def test_aitune_serve_commands_and_requests_run_as_written(artifact, tmp_path):
 def test_the_config_file_runs_as_written_with_serve_run(artifact, attach, shared_ray, tmp_path):
     """The documented config file under Ray's own ``serve run`` on a running Ray: both of its
     applications (two artifacts) answer as the tuned model does, the documented curl request is
-    answered, ``serve status`` reads both RUNNING; Ctrl-C takes them down and exits 0."""
+    answered, ``serve status`` reads both RUNNING and their deployments HEALTHY; Ctrl-C takes them
+    down and exits 0."""
     (shared_ray.packages / "mymodels.py").write_text(MYMODELS)  # installed on every node of the Ray
     digest = hashlib.sha256(artifact.read_bytes()).hexdigest()
     flows: dict[tuple[str, str], list[str]] = {}
@@ -181,7 +190,7 @@ def test_the_config_file_runs_as_written_with_serve_run(artifact, attach, shared
                     _checked_answer(line, json.loads(reader.shell(line)))
                 else:
                     assert "serve status" in line, f"a documented command this test does not check: {line}"
-                    assert _statuses(reader, line, list(apps)) == dict.fromkeys(apps, "RUNNING"), sources
+                    assert _statuses(reader, line, list(apps)) == dict.fromkeys(apps, RUNNING), sources
         finally:
             status = docs.stop(server, signal.SIGINT, timeout_s=180)  # Ctrl-C, as the docs say
             shutil.rmtree(ray_temp, ignore_errors=True)
