@@ -116,15 +116,15 @@ def _refusal(server: Server, request: dict[str, np.ndarray]) -> InferenceServerE
     return raised.value
 
 
-def test_token_id_minus_1_is_a_400_naming_input_ids(bert_server):
+def test_token_id_minus_1_is_a_422_naming_input_ids_and_its_range(bert_server):
     """ONNX Runtime's Gather would answer -1 with the last row's embedding; eager raises: the server
     says which input holds a value outside the range tuning saw."""
     request = _request(6, seed=5)
     request["input_ids"][0, 2] = -1
     refused = _refusal(bert_server, request)
-    assert refused.status() == "400", refused
+    assert refused.status() == "422", refused  # the request fits the inputs: its values do not
     said = refused.message()
-    assert "input_ids holds a value outside" in said and "IndexError" in said, said
+    assert "input_ids holds a value outside 0..99" in said and "IndexError" in said, said
 
 
 def test_200k_rows_are_refused_by_the_row_cap_before_the_model_runs(bert_server):

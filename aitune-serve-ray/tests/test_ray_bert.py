@@ -2,7 +2,7 @@
 engine's tests' ``kserve_bert`` (the same artifact in one run: tuned once, saved unsigned as from the
 README's install, so ``ait.load``'s check against eager runs in the replica), served by one command
 joined to the Ray this folder's tests share (conftest.py's ``shared_ray``). It starts and answers as
-eager, token id -1 is a 400 naming ``input_ids``, and 200k rows are refused by the row cap."""
+eager, token id -1 is a 422 naming ``input_ids`` and its range, and 200k rows are refused by the row cap."""
 
 from __future__ import annotations
 
@@ -122,15 +122,15 @@ def test_the_unsigned_bert_starts_with_default_options_and_answers_as_eager(bert
         client.close()
 
 
-def test_token_id_minus_1_is_a_400_naming_input_ids(bert):
+def test_token_id_minus_1_is_a_422_naming_input_ids_and_its_range(bert):
     """ONNX Runtime's Gather answered -1 with row 999's answer (200); eager raises: the replica says
     which input holds a value outside the range tuning saw."""
     request = _tokens(1, 6, seed=5, padded=1)
     request["input_ids"][0, 2] = -1
     refused = _refusal(bert, request)
-    assert refused.status() == "400", refused
+    assert refused.status() == "422", refused  # the request fits the inputs: its values do not
     said = refused.message()
-    assert "input_ids holds a value outside" in said and "IndexError" in said, said
+    assert "input_ids holds a value outside 0..99" in said and "IndexError" in said, said
 
 
 def test_200k_rows_are_refused_by_the_row_cap_before_the_model_runs(bert):

@@ -27,7 +27,7 @@ from ._kserve import ModelServer, rest_app
 from .batching import Batcher, request_company
 from .limits import MAX_BODY_BYTES, READ_TIMEOUT_S, BodyLimits
 from .model import TunedModel
-from .protocol import ProtocolDataPlane
+from .protocol import ProtocolDataPlane, add_unprocessable_handler
 
 
 class _Server(ModelServer):
@@ -46,6 +46,7 @@ class _Server(ModelServer):
         if self._rest_server is not None:
             self._rest_server.config.host = self.host
             rest_app.add_middleware(BodyLimits, **self.limits)
+            add_unprocessable_handler(rest_app)
             rest_app.router.on_startup.append(_second_signal_exits)
             self._tell_company()
         super().setup_event_loop()

@@ -36,6 +36,7 @@ from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Mod
 from .batching import Batcher, Stopping
 from .limits import ROW_ELEMENTS_SLACK, row_element_caps
 from .plan import OutputSpec, datatype, input_datatype, input_metadata, output_specs
+from .protocol import UnprocessableInput
 
 logger = logging.getLogger("aitune.serve")
 
@@ -206,8 +207,8 @@ class TunedModel(Model):
         tensors = self.decode(payload)
         try:
             answer = await self.batcher.submit(tensors)
-        except ClientError as exc:
-            raise InvalidInput(str(exc)) from None
+        except ClientError as exc:  # the model (eager) refused the values of a request that fits its inputs
+            raise UnprocessableInput(str(exc)) from None
         except Stopping:
             raise ModelNotReady(self.name, "The server is stopping: send it to another replica.") from None
         return self._response(payload, answer, wanted)

@@ -6,7 +6,9 @@ through it, so both engines answer the same routes with the same codecs, metadat
   body sent without a ``Content-Type``, as Triton's client sends it; a body that is not the protocol
   is the client's error, 400, not 500);
 - :func:`v2_app`: a FastAPI app with kserve's v2 routes (health, readiness, metadata, infer) and its
-  exception handlers (``{"error": ...}`` with the status kserve gives each error) over some models.
+  exception handlers (``{"error": ...}`` with the status kserve gives each error) over some models;
+- :class:`UnprocessableInput`: a request the protocol takes whose values the model refuses, a 422
+  (:func:`add_unprocessable_handler` teaches an app that status).
 
 kserve parses ``sys.argv`` when it is imported: :mod:`._kserve` imports it first, with a clean one.
 """
@@ -18,7 +20,25 @@ from typing import Any
 
 from ._kserve import INFERENCE_CONTENT_LENGTH_HEADER, DataPlane, InferRequest, InvalidInput, Model
 
-__all__ = ["ProtocolDataPlane", "v2_app"]
+__all__ = ["ProtocolDataPlane", "UnprocessableInput", "add_unprocessable_handler", "v2_app"]
+
+
+class UnprocessableInput(InvalidInput):
+    """A well-formed request whose values the model refuses where eager raises (a token id outside its
+    embedding's rows): HTTP 422 (Unprocessable Content), where a request that does not fit the model's
+    inputs is kserve's 400. Over gRPC it is ``INVALID_ARGUMENT``, as every ``InvalidInput``."""
+
+
+async def _unprocessable(_: Any, exc: Exception) -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(status_code=422, content={"error": str(exc)})
+
+
+def add_unprocessable_handler(app: Any) -> None:
+    """Answer :class:`UnprocessableInput` with 422 on ``app`` (a handler for the subclass wins over
+    kserve's for ``InvalidInput``: Starlette looks handlers up along the exception's MRO)."""
+    app.add_exception_handler(UnprocessableInput, _unprocessable)
 
 
 class ProtocolDataPlane(DataPlane):
@@ -71,4 +91,5 @@ def v2_app(models: Iterable[Model]) -> Any:
     ]
     for kind, handler in handlers:
         app.add_exception_handler(kind, handler)
+    add_unprocessable_handler(app)
     return app
