@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from aitune_testkit.serving import triton_inputs
 
 from aitune.testing import assert_matches_eager
 
@@ -36,15 +37,6 @@ def bert_server(tmp_path_factory) -> Iterator[Server]:
         yield server
 
 
-def _inputs(request: dict[str, np.ndarray]) -> list:
-    tensors = []
-    for name, array in request.items():
-        tensor = httpclient.InferInput(name, list(array.shape), "INT64")
-        tensor.set_data_from_numpy(array, binary_data=True)
-        tensors.append(tensor)
-    return tensors
-
-
 def _request(length: int, seed: int, padded: int = 1) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in kserve_bert.tokens(1, length, seed=seed, padded=padded).items()}
 
@@ -63,7 +55,7 @@ def test_requests_of_lengths_5_and_9_join_one_call_and_answer_as_eager(bert_serv
         mixed = []  # (joined, padded to) of the length-5 answers
         for round_ in range(10):
             requests = [_request(5 if i % 2 else 9, seed=100 * round_ + i) for i in range(64)]
-            pending = [client.async_infer(MODEL, _inputs(r)) for r in requests]
+            pending = [client.async_infer(MODEL, triton_inputs(r)) for r in requests]
             results = [call.get_result() for call in pending]  # all answered before anything is checked
             for request, result in zip(requests, results):
                 parameters = _check(result, request)
@@ -82,7 +74,7 @@ def test_an_unpadded_sentence_is_served_by_the_tuned_backend(bert_server):
     client = httpclient.InferenceServerClient(bert_server.url)
     try:
         request = _request(7, seed=3, padded=0)  # an all-ones mask
-        parameters = _check(client.infer(MODEL, _inputs(request)), request)
+        parameters = _check(client.infer(MODEL, triton_inputs(request)), request)
     finally:
         client.close()
     assert parameters["aitune_backend"] == "bert=onnxruntime", parameters
@@ -98,7 +90,7 @@ def test_the_unsigned_bert_starts_with_default_options_its_payload_checked_again
     client = httpclient.InferenceServerClient(bert_server.url)
     try:
         request = {k: v.numpy() for k, v in kserve_bert.tokens(4, 12, seed=7, padded=2).items()}
-        result = client.infer(MODEL, _inputs(request))
+        result = client.infer(MODEL, triton_inputs(request))
     finally:
         client.close()
     got = {name: torch.from_numpy(result.as_numpy(name).copy()) for name in ("last_hidden_state", "pooler_output")}
@@ -110,7 +102,7 @@ def _refusal(server: Server, request: dict[str, np.ndarray]) -> InferenceServerE
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     try:
         with pytest.raises(InferenceServerException) as raised:
-            client.infer(MODEL, _inputs(request))
+            client.infer(MODEL, triton_inputs(request))
     finally:
         client.close()
     return raised.value

@@ -9,6 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+from aitune_testkit.serving import MALFORMED_BODIES
 
 from aitune.testing import assert_matches_eager
 
@@ -105,42 +106,7 @@ def test_a_client_error_is_a_4xx_that_says_what_to_send(client, send, said):
     assert said in raised.value.message()
 
 
-@pytest.mark.parametrize(
-    ("body", "headers"),
-    [
-        (b"{not json", {"Content-Type": "application/json"}),
-        (b'{"inputs": [{"name": "x", "shape": [2, 8, 16], "datatype": "FP32", "data": [1, 2]}]}', {}),
-        (
-            b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}abc',
-            {"Inference-Header-Content-Length": "94"},
-        ),
-        (b'{"inputs": [3]}', {"Inference-Header-Content-Length": "15"}),
-        (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {"Content-Type": "application/json"}),
-        (
-            b'{"inputs": [{"name": "x", "shape": [1, 1, 2], "datatype": "FP32", "data": [18446744073709551616, 1]}]}',
-            {"Content-Type": "application/json"},
-        ),
-        (
-            b'{"inputs": [{"name": "x", "shape": [1, 1, 2], "datatype": "FP32", "data": [NaN, 1]}]}',
-            {"Content-Type": "application/json"},
-        ),
-        (
-            b'{"inputs": [{"name": "x", "shape": [1099511627776, 8, 16], "datatype": "FP32", '
-            b'"parameters": {"binary_data_size": 70368744177664}}]}abcd',
-            {"Inference-Header-Content-Length": "132"},
-        ),
-    ],
-    ids=[
-        "not-json",
-        "too-few-values",
-        "truncated-binary",
-        "inputs-not-objects",
-        "nested-100k-deep",
-        "past-uint64",
-        "nan-literal",
-        "header-declares-64-tib",
-    ],
-)
+@pytest.mark.parametrize(("body", "headers"), list(MALFORMED_BODIES.values()), ids=list(MALFORMED_BODIES))
 def test_a_malformed_body_is_a_4xx_not_a_500(server, body, headers):
     request = urllib.request.Request(
         f"http://{server.url}/v2/models/{MODEL}/infer", data=body, headers=headers, method="POST"

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from aitune_testkit.serving import triton_inputs
 
 from aitune.testing import assert_matches_eager
 
@@ -81,15 +82,6 @@ def bert(shared_ray, tmp_path_factory) -> Iterator[str]:
             process.wait()
 
 
-def _inputs(request: dict[str, np.ndarray]) -> list:
-    tensors = []
-    for name, array in request.items():
-        tensor = httpclient.InferInput(name, list(array.shape), "INT64")
-        tensor.set_data_from_numpy(array, binary_data=True)
-        tensors.append(tensor)
-    return tensors
-
-
 def _tokens(rows: int, length: int, seed: int, padded: int) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in kserve_bert.tokens(rows, length, seed=seed, padded=padded).items()}
 
@@ -98,7 +90,7 @@ def _refusal(url: str, request: dict[str, np.ndarray]) -> InferenceServerExcepti
     client = httpclient.InferenceServerClient(url, network_timeout=60)
     try:
         with pytest.raises(InferenceServerException) as raised:
-            client.infer(MODEL, _inputs(request))
+            client.infer(MODEL, triton_inputs(request))
     finally:
         client.close()
     return raised.value
@@ -112,7 +104,7 @@ def test_the_unsigned_bert_starts_with_default_options_and_answers_as_eager(bert
     client = httpclient.InferenceServerClient(bert, network_timeout=60)
     try:
         for request in (_tokens(4, 12, seed=7, padded=2), _tokens(1, 7, seed=3, padded=0)):
-            result = client.infer(MODEL, _inputs(request))
+            result = client.infer(MODEL, triton_inputs(request))
             got = {n: torch.tensor(result.as_numpy(n)) for n in ("last_hidden_state", "pooler_output")}
             assert_matches_eager(got, kserve_bert.eager(request))
             parameters = result.get_response()["parameters"]

@@ -1,10 +1,12 @@
 """A tiny model to serve in tests and the serving benchmark, importable by name in every Ray worker
-(``aitune_testkit.serving:build``), and the artifact tuned from it."""
+(``aitune_testkit.serving:build``), the artifact tuned from it, and what the engines' tests send
+(malformed bodies, Triton client inputs)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -82,3 +84,44 @@ def tune(path: str | Path, backend: str = "onnxruntime", factory: Callable[[], t
     ait.tune(model, [torch.randn(b, LENGTH, FEATURES, generator=g) for b in BATCH_SIZES])
     ait.save(model, path)
     return Path(path)
+
+
+MALFORMED_BODIES: dict[str, tuple[bytes, dict[str, str]]] = {
+    "not-json": (b"{not json", {"Content-Type": "application/json"}),
+    "too-few-values": (b'{"inputs": [{"name": "x", "shape": [2, 8, 16], "datatype": "FP32", "data": [1, 2]}]}', {}),
+    "truncated-binary": (
+        b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}abc',
+        {"Inference-Header-Content-Length": "94"},
+    ),
+    "inputs-not-objects": (b'{"inputs": [3]}', {"Inference-Header-Content-Length": "15"}),
+    "nested-100k-deep": (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {"Content-Type": "application/json"}),
+    "past-uint64": (
+        b'{"inputs": [{"name": "x", "shape": [1, 1, 2], "datatype": "FP32", "data": [18446744073709551616, 1]}]}',
+        {"Content-Type": "application/json"},
+    ),
+    "nan-literal": (
+        b'{"inputs": [{"name": "x", "shape": [1, 1, 2], "datatype": "FP32", "data": [NaN, 1]}]}',
+        {"Content-Type": "application/json"},
+    ),
+    "header-declares-64-tib": (
+        b'{"inputs": [{"name": "x", "shape": [1099511627776, 8, 16], "datatype": "FP32", '
+        b'"parameters": {"binary_data_size": 70368744177664}}]}abcd',
+        {"Inference-Header-Content-Length": "132"},
+    ),
+}
+"""Open Inference Protocol bodies for the ``x`` input of :func:`build_two_heads` that a client gets
+wrong, by id: each engine must answer every one with a 4xx and a body saying what was wrong, never
+a 500 (the last four were 500s when issue 52 was filed)."""
+
+
+def triton_inputs(arrays: dict[str, Any]) -> list[Any]:
+    """Triton's HTTP client's inputs for named numpy arrays, as binary tensors of their own datatype."""
+    import tritonclient.http as httpclient  # type: ignore[import-not-found]  # a test extra, not in typecheck's venv
+    from tritonclient.utils import np_to_triton_dtype  # type: ignore[import-not-found]
+
+    inputs = []
+    for name, array in arrays.items():
+        tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array, binary_data=True)
+        inputs.append(tensor)
+    return inputs
