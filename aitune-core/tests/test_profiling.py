@@ -85,6 +85,27 @@ def test_a_runner_clearly_behind_stops_being_timed_and_keeps_a_paired_figure():
         ProfilingConfig(behind=1.0)
 
 
+def test_a_slow_call_is_timed_for_three_windows_and_the_time_budget_not_sixty_steps():
+    """The default profiling stops a runner once it has three windows and 1.5 s of calls (a BERT at
+    batch 8 on two cores: 60-80 ms a call), never before three windows, and never at batch 1's
+    milliseconds; the baseline (eager, first) times a window in every round another runner does,
+    so every figure stays paired with it."""
+    ms = {"eager": 80.0, "mid": 60.0, "fast": 8.0}
+    runners = {name: (lambda name=name: name) for name in ms}
+    config = ProfilingConfig(measuring_strategy=ScriptedClock(ms), extend_s=0.0)
+    assert config.measurement_stop_strategy == NumStepsMeasuringStopStrategy(max_timed_s=1.5)
+    steps = {name: r.steps for name, r in profile_runners(runners, 8, config, torch.device("cpu")).items()}
+    assert steps == {"eager": 60, "mid": 30, "fast": 60}
+    slow_only = {name: runners[name] for name in ("eager", "mid")}
+    steps = {name: r.steps for name, r in profile_runners(slow_only, 8, config, torch.device("cpu")).items()}
+    assert steps == {"eager": 30, "mid": 30}
+    exact = attrs.evolve(config, measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=50))
+    assert {r.steps for r in profile_runners(slow_only, 8, exact, torch.device("cpu")).values()} == {50}
+    budget = NumStepsMeasuringStopStrategy(max_timed_s=0.1)
+    assert not budget.done([500.0] * 29), "three windows first, however long the calls"
+    assert budget.done([500.0] * 30)
+
+
 def test_cpu_timer_measures_a_sleep():
     ms = ModelExecutionTimeMeasuringStrategy().measure(lambda: time.sleep(0.005), torch.device("cpu"))
     assert ms >= 5.0
