@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
@@ -33,12 +34,14 @@ from aitune.plugin import (
 
 from .config import TorchInductorAotBackendConfig, capped_options
 from .package import check_archive, open_package
+from .roundtrip import compiler_ranges, import_modules, operator_modules, restore_ranges
 from .shapes import export_dynamic_shapes, trace_sizes
 
 PACKAGE = "model.pt2"
 EXPORTED = "program.pt2"
 """The exported program an isolated build hands its worker (scratch, never part of a payload)."""
 META_KEYS = ("exported_dims", "traced_at")
+logger = logging.getLogger("aitune")
 
 
 class TorchInductorAotBackend(Backend):
@@ -58,8 +61,9 @@ class TorchInductorAotBackend(Backend):
     build_cost = 6.0  # export, then Inductor's kernels compiled ahead into a shared library
     warm_imports = (*INDUCTOR_MODULES, "torch._inductor.package", "torch._export.serde.serialize")
     retry_in_process = True
-    """The worker compiles a program that went through torch.export.save/load, which torch
-    miscompiles for some models (Llama, Wav2Vec2); in this process the live program compiles."""
+    """A safety net: the worker compiles a program that went through torch.export.save/load. What
+    that round trip was seen to lose (the traced ranges, custom operators) is restored in the worker
+    (:mod:`.roundtrip`); a failure with another cause still gets the live program compiled here."""
     native_payload = True  # the package holds a shared library that load() runs
     builds_static = True  # a graph whose dims are single sizes is exported without a torch.export.Dim
 
@@ -90,11 +94,24 @@ class TorchInductorAotBackend(Backend):
 
     # -- isolated builds: export here, compile in a worker, load the package it wrote ---------------
 
-    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any]:
-        """``torch.export`` in this process, saved with ``torch.export.save`` for the worker to compile."""
+    def export(self, module: torch.nn.Module, context: BuildContext, directory: Path) -> dict[str, Any] | None:
+        """``torch.export`` in this process, saved with ``torch.export.save`` for the worker to compile,
+        with what the file loses (see :mod:`.roundtrip`): the ranges the dynamic sizes were traced
+        under and the modules that register the custom operators it calls. None (built in this
+        process) when an operator's registration cannot be named: the worker could not load it."""
         program, meta = _export(module, context, self.config.strict)
+        imports, unknown = operator_modules(program)
+        if unknown:
+            logger.info(
+                "%s: %s builds in this process: the exported program calls %s, registered by a module "
+                "aitune cannot name, so a build worker could not load it",
+                context.module_name,
+                self.name,
+                ", ".join(unknown),
+            )
+            return None
         torch.export.save(program, Path(directory) / EXPORTED)
-        return {"program": EXPORTED, **meta}
+        return {"program": EXPORTED, "compiler_ranges": compiler_ranges(program), "imports": imports, **meta}
 
     @classmethod
     def build_exported(
@@ -112,8 +129,10 @@ class TorchInductorAotBackend(Backend):
         """
         if not isinstance(config, TorchInductorAotBackendConfig):
             raise TypeError(f"{cls.__name__} builds from a TorchInductorAotBackendConfig, got {type(config).__name__}")
+        import_modules(notes.get("imports", []))  # before load: it resolves every operator by name
         try:
             program = torch.export.load(exported_file(exported, notes, "program", EXPORTED))
+            restore_ranges(program, notes.get("compiler_ranges", {}))
         except Exception as exc:
             raise BuildError(
                 f"the worker cannot read the exported program: {type(exc).__name__}: {_first_lines(exc)}. "
@@ -270,10 +289,11 @@ def _minor(version: str) -> str:
 def _agrees_with_program(program: Any, package: Path, graph: GraphSpec) -> None:
     """In the worker: run the package and the exported program side by side at every range's ends.
 
-    A package compiled from a program that went through ``torch.export.save``/``load`` has been
-    seen to ignore a dynamic axis (torch 2.13, a CLIP text encoder: called at batch 1 it returned
-    batch 2 or read out of bounds). Checked here, such a build costs its candidate, in the worker,
-    never the user's process when the package is loaded and warmed up.
+    A package compiled from a program that went through ``torch.export.save``/``load`` without
+    its traced ranges restored ignored a dynamic axis (torch 2.13: called at batch 1 it returned
+    batch 2 or read out of bounds; see :mod:`.roundtrip`). Should a round trip lose something else,
+    the build costs its candidate here, in the worker, never the user's process when the package
+    is loaded and warmed up.
     """
     from torch._inductor import aoti_load_package
     from torch.utils import _pytree as pytree
