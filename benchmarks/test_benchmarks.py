@@ -178,3 +178,37 @@ def test_the_cold_start_table_gives_each_phase_and_the_first_answer_against_eage
     assert "| eager | 0.020 |" in wall[2] and "**1.100** (1.000-1.200) | 1.00x | 0.500 |" in wall[2]
     assert "**1.300** (1.200-1.400) | 1.18x |" in wall[3] and "| 0.010 |" in wall[3]
     assert "| ait.load (x) | 0.010 |" in cpu[3] and "**1.200** (1.100-1.200) | 1.20x |" in cpu[3]
+
+
+def test_the_generation_split_times_each_wrapped_call_and_puts_the_model_back() -> None:
+    import torch
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from benchmarks.generation import bound, markdown
+    from benchmarks.step_timing import timed
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    inner, call = model[0], OptimizedModule.__call__
+    with timed(model, [("0", inner)]) as calls:
+        assert model[0].in_features == 4, "attributes read through the timer come from the module"
+        model(torch.ones(2, 4))
+        model(torch.ones(2, 4))
+    assert len(calls.wrapped["0"]) == 2 and all(t > 0 for t in calls.wrapped["0"])
+    assert model[0] is inner and OptimizedModule.__call__ is call, "the module and torch's classes are put back"
+
+    def split(token: float, wrapped: float, step: float, **tuned: float) -> dict[str, float]:
+        return {"token": token, "wrapped": wrapped, "rest": token - wrapped, "steps per token": 0.5, "step": step,
+                **tuned}  # fmt: skip
+
+    tuned = split(2.0, 1.5, 2.0, compiled=1.5, kernels=1.0, **{"compiled calls per step": 1.0,
+                  "Inductor calls per step": 1.0})  # fmt: skip
+    row = {"batch": 1, "eager, dynamic cache": 100.0, "eager, static cache": 90.0, "tuned, default": 150.0,
+           "tuned, static cache": 140.0, "best eager": "eager, dynamic cache",
+           "split": {"eager, dynamic cache": split(4.0, 3.0, 5.0), "tuned, default": tuned}}  # fmt: skip
+    assert bound(row) == 4.0 / (4.0 - (5.0 - 1.0) * 0.5), "each eager step costing the tuned step's kernels"
+    text = markdown({"threads": 1, "repeats": 3, "cpu": "Test CPU", "cases": [
+        {"model": "llama", "tune_s": 9.0, "decisions": {"model": ["torch_eager", "torch_inductor_jit"]},
+         "rows": [row]}]})  # fmt: skip
+    assert "| llama | 1 | 100 | 90 | 150 | 140 | 1.50x / 1.40x |" in text
+    assert "| 4.00 = 3.00 + 1.00 (dynamic) | 2.00 = 1.50 + 0.50 | 5.00 | 2.00 = 0.50 + 0.50 + 1.00 " in text
+    assert "| 2.00x | 2.00x |" in text and "model: torch_eager, torch_inductor_jit" in text
