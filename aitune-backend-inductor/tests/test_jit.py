@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -210,3 +211,53 @@ def test_a_module_that_keeps_compiling_is_noticed_before_dynamos_limit(build) ->
             backend.infer(x)  # the dispatcher runs such a call eager
         module.step = 1  # a value compiled before still runs compiled
         assert torch.equal(backend.infer(x), x + 1)
+
+
+def _shared(forward):
+    """A decorator whose one wrapper runs every decorated forward, as transformers 5's
+    ``merge_with_config_defaults`` does for most of its models."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+class Shared(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, width)
+
+    @_shared
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def test_builds_of_models_sharing_one_forward_code_keep_their_compiled_code_apart(build) -> None:
+    """Dynamo keeps compiled code, and counts compiles against its limit of 8, per code object of the
+    frame it starts from: builds of models sharing a forward (transformers 5's wrapper) piled up
+    there, and once any compile of it hit the limit every one of them ran uncompiled without a word.
+    Each build compiles in a region of its own (``isolate_recompiles``, torch 2.13)."""
+    from aitune_backend_inductor.jit import ISOLATED
+
+    if not ISOLATED:
+        pytest.skip("this torch has no torch.compile(isolate_recompiles=...): builds share, as before")
+    from torch._dynamo.eval_frame import _get_cache_entries_for_region
+
+    shared_code = Shared.forward.__code__
+    before = len(_get_cache_entries_for_region(shared_code, -1))
+    built = [
+        (build(TorchInductorJitBackend(), m, tiny_samples(batch_sizes=(2, 2)))[0], m) for m in (Shared(8), Shared(4))
+    ]
+    assert len(_get_cache_entries_for_region(shared_code, -1)) == before, "a build compiled into the shared region"
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        other = torch.compile(Shared(3), backend="eager")  # someone else's plain compile of the same forward
+        with torch._dynamo.config.patch(recompile_limit=1):
+            for rows in (1, 3, 5):  # past the shared region's limit: it runs that forward uncompiled from now on
+                other(torch.randn(rows, 16))
+        with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+            for backend, module in built:  # each still runs its own compiled code: nothing compiles again
+                assert_matches_eager(backend.infer(x), module(x))
+                assert backend._watch.recompiles == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +30,18 @@ from .recompiles import RecompileWatch, predicted_recompiles
 from .shapes import dim_sizes, unseen_sizes, warmup_cases
 
 RECOMPILE_LIMIT = 64
-"""Dynamo's per-function recompile limit while aitune builds: several builds of one module class
-in a process share a cache, and the default (8) would silently fall back to eager."""
+"""Dynamo's per-function recompile limit while aitune builds (a graph's warm-up sizes and probes)."""
+
+ISOLATED: dict[str, Any] = (
+    {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
+)
+"""``torch.compile``'s ``isolate_recompiles=True`` where this torch has it (2.13): each build's compiled
+code and recompile count its own. TorchDynamo keeps both per code object of the frame it starts from,
+and transformers 5 shares one forward code across models (its ``merge_with_config_defaults``
+wrapper): in a process that tunes or loads several models their compiles piled onto one code
+object, and once one of them hit the limit (8) Dynamo ran that code uncompiled for every model,
+without a word (Mistral's decode step half eager, Qwen2's candidate timed uncompiled and rejected).
+Older torch shares, as before."""
 
 
 class TorchInductorJitBackend(Backend):
@@ -130,6 +141,7 @@ class TorchInductorJitBackend(Backend):
             options=inductor_options(capped_options(cfg.options), cfg.mode, dynamic),
             dynamic=dynamic,
             fullgraph=cfg.fullgraph,
+            **ISOLATED,
         )
         self._cudagraphs = device.type == "cuda" and _uses_cudagraphs(cfg)
         limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
@@ -217,7 +229,7 @@ def _foreseen_recompiles(
         traced += 1
         return gm.forward
 
-    stand_in = torch.compile(module, backend=record, dynamic=_dynamic(cfg, graph), fullgraph=cfg.fullgraph)
+    stand_in = torch.compile(module, backend=record, dynamic=_dynamic(cfg, graph), fullgraph=cfg.fullgraph, **ISOLATED)
 
     def run(sample: Sample) -> int:
         before = traced
@@ -265,7 +277,9 @@ def _count_graph_breaks(module: torch.nn.Module, sample: Sample, cfg: TorchInduc
     limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     try:
         with torch._dynamo.config.patch(recompile_limit=limit), torch.no_grad():
-            traced = torch.compile(module, backend=record, dynamic=bool(cfg.dynamic), fullgraph=cfg.fullgraph)
+            traced = torch.compile(
+                module, backend=record, dynamic=bool(cfg.dynamic), fullgraph=cfg.fullgraph, **ISOLATED
+            )
             fresh = sample.fresh()
             traced(*fresh.args, **fresh.kwargs)
     except Exception as exc:
