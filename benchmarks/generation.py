@@ -113,10 +113,6 @@ def run_model(name: str, repeats: int, tmp: Path) -> dict[str, Any]:
 
     import aitune.torch as ait
 
-    # Dynamo counts compiles per code object against its recompile limit (8), and in transformers 5
-    # most models' forwards are the same decorator's code object: without a reset the models before
-    # this one use up the limit, and this one's decode steps run eager once it is reached
-    torch._dynamo.reset()
     torch.manual_seed(0)
     model, bodies = MODELS[name]()
     g = torch.Generator().manual_seed(1)
