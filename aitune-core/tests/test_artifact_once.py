@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from aitune.artifact import seal
 from aitune.artifact.archive import Reader, Writer
-from aitune.artifact.reader import _same_weights
+from aitune.artifact.reader import _compare_weights
 from aitune.errors import ArtifactError, ArtifactIntegrityError
 
 PAYLOAD = b"payload bytes " * 100
@@ -90,10 +90,10 @@ def test_a_member_read_is_not_hashed_again_but_every_other_one_is(tmp_path: Path
 def test_weights_are_the_same_only_with_every_name_dtype_and_value() -> None:
     module = torch.nn.Linear(3, 2)
     own = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    assert _same_weights(module, own)
-    assert not _same_weights(module, {**own, "weight": own["weight"] + 1})
-    assert not _same_weights(module, {**own, "weight": own["weight"].double()})
-    assert not _same_weights(module, {"weight": own["weight"]})
+    assert _compare_weights(module, own) == "same"
+    assert _compare_weights(module, {**own, "weight": own["weight"] + 1}) != "same"
+    assert _compare_weights(module, {**own, "weight": own["weight"].double()}) != "same"
+    assert _compare_weights(module, {"weight": own["weight"]}) != "same"
 
 
 def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:

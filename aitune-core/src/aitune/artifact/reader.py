@@ -472,7 +472,7 @@ class _Saved:
     @classmethod
     def of(cls, obj: Any, entry: ModuleEntry, target: Any, ready: _ReadyModule) -> _Saved:
         """``ready.weights`` stand for the module's own when they were found equal to them, dtype and
-        all (:func:`_same_weights`): then no host copy is made; they are never written to."""
+        all (:func:`_compare_weights`): then no host copy is made; they are never written to."""
         module = target.module if isinstance(target, Module) else target
         if ready.same_weights:
             state = ready.weights
@@ -657,8 +657,9 @@ def _check_module(
             raise ArtifactError(message + "; load it on a GPU machine, or pass fallback='eager'")
         warnings.warn(message + "; running it eager on the CPU", RuntimeWarning, stacklevel=4)
         return _ReadyModule(entry, weights, None, [], whose)
-    same = fallback is None and _same_weights(module, weights)  # no rollback copy needed then
-    if whose is None and not same and _differ(module, weights):
+    compared = _compare_weights(module, weights) if whose is None or fallback is None else "unknown"
+    same = fallback is None and compared == "same"  # no rollback copy needed then
+    if whose is None and compared == "differ":
         warnings.warn(
             f"{reader.path}: the weights of {entry.name} in the given model differ from the artifact's; ait.load "
             "serves the artifact's (those its payloads were built with). Pass weights='model' to serve the model's "
@@ -839,31 +840,22 @@ def _bounds(entry: GraphEntry) -> str | None:
     return f"the manifest's graph is refused: {problem}" if problem else None
 
 
-def _differ(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> bool:
-    """The module's own weights are not the artifact's (a new checkpoint loaded into it)."""
+def _compare_weights(module: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> str:
+    """How the module's own weights stand to the artifact's, in one pass: ``"differ"`` when a value or
+    shape does (a new checkpoint loaded into it), ``"same"`` when its whole state is the artifact's
+    exactly (names, dtypes, shapes, values, no meta tensor: putting ``weights`` back restores it as a
+    copy of its own would), else ``"unknown"`` (a name missing on one side, a meta tensor, another dtype)."""
     own = module.state_dict()
+    exact = own.keys() == weights.keys()
     for name, saved in weights.items():
         mine = own.get(name)
         if mine is None or mine.device.type == "meta":
+            exact = False
             continue
         if mine.shape != saved.shape or not torch.equal(mine.detach(), saved.to(mine.device)):
-            return True
-    return False
-
-
-def _same_weights(module: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> bool:
-    """The module's state is the artifact's exactly: the same names, dtypes, shapes and values (no
-    meta tensor), so putting ``weights`` back restores it as a copy of its own would."""
-    own = module.state_dict()
-    if own.keys() != weights.keys():
-        return False
-    for name, mine in own.items():
-        saved = weights[name]
-        if mine.device.type == "meta" or mine.dtype != saved.dtype or mine.shape != saved.shape:
-            return False
-        if not torch.equal(mine.detach(), saved.to(mine.device)):
-            return False
-    return True
+            return "differ"
+        exact = exact and mine.dtype == saved.dtype
+    return "same" if exact else "unknown"
 
 
 def _unimportable(entry: GraphEntry) -> str | None:
