@@ -198,17 +198,10 @@ def _split_round(
 
 def _eager(model: Any, wrappers: dict[str, Any], ids: Any, cache: str | None) -> Any:
     """Generation with each wrapped module's own module in its place: eager, whatever was tuned."""
-    held = []
-    for path, wrapper in wrappers.items():
-        parent_path, _, attr = path.rpartition(".")
-        parent = model.get_submodule(parent_path)
-        held.append((parent, attr, wrapper))
-        setattr(parent, attr, wrapper.module)
-    try:
+    from .step_timing import swapped
+
+    with swapped(model, [(path, wrapper.module) for path, wrapper in wrappers.items()]):
         return _generate(model, ids, cache)
-    finally:
-        for parent, attr, wrapper in held:
-            setattr(parent, attr, wrapper)
 
 
 def bound(row: dict[str, Any]) -> float:

@@ -71,6 +71,23 @@ def _timing(cls: type, name: str, sink: list[float]) -> Any:
 
 
 @contextlib.contextmanager
+def swapped(model: torch.nn.Module, swaps: Sequence[tuple[str, torch.nn.Module]]) -> Iterator[None]:
+    """Each ``(path, module)`` of ``swaps`` put at ``path`` in ``model`` until the block ends, then
+    what was there put back."""
+    held = []
+    try:
+        for path, module in swaps:
+            parent_path, _, attr = path.rpartition(".")
+            parent = model.get_submodule(parent_path)
+            held.append((parent, attr, getattr(parent, attr)))
+            setattr(parent, attr, module)
+        yield
+    finally:
+        for parent, attr, was in held:
+            setattr(parent, attr, was)
+
+
+@contextlib.contextmanager
 def timed(model: torch.nn.Module, swaps: Sequence[tuple[str, torch.nn.Module]]) -> Iterator[Calls]:
     """Put each ``(path, module)`` of ``swaps`` at ``path`` in ``model`` behind a :class:`Timed`, and
     time the compiled-module and Inductor calls, until the block ends (then all is put back)."""
@@ -78,22 +95,16 @@ def timed(model: torch.nn.Module, swaps: Sequence[tuple[str, torch.nn.Module]]) 
     from torch._inductor.output_code import CompiledFxGraph
 
     calls = Calls()
-    held = []
-    for path, module in swaps:
-        parent_path, _, attr = path.rpartition(".")
-        parent = model.get_submodule(parent_path)
-        held.append((parent, attr, getattr(parent, attr)))
-        setattr(parent, attr, Timed(module, calls.wrapped.setdefault(path, [])))
+    behind = [(path, Timed(module, calls.wrapped.setdefault(path, []))) for path, module in swaps]
     patches = [
         (OptimizedModule, "__call__", *_timing(OptimizedModule, "__call__", calls.compiled)),
         (CompiledFxGraph, "__call__", *_timing(CompiledFxGraph, "__call__", calls.kernels)),
     ]
-    for cls, name, _, patched in patches:
-        setattr(cls, name, patched)
-    try:
-        yield calls
-    finally:
-        for cls, name, original, _ in patches:
-            setattr(cls, name, original)
-        for parent, attr, was in held:
-            setattr(parent, attr, was)
+    with swapped(model, behind):
+        for cls, name, _, patched in patches:
+            setattr(cls, name, patched)
+        try:
+            yield calls
+        finally:
+            for cls, name, original, _ in patches:
+                setattr(cls, name, original)
