@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from aitune_testkit import serving
+from aitune_testkit import docs, serving
 
 from aitune.testing import assert_matches_eager
 
@@ -37,20 +37,7 @@ def _free_port() -> int:
 
 
 def _wait_ready(process: subprocess.Popen, log, url: str, models: list[str], within_s: float = 180) -> None:
-    client = httpclient.InferenceServerClient(url, network_timeout=10)
-    deadline = time.monotonic() + within_s
-    try:
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:
-                if all(client.is_model_ready(m) for m in models):
-                    return
-            except Exception:  # not listening yet, or the application not deployed yet
-                pass
-            assert time.monotonic() < deadline, f"not ready within {within_s:.0f} s:\n{log.read_text()[-3000:]}"
-            time.sleep(1)
-    finally:
-        client.close()
+    docs.wait_ready(process, url, models, within_s, lambda: log.read_text()[-3000:])
 
 
 def _logits(url: str, model: str, x: np.ndarray) -> torch.Tensor:

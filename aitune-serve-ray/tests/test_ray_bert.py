@@ -10,13 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from aitune_testkit import docs
 from aitune_testkit.serving import triton_inputs
 
 from aitune.testing import assert_matches_eager
@@ -58,28 +58,11 @@ def bert(shared_ray, tmp_path_factory) -> Iterator[str]:
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=shared_ray.packages)
     url = f"127.0.0.1:{port}"
     try:
-        client = httpclient.InferenceServerClient(url, network_timeout=10)
-        deadline = time.monotonic() + 240
-        try:
-            while True:  # bounded: a replica that cannot load ends the command (exit 1, one line)
-                assert process.poll() is None, log.read_text()[-3000:]
-                try:
-                    if client.is_model_ready(MODEL):
-                        break
-                except Exception:  # not listening yet, or the application not deployed yet
-                    pass
-                assert time.monotonic() < deadline, f"not ready within 240 s:\n{log.read_text()[-3000:]}"
-                time.sleep(1)
-        finally:
-            client.close()
+        # bounded: a replica that cannot load ends the command (exit 1, one line)
+        docs.wait_ready(process, url, [MODEL], 240, lambda: log.read_text()[-3000:])
         yield url
     finally:
-        process.send_signal(signal.SIGINT)  # Ctrl-C takes the application down; the shared Ray stays
-        try:
-            process.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        docs.stop(process, signal.SIGINT, timeout_s=180)  # Ctrl-C takes the application down; the shared Ray stays
 
 
 def _tokens(rows: int, length: int, seed: int, padded: int) -> dict[str, np.ndarray]:

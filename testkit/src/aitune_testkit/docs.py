@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 
@@ -140,22 +140,29 @@ class Reader:
     def wait_ready(
         self, process: subprocess.Popen, url: str, models: Iterable[str], within_s: float, log: str = "server.log"
     ) -> None:
-        """Until every model of ``models`` reads ready at ``url`` (``host:port[/prefix]``, Triton's
-        client), failing with the server's output if it exits or ``within_s`` passes first."""
-        import tritonclient.http as httpclient  # type: ignore[import-not-found]  # a test extra, not in typecheck's venv
+        """:func:`wait_ready` with this reader's server output."""
+        wait_ready(process, url, models, within_s, lambda: self.output(log))
 
-        client = httpclient.InferenceServerClient(url, network_timeout=10)
-        deadline = time.monotonic() + within_s
-        try:
-            while True:
-                assert process.poll() is None, self.output(log)
-                with contextlib.suppress(Exception):  # not listening yet, or the model not loaded yet
-                    if all(client.is_model_ready(model) for model in models):
-                        return
-                assert time.monotonic() < deadline, f"not ready within {within_s:.0f} s:\n{self.output(log)}"
-                time.sleep(0.5)
-        finally:
-            client.close()
+
+def wait_ready(
+    process: subprocess.Popen, url: str, models: Iterable[str], within_s: float, output: Callable[[], str]
+) -> None:
+    """Until every model of ``models`` reads ready at ``url`` (``host:port[/prefix]``, Triton's client),
+    failing with the server's ``output()`` if it exits or ``within_s`` passes first."""
+    import tritonclient.http as httpclient  # type: ignore[import-not-found]  # a test extra, not in typecheck's venv
+
+    client = httpclient.InferenceServerClient(url, network_timeout=10)
+    deadline = time.monotonic() + within_s
+    try:
+        while True:
+            assert process.poll() is None, output()
+            with contextlib.suppress(Exception):  # not listening yet, or the model not loaded yet
+                if all(client.is_model_ready(model) for model in models):
+                    return
+            assert time.monotonic() < deadline, f"not ready within {within_s:.0f} s:\n{output()}"
+            time.sleep(0.5)
+    finally:
+        client.close()
 
 
 def stop(process: subprocess.Popen, signum: int = signal.SIGTERM, timeout_s: float = 120) -> int:
