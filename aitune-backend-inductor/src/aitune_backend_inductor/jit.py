@@ -44,6 +44,14 @@ without a word (Mistral's decode step half eager, Qwen2's candidate timed uncomp
 Older torch shares, as before."""
 
 
+def _building(**more: Any) -> Any:
+    """Dynamo's config while aitune builds: the recompile limit raised to :data:`RECOMPILE_LIMIT`
+    (where it is lower), and ``more`` of Dynamo's settings."""
+    return torch._dynamo.config.patch(
+        recompile_limit=max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT), **more
+    )
+
+
 class TorchInductorJitBackend(Backend):
     """torch.compile with the Inductor backend, compiled in the process.
 
@@ -144,8 +152,7 @@ class TorchInductorJitBackend(Backend):
             **ISOLATED,
         )
         self._cudagraphs = device.type == "cuda" and _uses_cudagraphs(cfg)
-        limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True), torch.no_grad():
+        with _building(fail_on_recompile_limit_hit=True), torch.no_grad():
             for label, sample in cases:
                 self._warm(compiled, graph, sample, label, mark)
             probe = unseen_sizes(graph, [dim_sizes(graph, s) for _, s in cases]) if mark else None
@@ -237,9 +244,8 @@ def _foreseen_recompiles(
         stand_in(*args, **kwargs)
         return traced - before
 
-    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     try:
-        with torch._dynamo.config.patch(recompile_limit=limit), torch.no_grad():
+        with _building(), torch.no_grad():
             return predicted_recompiles(run, graph, cases)
     except Exception:  # a module Dynamo cannot trace: the build itself says why, with its own message
         return None
@@ -274,9 +280,8 @@ def _count_graph_breaks(module: torch.nn.Module, sample: Sample, cfg: TorchInduc
         graphs += 1
         return gm.forward
 
-    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     try:
-        with torch._dynamo.config.patch(recompile_limit=limit), torch.no_grad():
+        with _building(), torch.no_grad():
             traced = torch.compile(
                 module, backend=record, dynamic=bool(cfg.dynamic), fullgraph=cfg.fullgraph, **ISOLATED
             )

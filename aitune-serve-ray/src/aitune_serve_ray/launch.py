@@ -98,13 +98,14 @@ def start(
             print(
                 f"Prometheus metrics (Ray's, Serve's, aitune's): http://127.0.0.1:{info['metrics_export_port']}/metrics"
             )
+    warn = on_warning or _runtime_warning
     short = _cpus_short(app, float(ray.cluster_resources().get("CPU", 0)))
     if short is not None:
         if started_here:
             raise ServeStartError(f"{artifact} could not be served: {short}")
-        (on_warning or _runtime_warning)(f"{short}; the replicas that do not fit wait until the cluster has the CPUs")
+        warn(f"{short}; the replicas that do not fit wait until the cluster has the CPUs")
     serve.start(http_options={"host": host, "port": port})
-    host, port = _serve_http(host, port, on_warning or _runtime_warning)
+    host, port = _serve_http(host, port, warn)
     try:
         serve.run(app, name=APP, route_prefix="/")
     except RuntimeError as exc:  # Ray Serve's "Deploying application aitune failed", the reason elsewhere
