@@ -405,6 +405,13 @@ class GraphSpec:
         return Sample(args, kwargs)
 
 
+def narrow(graph: GraphSpec, batch_min: int, batch_max: int) -> GraphSpec:
+    """``graph`` with its batch dimension limited to ``batch_min..batch_max``."""
+    full = graph.dims[BATCH]
+    opt = min(max(full.opt, batch_min), batch_max)
+    return attrs.evolve(graph, dims={**graph.dims, BATCH: DimRange(batch_min, opt, batch_max)})
+
+
 def outside(graphs: Sequence[GraphSpec], tensors: Sequence[torch.Tensor]) -> str:
     """Why a call fits none of ``graphs``, the routes of one input structure (the batch ranges of one
     graph, a static build beside a dynamic one), and what would cover it.

@@ -26,6 +26,7 @@ from ..backend import Backend
 from ..converter import structure, unstructure
 from ..distributed import Coordinator
 from ..errors import AituneError, BuildError, DistributedTuneError, TuningError, ValidationError
+from ..graph import narrow
 from ..registry import BackendRegistry
 from ..report import CandidateReport, GraphReport, ModuleReport, ProfileResult, TuneReport
 from ..text import clip
@@ -36,7 +37,7 @@ from .winners import Winner
 if TYPE_CHECKING:
     from .module import Module
 from .figures import ProfileOutcome
-from .graph_tuning import GraphTuning, narrow
+from .graph_tuning import GraphTuning
 
 
 class RankMismatchError(DistributedTuneError):

@@ -16,9 +16,8 @@ import torch
 
 from ..backend import Backend
 from ..builtin.eager import TorchEagerBackend
-from ..graph import GraphSpec
+from ..graph import GraphSpec, narrow
 from .dispatch import Dispatcher
-from .graph_tuning import narrow
 from .guard import Guard, Layout
 from .recording import Canonicalizer
 

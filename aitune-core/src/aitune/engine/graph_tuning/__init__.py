@@ -20,7 +20,8 @@ rule (:mod:`..strategies`); a strategy never installs anything.
 
 from __future__ import annotations
 
-from .candidate import Candidate, Route, narrow
+from ...graph import narrow
+from .candidate import Candidate, Route
 from .ledger import Ledger
 from .profile import BUILDS_AHEAD, NOISY_SPREAD
 from .target import Target

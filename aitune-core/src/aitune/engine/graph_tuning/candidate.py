@@ -5,7 +5,6 @@ from __future__ import annotations
 import attrs
 
 from ...backend import Backend
-from ...graph import BATCH, DimRange, GraphSpec
 from ...report import CandidateReport, CandidateStatus, ProfileResult
 
 NOT_BUILT = (CandidateStatus.FAILED, CandidateStatus.NOT_APPLICABLE, CandidateStatus.SKIPPED)
@@ -53,10 +52,3 @@ class Route:
     batch_min: int
     batch_max: int
     candidate: Candidate | None
-
-
-def narrow(graph: GraphSpec, batch_min: int, batch_max: int) -> GraphSpec:
-    """``graph`` with its batch dimension limited to ``batch_min..batch_max``."""
-    full = graph.dims[BATCH]
-    opt = min(max(full.opt, batch_min), batch_max)
-    return attrs.evolve(graph, dims={**graph.dims, BATCH: DimRange(batch_min, opt, batch_max)})

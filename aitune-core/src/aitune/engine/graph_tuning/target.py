@@ -14,10 +14,9 @@ import attrs
 import torch
 
 from ...backend import BuildContext
-from ...graph import BATCH, GraphSpec, Sample, assemble
+from ...graph import BATCH, GraphSpec, Sample, assemble, narrow
 from ...profiling import ProfilingConfig
 from ...session import Session
-from .candidate import narrow
 
 
 @attrs.frozen(kw_only=True, eq=False)
