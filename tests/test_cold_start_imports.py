@@ -16,6 +16,8 @@ from aitune.testing.conformance import run_in_fresh_process
 OTHER_PLUGINS = ("aitune_backend_tensorrt", "aitune_backend_torchao", "aitune_backend_torchtrt", "aitune_executor_ray")
 NEVER_AT_LOAD = ("torchao", "onnx", "onnxscript", "transformers", "torch._dynamo", "torch._inductor", "ray", "kserve")
 """What no load of these artifacts needs: quantizers, exporters, compilers, servers."""
+TUNER = ("aitune.engine.tuner", "aitune.engine.strategies", "aitune.engine.graph_tuning", "aitune.artifact.writer")
+"""aitune's own modules a load never needs: the tuner, its strategies and steps, the writer."""
 
 
 def _model() -> torch.nn.Module:
@@ -71,7 +73,7 @@ def test_loading_an_onnx_runtime_artifact_imports_no_quantizer_exporter_or_other
     got = _load_in_fresh_process(path, pinned)
     assert got["picked"] == ["onnxruntime"] and got["close"]
     assert got["plugins_before_load"] == [], "the manager imports no plugin until a backend is looked up"
-    assert _under(got["modules"], NEVER_AT_LOAD) == []
+    assert _under(got["modules"], (*NEVER_AT_LOAD, *TUNER)) == []
     assert _under(got["modules"], (*OTHER_PLUGINS, "aitune_backend_inductor")) == []
     assert "onnxruntime" in got["modules"]
 
@@ -81,5 +83,5 @@ def test_loading_an_aotinductor_artifact_imports_no_onnx_runtime_quantizer_or_co
     got = _load_in_fresh_process(path, pinned)
     assert got["picked"] == ["torch_inductor_aot"] and got["close"]
     assert got["plugins_before_load"] == []
-    assert _under(got["modules"], (*NEVER_AT_LOAD, "onnxruntime")) == []
+    assert _under(got["modules"], (*NEVER_AT_LOAD, *TUNER, "onnxruntime")) == []
     assert _under(got["modules"], (*OTHER_PLUGINS, "aitune_backend_onnxruntime")) == []

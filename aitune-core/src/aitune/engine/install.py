@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..builtin.eager import TorchEagerBackend
-from ..report import ModuleReport
 from . import recording
 from .guard import Layout, RecheckWeights
 from .module import Module
 from .recording import Canonicalizer
 from .winners import Winner, dispatcher_for, eager_only
+
+if TYPE_CHECKING:
+    from ..report import ModuleReport
 
 
 def install(

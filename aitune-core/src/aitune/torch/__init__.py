@@ -6,8 +6,9 @@ y = model(x)
 
 A facade: every name here is defined below it (the engine in :mod:`aitune.engine`, the artifact in
 :mod:`aitune.artifact`) and only re-exported, so importing any aitune module first leaves this API
-as documented. The tuner's names (``tune``, ``inspect``, the strategies) are imported on first use,
-so a process that only loads an artifact (a service starting) never imports the tuner.
+as documented. The tuner's names (``tune``, ``inspect``, the strategies), ``save`` and ``TuneReport``
+are imported on first use, so a process that only loads an artifact (a service starting) never
+imports the tuner, the writer or the report's classes.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ..artifact import LoadOptions, load, save
+from ..artifact import LoadOptions, load
 from ..engine.dispatch import Route, observe_routes
 from ..engine.module import Module
 from ..engine.settings import settings as config
 from ..engine.wrap import wrap
 from ..graph import BatchDim, DynamicDim
-from ..report import TuneReport
 
 if TYPE_CHECKING:
+    from ..artifact.writer import save
     from ..engine.inspection import InspectResult, inspect
     from ..engine.strategies import (
         FirstWinsStrategy,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         TuneStrategy,
     )
     from ..engine.tuner import tune
+    from ..report import TuneReport
 
     HighestThroughputStrategy = MaxThroughputStrategy
 
@@ -50,8 +52,10 @@ _ON_USE = {
     "PerformanceValidationMode": ("..engine.strategies", "PerformanceValidationMode"),
     "TuneStrategy": ("..engine.strategies", "TuneStrategy"),
     "tune": ("..engine.tuner", "tune"),
+    "TuneReport": ("..report", "TuneReport"),
+    "save": ("..artifact.writer", "save"),
 }
-"""The tuner's names, imported on first use. ``HighestThroughputStrategy`` is the name AITune's
+"""The tuner's names and the writer's, imported on first use. ``HighestThroughputStrategy`` is the name AITune's
 overview gives ``MaxThroughputStrategy``; the same class."""
 
 
