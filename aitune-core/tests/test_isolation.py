@@ -32,13 +32,13 @@ def fault_backends(toy_backends, register_plugin):
     return register_plugin(faults, name="aitune_testkit.faults", distribution="aitune-testkit")
 
 
-def _tune(*backends, report_path=None, batch_sizes=None, data=None):
+def _tune(*backends, report_path=None, batch_sizes=None, data=None, end_to_end=True):
     """Tune a SlowModule over ``backends`` (eager when they all fail); returns (model, report)."""
     model = ait.Module(
         SlowModule(), "m", strategy=ait.MaxThroughputStrategy(backends=list(backends), profiling_config=QUICK)
     )
     data = data if data is not None else [torch.randn(2, 8), torch.randn(4, 8)]
-    report = ait.tune(model, data, batch_sizes=batch_sizes, report_path=report_path)
+    report = ait.tune(model, data, batch_sizes=batch_sizes, report_path=report_path, end_to_end=end_to_end)
     return model, report
 
 
@@ -196,7 +196,9 @@ def test_a_build_that_eats_memory_stops_at_the_cap(fault_backends, monkeypatch):
 
 
 def test_a_backend_that_fails_at_inference_after_tuning_falls_back_to_eager(fault_backends):
-    model, report = _tune(faults.InferFailBackend())
+    # no end-to-end timing: its calls would raise and run eager too, and whether eager plus a raise
+    # is "slower beyond the interval" is a race on a busy machine (it once took the winner back)
+    model, report = _tune(faults.InferFailBackend(), end_to_end=False)
     assert _candidates(report)["fault_infer"].status == "selected"
     x = torch.randn(3, 8)
     with torch.no_grad():
