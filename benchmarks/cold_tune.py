@@ -40,6 +40,16 @@ def main(argv: list[str]) -> None:
         for g in report.modules[0].graphs
         for c in g.candidates
     }
+    seconds = {
+        f"{c.backend} ({c.variant})" if c.variant else c.backend: {
+            "status": c.status,
+            **{
+                k: round(t, 1) for k in ("build", "validate", "profile") if (t := getattr(c, f"{k}_time_s")) is not None
+            },
+        }
+        for g in report.modules[0].graphs
+        for c in g.candidates
+    }
     print(
         json.dumps(
             {
@@ -48,6 +58,7 @@ def main(argv: list[str]) -> None:
                 "pick": picked,
                 "time_spent": spent,
                 "steps": steps,
+                "candidates_s": seconds,
             }
         )
     )
