@@ -21,7 +21,7 @@ def test_on_a_gpu():
 """
 
 
-def _pytest(folder: Path, *args: str) -> str:
+def _pytest(folder: Path, *args: str, env: dict[str, str] | None = None) -> str:
     # a folder with its own pytest.ini, so this repository's addopts do not apply
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", *args, str(folder)],
@@ -29,6 +29,7 @@ def _pytest(folder: Path, *args: str) -> str:
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -66,8 +67,9 @@ def spinners():
 
 
 def wait_for_spinner(core):
-    """The spinners seen once one is pinned to ``core`` (it pins itself after starting), or at 10 s."""
-    for _ in range(200):
+    """The spinners seen once one is pinned to ``core`` (it pins itself after starting), or at 10 s
+    (``SPINNER_WAIT_S``: shorter where none is expected)."""
+    for _ in range(int(float(os.environ.get("SPINNER_WAIT_S", "10")) / 0.05)):
         found = spinners()
         if {core} in found:
             return found
@@ -102,5 +104,5 @@ def test_busy_core_option_keeps_a_core_busy_for_every_test(tmp_path: Path) -> No
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_theirs.py").write_text(BUSY_SUITE)
     assert "1 passed" in _pytest(tmp_path, "-p", "aitune.testing.fixtures", "--busy-core")
-    with pytest.raises(AssertionError):  # without the option nothing spins
-        _pytest(tmp_path, "-p", "aitune.testing.fixtures")
+    with pytest.raises(AssertionError):  # without the option nothing spins (2 s is long enough to see none)
+        _pytest(tmp_path, "-p", "aitune.testing.fixtures", env={**os.environ, "SPINNER_WAIT_S": "2"})
