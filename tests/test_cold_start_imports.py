@@ -14,8 +14,11 @@ from aitune.plugins import get_manager
 from aitune.testing.conformance import run_in_fresh_process
 
 OTHER_PLUGINS = ("aitune_backend_tensorrt", "aitune_backend_torchao", "aitune_backend_torchtrt", "aitune_executor_ray")
-NEVER_AT_LOAD = ("torchao", "onnx", "onnxscript", "transformers", "torch._dynamo", "torch._inductor", "ray", "kserve")
-"""What no load of these artifacts needs: quantizers, exporters, compilers, servers."""
+NEVER_AT_LOAD = (
+    *("torchao", "onnx", "onnxscript", "transformers", "torch._dynamo", "torch._inductor", "ray", "kserve"),
+    "packaging",  # the backend's requirements are plain releases, checked without it
+)
+"""What no load of these artifacts needs: quantizers, exporters, compilers, servers, a version parser."""
 TUNER = ("aitune.engine.tuner", "aitune.engine.strategies", "aitune.engine.graph_tuning", "aitune.artifact.writer")
 """aitune's own modules a load never needs: the tuner, its strategies and steps, the writer."""
 

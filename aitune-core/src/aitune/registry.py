@@ -423,15 +423,54 @@ _PLAIN_REQUIREMENT = re.compile(
 )
 """A name and version specifiers, nothing else (no extras, markers or URL): what backends declare."""
 
+_RELEASE_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*$")
+"""One clause comparing with a plain release (``>=1.16``): no wildcard, pre-, post- or dev-release."""
+_INSTALLED_RELEASE = re.compile(r"^(\d+(?:\.\d+)*)(?:\+[A-Za-z0-9.]+)?$")
+"""An installed plain release, with or without a local label (``2.13.0+cpu``)."""
+_ORDER = {
+    ">=": lambda a, b: a >= b,
+    "<=": lambda a, b: a <= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    ">": lambda a, b: a > b,
+    "<": lambda a, b: a < b,
+}
+
+
+def _release(text: str, width: int) -> tuple[int, ...]:
+    parts = [int(p) for p in text.split(".")]
+    return tuple(parts + [0] * (width - len(parts)))
+
+
+def _releases_fit(clauses: Sequence[str], found: str) -> bool | None:
+    """Whether the installed ``found`` meets every clause, when all are plain releases: compared as
+    PEP 440 does them (zeros padded, an installed local label ignored, as a clause without one
+    ignores it). None for anything else, which ``packaging`` decides: a load checks a backend's
+    requirements, and ``packaging.specifiers`` alone costs a cold start about 20 ms of imports."""
+    installed = _INSTALLED_RELEASE.match(found)
+    matched = [_RELEASE_CLAUSE.match(c) for c in clauses]
+    if installed is None or not all(matched):
+        return None
+    for m in matched:
+        assert m is not None
+        width = max(m[2].count("."), installed[1].count(".")) + 1
+        if not _ORDER[m[1]](_release(installed[1], width), _release(m[2], width)):
+            return False
+    return True
+
 
 def _parse_requirement(text: str) -> tuple[str, Any, Any]:
-    """``(name, specifier set, marker or None)`` of a PEP 508 string; a ValueError when it is not one.
+    """``(name, specifier, marker or None)`` of a PEP 508 string; a ValueError when it is not one.
 
-    A plain ``name>=1.2,<2`` needs only ``packaging.specifiers``; anything else is parsed by
+    A plain ``name>=1.2,<2`` of plain releases keeps its clauses as text (:func:`_releases_fit`
+    checks them); other plain ones need only ``packaging.specifiers``; anything else is parsed by
     ``packaging.requirements``, which costs a cold start about twice as much to import.
     """
     plain = _PLAIN_REQUIREMENT.match(text)
     if plain is not None:
+        clauses = plain["specifier"].split(",") if plain["specifier"] else []
+        if all(_RELEASE_CLAUSE.match(c) for c in clauses):
+            return plain["name"], tuple(clauses), None
         from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
         try:
@@ -445,6 +484,17 @@ def _parse_requirement(text: str) -> tuple[str, Any, Any]:
     except InvalidRequirement as exc:
         raise ValueError(str(exc)) from exc
     return req.name, req.specifier, req.marker
+
+
+def _fits(specifier: Any, found: str) -> bool:
+    if isinstance(specifier, tuple):  # plain release clauses, kept as text
+        fit = _releases_fit(specifier, found)
+        if fit is not None:
+            return fit
+        from packaging.specifiers import SpecifierSet  # an installed pre-release, or another scheme
+
+        specifier = SpecifierSet(",".join(specifier))
+    return bool(specifier.contains(found, prereleases=True))
 
 
 def missing_requirements(requirements: Sequence[str]) -> str | None:
@@ -462,7 +512,7 @@ def missing_requirements(requirements: Sequence[str]) -> str | None:
         except importlib.metadata.PackageNotFoundError:
             problems.append(f"{name} is not installed (pip install '{text}')")
             continue
-        if specifier and not specifier.contains(found, prereleases=True):
+        if specifier and not _fits(specifier, found):
             problems.append(f"{name} {found} is installed but {text} is required")
     return "; ".join(problems) or None
 
