@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import aitune.torch as ait
-from aitune.module_code import module_digest
+from aitune.module_code import module_digest, settings
 from aitune.plugins import get_manager
 
 
@@ -48,6 +48,17 @@ def test_a_flag_or_a_config_value_no_weight_shows_changes_the_digest():
     assert module_digest(wrapped) != digest
 
 
+def test_every_submodule_is_written_with_its_own_values():
+    """Objects are written once per call and found again by id: one freed during the call (a
+    submodule's attribute dict, made afresh for each) must not pass its text to the next to get its id."""
+    model = torch.nn.Sequential(*[Flagged(i % 3 == 0, types.SimpleNamespace(index=i)) for i in range(40)])
+    lines = settings(model).splitlines()[1:]  # the Sequential's own line first
+    flagged = [line for line in lines if not line.split(":")[0].endswith(".fc")]
+    assert len(flagged) == 40
+    for i, line in enumerate(flagged):
+        assert line.startswith(f"{i}: ") and f"'negate': {i % 3 == 0}" in line and f"'index': {i}" in line, line
+
+
 def test_the_digest_is_the_same_in_another_process():
     """Written from values, never from an object's repr (its address changes every process)."""
     code = textwrap.dedent(
@@ -55,7 +66,7 @@ def test_the_digest_is_the_same_in_another_process():
         import sys, types, torch
         sys.path.insert(0, sys.argv[1])
         from test_module_digest import Flagged
-        from aitune.module_code import module_digest
+        from aitune.module_code import module_digest, settings
         print(module_digest(Flagged(True, types.SimpleNamespace(lock=object(), fn=print, name="x"))))
         """
     )

@@ -113,7 +113,7 @@ def settings(module: torch.nn.Module) -> str:
     What a traced graph can depend on besides code and weights: flags, sizes, names, configs. Each
     object is written once per call (a config every layer holds is written where first met).
     """
-    seen: dict[int, str] = {}
+    seen: dict[int, tuple[object, str]] = {}  # each object held, so no id is reused during the call
     lines = []
     for name, sub in module.named_modules():
         own = {k: v for k, v in vars(sub).items() if not k.startswith("_")}
@@ -121,7 +121,7 @@ def settings(module: torch.nn.Module) -> str:
     return "\n".join(lines)
 
 
-def _written(value: Any, depth: int, seen: dict[int, str]) -> str:
+def _written(value: Any, depth: int, seen: dict[int, tuple[object, str]]) -> str:
     if value is None or isinstance(value, (bool, int, float, str, bytes, torch.dtype, torch.device, torch.Size)):
         return repr(value)
     if isinstance(value, enum.Enum):
@@ -135,10 +135,10 @@ def _written(value: Any, depth: int, seen: dict[int, str]) -> str:
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
         return f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', type(value).__qualname__)}"
     if id(value) in seen:
-        return seen[id(value)]
+        return seen[id(value)][1]
     if depth == 0:
         return type(value).__qualname__
-    seen[id(value)] = type(value).__qualname__  # a cycle back to it: its type
+    seen[id(value)] = (value, type(value).__qualname__)  # a cycle back to it: its type
     if isinstance(value, (list, tuple, set, frozenset)):
         items = [_written(v, depth - 1, seen) for v in value]
         text = (
@@ -152,7 +152,7 @@ def _written(value: Any, depth: int, seen: dict[int, str]) -> str:
         text = type(value).__qualname__
         if isinstance(attrs, dict):
             text += _written(dict(attrs), depth - 1, seen)
-    seen[id(value)] = text
+    seen[id(value)] = (value, text)
     return text
 
 
