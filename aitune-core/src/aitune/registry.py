@@ -14,6 +14,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -428,12 +429,12 @@ _RELEASE_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*$")
 _INSTALLED_RELEASE = re.compile(r"^(\d+(?:\.\d+)*)(?:\+[A-Za-z0-9.]+)?$")
 """An installed plain release, with or without a local label (``2.13.0+cpu``)."""
 _ORDER = {
-    ">=": lambda a, b: a >= b,
-    "<=": lambda a, b: a <= b,
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-    ">": lambda a, b: a > b,
-    "<": lambda a, b: a < b,
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
 }
 
 
