@@ -29,19 +29,17 @@ def main(argv: list[str]) -> None:
     wall = time.perf_counter() - start
     picked = [
         next(
-            (f"{c.backend} ({c.variant})" if c.variant else c.backend for c in g.candidates if c.status == "selected"),
+            (c.label for c in g.candidates if c.status == "selected"),
             "eager",
         )
         for g in report.modules[0].graphs
     ]
     spent = {k: round(v, 1) for k, v in report.time_spent.items()}
     steps = {
-        f"{c.backend} ({c.variant})" if c.variant else c.backend: {p.batch_size: p.steps for p in c.profiles}
-        for g in report.modules[0].graphs
-        for c in g.candidates
+        c.label: {p.batch_size: p.steps for p in c.profiles} for g in report.modules[0].graphs for c in g.candidates
     }
     seconds = {
-        f"{c.backend} ({c.variant})" if c.variant else c.backend: {
+        c.label: {
             "status": c.status,
             **{
                 k: round(t, 1) for k in ("build", "validate", "profile") if (t := getattr(c, f"{k}_time_s")) is not None

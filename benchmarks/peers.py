@@ -276,9 +276,7 @@ def run_case(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         picked = [next((c for c in g.candidates if c.status == "selected"), None) for g in graphs]
         out["contenders"][label] = {
             "tune_s": round(time.perf_counter() - start, 1),
-            "pick": [
-                f"{c.backend} ({c.variant})" if c and c.variant else (c.backend if c else "eager") for c in picked
-            ],
+            "pick": [c.label if c else "eager" for c in picked],
             "max_rel_error": max((c.validation.max_rel_error for c in picked if c and c.validation), default=None),
         }
         if model.state == "tuned":

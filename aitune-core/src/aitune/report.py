@@ -228,6 +228,11 @@ class CandidateReport:
     metric: float | None = None
     """The user's metric (``ait.tune(metric=...)``) over the recorded calls, 1.0 meaning eager's answers."""
 
+    @property
+    def label(self) -> str:
+        """``onnxruntime (torchscript export)``: the backend and, when it has several, its variant."""
+        return f"{self.backend} ({self.variant})" if self.variant else self.backend
+
     def speedup_text(self) -> str:
         """The speed-up as every view shows it ("" when there is none)."""
         if self.speedup is None:

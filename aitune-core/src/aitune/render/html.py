@@ -94,10 +94,9 @@ def _frontier(graph: GraphReport, plt: Any) -> str | None:
     fig, ax = plt.subplots(figsize=(6, 3.4))
     for c in points:
         chosen = c.status == "selected"
-        label = f"{c.backend} ({c.variant})" if c.variant else c.backend
         ax.plot([c.speedup], [c.metric], "*" if chosen else "o", markersize=12 if chosen else 6,
                 color="#2a8a3e" if chosen else "#3b6fd8", gid=f"point-{'selected' if chosen else 'candidate'}")  # fmt: skip
-        ax.annotate(label, (c.speedup, c.metric), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        ax.annotate(c.label, (c.speedup, c.metric), fontsize=7, xytext=(4, 4), textcoords="offset points")
     if graph.accuracy_floor is not None:
         ax.axhline(graph.accuracy_floor, color="#8a1f1f", linestyle="--", linewidth=1, gid="accuracy-floor")
         ax.annotate(f"floor {graph.accuracy_floor:.4g} (1 - accuracy_budget)", (0.01, graph.accuracy_floor),

@@ -50,7 +50,7 @@ def candidate_rows(graph: GraphReport) -> list[list[str]]:
         v = c.validation
         rows.append(
             [
-                f"{c.backend} ({c.variant})" if c.variant else c.backend,
+                c.label,
                 c.status if not c.stage else f"{c.status} ({c.stage})",
                 _fmt(c.build_time_s, ".2f"),
                 _fmt(c.validate_time_s, ".2f"),

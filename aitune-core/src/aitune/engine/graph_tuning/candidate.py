@@ -38,8 +38,7 @@ class Candidate:
     @property
     def label(self) -> str:
         """``onnxruntime (torchscript export)``: the backend and, when it has several, its variant."""
-        variant = self.report.variant
-        return f"{self.name} ({variant})" if variant else self.name
+        return self.report.label
 
     def profile_at(self, batch_size: int) -> ProfileResult | None:
         return next((p for p in self.report.profiles if p.batch_size == batch_size), None)
