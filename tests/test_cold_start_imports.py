@@ -15,7 +15,14 @@ from aitune.testing.conformance import run_in_fresh_process
 
 OTHER_PLUGINS = ("aitune_backend_tensorrt", "aitune_backend_torchao", "aitune_backend_torchtrt", "aitune_executor_ray")
 NEVER_AT_LOAD = (
-    *("torchao", "onnx", "onnxscript", "transformers", "torch._dynamo", "torch._inductor", "ray", "kserve"),
+    "torchao",
+    "onnx",
+    "onnxscript",
+    "transformers",
+    "torch._dynamo",
+    "torch._inductor",
+    "ray",
+    "kserve",
     "packaging",  # the backend's requirements are plain releases, checked without it
 )
 """What no load of these artifacts needs: quantizers, exporters, compilers, servers, a version parser."""

@@ -151,7 +151,7 @@ def _written(value: Any, depth: int, seen: dict[int, tuple[object, str]]) -> str
         attrs = getattr(value, "__dict__", None)
         text = type(value).__qualname__
         if isinstance(attrs, dict):
-            text += _written(dict(attrs), depth - 1, seen)
+            text += _written(attrs, depth - 1, seen)
     seen[id(value)] = (value, text)
     return text
 
