@@ -41,6 +41,20 @@ def test_bad_jit_configs_say_what_to_change(kwargs: dict, message: str) -> None:
         TorchInductorJitBackendConfig(**kwargs)
 
 
+def test_the_jit_is_superseded_on_the_cpu_by_the_aot_backend_this_plugin_registers() -> None:
+    """Among the default candidates the JIT is built on the CPU only where AOTInductor is not
+    correct: the name it gives must be a backend this plugin declares for that device."""
+    from aitune.registry import BackendRegistry
+    from aitune_backend_inductor.jit import TorchInductorJitBackend
+
+    registry = BackendRegistry()
+    plugin.aitune_register_backends(registry)
+    [name] = TorchInductorJitBackend().superseded_by(torch.device("cpu"))
+    assert "cpu" in registry.spec(name).devices
+    assert registry.backend_class(name)().superseded_by(torch.device("cpu")) == (), "no cycle: it is built"
+    assert TorchInductorJitBackend().superseded_by(torch.device("cuda")) == (), "not measured on CUDA: built there"
+
+
 def test_probe_names_a_missing_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
     reason = plugin._probe("cpu")

@@ -106,6 +106,15 @@ class TorchInductorJitBackend(Backend):
         self._cache = InductorCacheSwitch(folder)
         self.build_info.update(cache_dir=str(folder), compiled_on_load=False)
 
+    def superseded_by(self, device: torch.device) -> tuple[str, ...]:
+        """On the CPU, AOTInductor runs the same Inductor kernels without Dynamo's guards and Python
+        wrapper around each call: it was faster on every architecture both built for
+        (benchmarks/README.md), while this build's compiles (one per specialized size, 25-30 s on a
+        small BERT) are the largest step of a cold tune. Where AOTInductor fails or does not apply
+        (a KV cache updated in place, code torch.export refuses) this one is still built. Not
+        claimed on CUDA, where it was not measured."""
+        return ("torch_inductor_aot",) if device.type == "cpu" else ()
+
     def follows_weights(self) -> bool:
         """The compiled graph takes the module's parameters as inputs, unless Inductor freezes them."""
         return not (self.config.options or {}).get("freezing", False)

@@ -225,6 +225,14 @@ class Backend(abc.ABC):
         """A few words naming this config among the backend's variants (``"torchscript export"``), or None."""
         return None
 
+    def superseded_by(self, device: torch.device) -> tuple[str, ...]:
+        """Registry names of backends that run what this build would run on ``device``, with less
+        work around each call (AOTInductor for ``torch.compile`` on the CPU). Among a strategy's
+        default candidates this one is built after them and not at all when one of them built and
+        passed validation for the graph: its build could not win, only cost time. Listing backends
+        in the strategy builds every one listed. None by default."""
+        return ()
+
     def follows_weights(self) -> bool:
         """True when ``infer`` reads the module's own weight tensors at each call, so it follows
         ``load_state_dict`` and in-place updates; False (the default) when build or load copies the

@@ -171,6 +171,9 @@ class CandidateStatus(_Status):
     of summaries and failure lists."""
     SKIPPED = "skipped"
     """Never built: ``ait.tune(time_budget=...)`` ran out of time first (reason ``time budget``)."""
+    SUPERSEDED = "superseded"
+    """Never built: a default candidate that runs the same compiled code with less per call built and
+    passed validation first (:meth:`aitune.backend.Backend.superseded_by`; the reason names it)."""
     BASELINE = "baseline"
     """Eager's own row in a rendered table (never a candidate's status in a report)."""
 

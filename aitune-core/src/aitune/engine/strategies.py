@@ -279,6 +279,31 @@ class TuneStrategy:
         names fewer (FirstWins: its first)."""
         return list(candidates)
 
+    def correct_candidates(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> list[Candidate]:
+        """Build and validate every candidate of :meth:`build_order`; the correct ones, in that order.
+
+        The process builds its own first, while the builds sent ahead run in a worker beside it, then
+        takes those; last comes a default candidate another one supersedes
+        (:meth:`Backend.superseded_by`), not built when that one passed validation. The report lists
+        them all in :meth:`build_order`."""
+        order = self.build_order(default_backends, tuning.progress)
+        names = {t.name for t in order}
+        listed = self.backends is not None
+        steps = [(i, t, set() if listed else set(t.superseded_by(tuning.device)) & names) for i, t in enumerate(order)]
+        steps.sort(key=lambda step: (bool(step[2]), tuning.builds_beside(step[1])))  # stable
+        correct: list[Candidate] = []
+        made: dict[int, Candidate] = {}
+        for i, template, covers in steps:
+            by = next((c for c in correct if c.name in covers), None)
+            if by is not None:
+                made[i] = tuning.supersede(template, by)
+                continue
+            made[i] = candidate = tuning.build(template)
+            if candidate.ok and tuning.validate(candidate):
+                correct.append(candidate)
+        tuning.list_in_order([made[i] for i in sorted(made)])
+        return [made[i] for i in sorted(made) if made[i] in correct]  # in build_order, as decisions read them
+
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
         """Pick the winner for one graph (None means eager), or one per batch range, recording the decision."""
         raise NotImplementedError
@@ -456,14 +481,6 @@ class FirstWinsStrategy(_GateStrategy):
 class _ProfilingStrategy(TuneStrategy):
     """Build and validate every backend, profile the correct ones, pick by a figure of merit."""
 
-    def _correct(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> list[Candidate]:
-        correct = []
-        for template in self.build_order(default_backends, tuning.progress):
-            candidate = tuning.build(template)
-            if candidate.ok and tuning.validate(candidate):
-                correct.append(candidate)
-        return correct
-
     def _batch_sizes(self, tuning: GraphTuning) -> list[int]:
         return tuning.default_batch_sizes(self.profiling_config, every_recorded=True)
 
@@ -481,7 +498,7 @@ class _ProfilingStrategy(TuneStrategy):
         return tuning.profile(correct, self.profiling_config, self.with_baseline, self._batch_sizes(tuning))
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
-        correct = self._correct(tuning, default_backends)
+        correct = self.correct_candidates(tuning, default_backends)
         measured = self._profile(tuning, correct)
         return self._decide(tuning, correct, measured)
 
@@ -638,7 +655,7 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         return sizes
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
-        correct = self._correct(tuning, default_backends)
+        correct = self.correct_candidates(tuning, default_backends)
         measured = self._profile(tuning, correct)
         answer = self._pick(tuning, correct, measured)
         if self.static_shapes and measured:
@@ -804,7 +821,7 @@ class LatencyBudgetStrategy(_ProfilingStrategy):
         return p.throughput if p else float("-inf")
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | list[Route] | None:
-        correct = self._correct(tuning, default_backends)
+        correct = self.correct_candidates(tuning, default_backends)
         measured = self._profile(tuning, correct)
         ok = [c for c in correct if c.ok]
         within = [(c, b) for b in measured for c in ok if self._allowed(tuning, c, b)]

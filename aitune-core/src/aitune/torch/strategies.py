@@ -145,11 +145,7 @@ class Strategy(TuneStrategy, Generic[C]):
 
     def tune(self, tuning: GraphTuning, default_backends: Sequence[Backend]) -> Candidate | None:
         """Build and validate every candidate, profile the correct ones, ask :meth:`pick`, record its choice."""
-        correct = []
-        for template in self.build_order(default_backends, tuning.progress):
-            candidate = tuning.build(template)
-            if candidate.ok and tuning.validate(candidate):
-                correct.append(candidate)
+        correct = self.correct_candidates(tuning, default_backends)
         if not correct:
             why = tuning.failures() or "no candidate applies to this module"
             tuning.finish(None, f"no backend built and passed validation; running eager. {why}")

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ...backend import EXPORT_S, WAIT_S, Backend
+from ...builds import isolation
 from ...builtin.eager import TorchEagerBackend
 from ...errors import ConfigError, NotApplicableError, SerializationError
 from ...report import CandidateReport
@@ -38,15 +39,8 @@ def build(ledger: Ledger, template: Backend) -> Candidate:
     """Build a fresh copy of ``template`` for the ledger's target; failures are recorded, not raised."""
     target, progress = ledger.target, ledger.progress
     session = target.session
-    backend = template.clone()
-    try:
-        config = session.registry.config_to_json(backend.config, backend.name)
-    except (ConfigError, SerializationError):
-        config = {"backend": backend.name}
-    static = f"static batch {target.static_batch}" if target.static_batch is not None else None
-    variant = ", ".join(filter(None, [backend.variant(), static])) or None
-    candidate = Candidate(backend, ledger.add(backend.name, config, variant))
-    ledger.built.append(candidate)
+    candidate = _entry(ledger, template)
+    backend = candidate.backend
     reason = session.registry.unavailable(backend, target.device, target.graph)
     if reason:
         return ledger.fail(candidate, "availability", reason, None)
@@ -80,6 +74,33 @@ def build(ledger: Ledger, template: Backend) -> Candidate:
     candidate.report.build_time_s = step.seconds
     candidate.report.build_info = dict(candidate.backend.build_info)
     candidate.report.from_cache = bool(candidate.backend.build_info.get("from_cache", False))
+    return candidate
+
+
+def beside(target: Target, template: Backend) -> bool:
+    """Whether ``template`` builds in a worker that runs beside the tune (a concurrent executor's
+    build, sent ahead), so the process may build others meanwhile."""
+    builds = target.session.builds
+    return builds is not None and builds.executor.concurrent and isolation.isolated(template)
+
+
+def supersede(ledger: Ledger, template: Backend, by: Candidate) -> Candidate:
+    """``template``'s candidate, recorded as not built: ``by`` runs what it would, with less per call."""
+    return ledger.superseded(_entry(ledger, template), by)
+
+
+def _entry(ledger: Ledger, template: Backend) -> Candidate:
+    """A fresh copy of ``template`` with its pending report entry: its config, and its variant."""
+    target = ledger.target
+    backend = template.clone()
+    try:
+        config = target.session.registry.config_to_json(backend.config, backend.name)
+    except (ConfigError, SerializationError):
+        config = {"backend": backend.name}
+    static = f"static batch {target.static_batch}" if target.static_batch is not None else None
+    variant = ", ".join(filter(None, [backend.variant(), static])) or None
+    candidate = Candidate(backend, ledger.add(backend.name, config, variant))
+    ledger.built.append(candidate)
     return candidate
 
 

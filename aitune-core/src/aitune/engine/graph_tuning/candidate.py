@@ -7,7 +7,12 @@ import attrs
 from ...backend import Backend
 from ...report import CandidateReport, CandidateStatus, ProfileResult
 
-NOT_BUILT = (CandidateStatus.FAILED, CandidateStatus.NOT_APPLICABLE, CandidateStatus.SKIPPED)
+NOT_BUILT = (
+    CandidateStatus.FAILED,
+    CandidateStatus.NOT_APPLICABLE,
+    CandidateStatus.SKIPPED,
+    CandidateStatus.SUPERSEDED,
+)
 """Statuses of a candidate with nothing usable built."""
 
 

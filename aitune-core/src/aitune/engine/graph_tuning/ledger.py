@@ -9,6 +9,7 @@ the graph's decision is made.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -42,6 +43,14 @@ class Ledger:
         self.report.candidates.append(entry)
         return entry
 
+    def reorder(self, candidates: Sequence[Candidate]) -> None:
+        """List ``candidates``' report entries in this order, in the places they hold: the report
+        follows the strategy's order of candidates, not the order they were built in."""
+        mine = {id(c.report) for c in candidates}
+        slots = [i for i, entry in enumerate(self.report.candidates) if id(entry) in mine]
+        for i, candidate in zip(slots, candidates):
+            self.report.candidates[i] = candidate.report
+
     def who(self, candidate: Candidate) -> str:
         """Whom the report's time breakdown charges ``candidate``'s seconds to: ``module: backend (variant)``."""
         return f"{self.target.module_name}: {candidate.label}"
@@ -66,6 +75,17 @@ class Ledger:
         candidate.report.status = CandidateStatus.SKIPPED
         candidate.report.reason = reason
         logger.info("%s: %s skipped: %s", self.target.module_name, candidate.label, reason)
+        self.complete(candidate)
+        return candidate
+
+    def superseded(self, candidate: Candidate, by: Candidate) -> Candidate:
+        """``candidate`` was not built: ``by`` runs what it would, with less per call, and is correct."""
+        candidate.report.status = CandidateStatus.SUPERSEDED
+        candidate.report.reason = (
+            f"not built: {by.label} built and passed validation, and runs the same compiled code with less "
+            "work per call; list the backends in the strategy to build both"
+        )
+        logger.info("%s: %s superseded by %s", self.target.module_name, candidate.label, by.label)
         self.complete(candidate)
         return candidate
 

@@ -73,6 +73,18 @@ class GraphTuning:
         """Build a fresh copy of ``template`` for this graph; failures are recorded, not raised (:mod:`.build`)."""
         return building.build(self.ledger, template)
 
+    def builds_beside(self, template: Backend) -> bool:
+        """Whether ``template``'s build runs in a worker beside this process (sent ahead at the start)."""
+        return building.beside(self.target, template)
+
+    def supersede(self, template: Backend, by: Candidate) -> Candidate:
+        """Record ``template`` as not built: ``by`` is correct and runs what it would, with less per call."""
+        return building.supersede(self.ledger, template, by)
+
+    def list_in_order(self, candidates: Sequence[Candidate]) -> None:
+        """The report lists ``candidates`` in this order, whatever order they were built in."""
+        self.ledger.reorder(candidates)
+
     def validate(self, candidate: Candidate) -> bool:
         """Compare with eager on every sample; a failure marks the candidate failed (:mod:`.validate`)."""
         return self.validator.validate(candidate)
