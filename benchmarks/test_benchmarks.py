@@ -82,7 +82,7 @@ def test_a_pick_inside_the_spread_of_the_fastest_counts_as_met() -> None:
 
 def test_the_peers_table_shows_speedups_and_failures() -> None:
     from benchmarks.hf import main as hf_main
-    from benchmarks.peers import markdown
+    from benchmarks.peers import OWN_GRAPH, markdown
 
     stats = {"median": 2.0, "q1": 1.9, "q3": 2.1}
     results = {
@@ -92,13 +92,20 @@ def test_the_peers_table_shows_speedups_and_failures() -> None:
                 "contenders": {
                     "ORT dynamo": {"pick": ["onnxruntime"], "max_rel_error": 1e-6},
                     "ORT torchscript": {"error": "BuildError: x"},
+                    OWN_GRAPH: {"pick": ["onnxruntime session on the ONNX file aitune's session opens"]},
                 },
-                "timing_ms": {"1": {"eager": {"median": 4.0, "q1": 3.9, "q3": 4.1}, "ORT dynamo": stats}},
+                "timing_ms": {
+                    "1": {"eager": {"median": 4.0, "q1": 3.9, "q3": 4.1}, "ORT dynamo": stats, OWN_GRAPH: stats},
+                    "8": {"eager": {"median": 4.0, "q1": 3.9, "q3": 4.1}, "ORT dynamo": stats},
+                },
             }
         ]
     }
     text = markdown(results)
-    assert "| bert | 1 | 4.00 | 2.00x [1.90-2.11] | failed |" in text
+    assert "| bert | 1 | 4.00 | 2.00x [1.90-2.11] | failed | 2.00x [1.90-2.11] |" in text
+    assert "| bert | 8 | 4.00 | 2.00x [1.90-2.11] | failed | no ONNX Runtime graph at this size |" in text, (
+        "where the pick runs another runtime, there is no graph of its own to run by hand: not a failure"
+    )
     assert "BuildError: x" in text
     assert callable(hf_main)
 
