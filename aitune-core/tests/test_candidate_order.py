@@ -16,8 +16,8 @@ from aitune_testkit.faults import IsolatedToyBackend
 import aitune.torch as ait
 from aitune import hookimpl
 from aitune.plugins import AituneManager
-from aitune.registry import BackendRegistry, BackendSpec
-from aitune.testing.backends import ToyBackend
+from aitune.registry import BackendRegistry
+from aitune.testing.backends import ToyBackend, register
 
 
 class CostlyIsolated(IsolatedToyBackend):
@@ -40,15 +40,7 @@ class DefaultCandidates:
 
     @hookimpl
     def aitune_register_backends(self, registry: BackendRegistry) -> None:
-        for cls in (CostlyIsolated, CheapIsolated, InProcess):
-            registry.add(
-                BackendSpec(
-                    name=cls.name,
-                    backend_class=f"{__name__}:{cls.__name__}",
-                    config_class="aitune.testing.backends:ToyConfig",
-                    devices=("cpu",),
-                )
-            )
+        register(registry, (CostlyIsolated, CheapIsolated, InProcess), __name__, default_candidate=True)
 
 
 def _manager(*plugins: object) -> AituneManager:

@@ -13,8 +13,8 @@ from aitune_testkit.doubles import SlowModule, WrongBackend
 import aitune.torch as ait
 from aitune import hookimpl
 from aitune.plugins import AituneManager
-from aitune.registry import BackendRegistry, BackendSpec
-from aitune.testing.backends import ToyBackend
+from aitune.registry import BackendRegistry
+from aitune.testing.backends import ToyBackend, register
 
 
 class Covered(ToyBackend):
@@ -45,15 +45,7 @@ def _manager(covering: type[ToyBackend]) -> AituneManager:
     class Candidates:
         @hookimpl
         def aitune_register_backends(self, registry: BackendRegistry) -> None:
-            for cls in (Covered, covering):
-                registry.add(
-                    BackendSpec(
-                        name=cls.name,
-                        backend_class=f"{__name__}:{cls.__name__}",
-                        config_class="aitune.testing.backends:ToyConfig",
-                        devices=("cpu",),
-                    )
-                )
+            register(registry, (Covered, covering), __name__, default_candidate=True)
 
     manager = AituneManager()
     manager.register(Candidates(), name="candidates", distribution="test-plugin")

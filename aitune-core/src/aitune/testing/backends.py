@@ -75,8 +75,11 @@ class ToyBackend(Backend):
 TOY_BACKENDS = (ToyBackend,)
 
 
-def register(registry: BackendRegistry, classes: tuple[type[ToyBackend], ...], module: str) -> None:
-    """Declare test backends that share :class:`ToyConfig`; never default candidates."""
+def register(
+    registry: BackendRegistry, classes: tuple[type[ToyBackend], ...], module: str, *, default_candidate: bool = False
+) -> None:
+    """Declare test backends that share :class:`ToyConfig`; default candidates (tried by a tune whose
+    strategy lists no backends) only when ``default_candidate``."""
     for cls in classes:
         registry.add(
             BackendSpec(
@@ -84,7 +87,7 @@ def register(registry: BackendRegistry, classes: tuple[type[ToyBackend], ...], m
                 backend_class=f"{module}:{cls.__name__}",
                 config_class=f"{__name__}:ToyConfig",
                 devices=("cpu", "cuda"),
-                default_candidate=False,
+                default_candidate=default_candidate,
             )
         )
 
