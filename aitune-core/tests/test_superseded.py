@@ -53,11 +53,13 @@ def _manager(covering: type[ToyBackend]) -> AituneManager:
 
 
 def _tune(covering: type[ToyBackend], strategy: ait.TuneStrategy | None = None) -> Any:
+    return _report(covering, strategy).modules[0].graphs[0]
+
+
+def _report(covering: type[ToyBackend], strategy: ait.TuneStrategy | None = None) -> Any:
     Covered.builds.clear()
     model = ait.Module(SlowModule(delay_s=0.01).eval(), "m", strategy=strategy or ait.MaxThroughputStrategy())
-    report = ait.tune(model, [torch.randn(2, 8)], end_to_end=False, manager=_manager(covering))
-    [graph] = report.modules[0].graphs
-    return graph
+    return ait.tune(model, [torch.randn(2, 8)], end_to_end=False, manager=_manager(covering))
 
 
 def test_a_default_candidate_is_not_built_when_the_one_that_supersedes_it_is_correct(aitune_cache_dir):
@@ -85,3 +87,14 @@ def test_a_strategy_that_lists_both_builds_both(aitune_cache_dir):
     assert Covered.builds == ["m"], "listed by the user: built"
     assert {c.backend: c.status for c in graph.candidates}.keys() == {"toy_covered", "toy_covering"}
     assert all(c.profiles for c in graph.candidates), "both measured"
+
+
+def test_the_reports_show_the_superseded_candidate_and_why(aitune_cache_dir):
+    from aitune.render.html import render_html
+    from aitune.render.markdown import render_markdown
+
+    report = _report(Covering)
+    assert "| toy_covered | superseded |" in render_markdown(report)
+    html = render_html(report)
+    assert '<tr class="superseded"><td>toy_covered</td>' in html, "greyed out like a candidate not built"
+    assert "toy_covering built and passed validation" in html

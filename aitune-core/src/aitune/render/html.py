@@ -19,7 +19,7 @@ h1{font-size:1.6rem;margin-bottom:.2rem}h2{margin-top:2.2rem;border-bottom:2px s
 h3{font-size:1rem;color:#445}table{border-collapse:collapse;width:100%;font-size:.85rem;margin:.6rem 0}
 th,td{border-bottom:1px solid #e3e7ef;padding:.35rem .5rem;text-align:left;vertical-align:top}
 th{background:#f5f7fb}td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.selected td{background:#eaf7ee;font-weight:600}tr.failed td{color:#8a1f1f}tr.baseline td{color:#555;font-style:italic}tr.not-applicable td,tr.skipped td{color:#777}
+tr.selected td{background:#eaf7ee;font-weight:600}tr.failed td{color:#8a1f1f}tr.baseline td{color:#555;font-style:italic}tr.not-applicable td,tr.skipped td,tr.superseded td{color:#777}
 .summary{background:#f5f7fb;border-left:4px solid #3b6fd8;padding:.6rem .9rem;margin:.8rem 0;font-family:ui-monospace,monospace;font-size:.9rem}
 .why{color:#445}.plots{display:flex;flex-wrap:wrap;gap:1rem}.plots svg{max-width:560px;height:auto}
 dl{display:grid;grid-template-columns:max-content auto;gap:.2rem 1rem;font-size:.9rem}dt{color:#667}dd{margin:0}
