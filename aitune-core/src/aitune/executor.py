@@ -121,6 +121,9 @@ class BuildQueue(Protocol):
     def folder(self) -> Path:
         """A fresh folder for one build, removed when the run ends."""
 
+    def beside(self, backend: Backend) -> bool:
+        """Whether ``backend``'s build runs in a worker beside the run (the builds sent ahead)."""
+
     def submit_ahead(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> bool:
         """Export ``backend``'s build now and hand it to the executor; False when it is not one to send."""
 

@@ -81,6 +81,11 @@ class TuneBuildQueue:
             self._root = Path(tempfile.mkdtemp(prefix="aitune-builds-"))
         return Path(tempfile.mkdtemp(dir=self._root))
 
+    def beside(self, backend: Backend) -> bool:
+        """Whether ``backend``'s build runs in a worker beside the tune: this executor runs builds side
+        by side and the backend builds isolated (the builds :func:`aitune.engine.fanout.submit_ahead` sends)."""
+        return self.executor.concurrent and isolation.isolated(backend)
+
     def submit_ahead(self, backend: Backend, module: torch.nn.Module, context: BuildContext) -> bool:
         """Export ``backend``'s build now and hand it to the executor; False when it is not one to send.
 

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import torch
 
 from ..backend import BuildContext
-from ..builds import isolation
 from ..errors import AituneError
 from . import plan, recording
 from .plan import ModulePlan, TuneRun
@@ -44,7 +43,7 @@ def submit_ahead(plans: Sequence[ModulePlan], run: TuneRun) -> int:
         strategy = graph_plan.strategy
         for template in strategy.builds_ahead(strategy.build_order(run.defaults, run.progress)):
             backend = template.clone()
-            if not isolation.isolated(backend) or registry.unavailable(backend, device, graph):
+            if not builds.beside(backend) or registry.unavailable(backend, device, graph):
                 continue  # built in this process when its turn comes
             module, samples = graph_plan.module, graph_plan.recorded.samples
             context = BuildContext(graph, samples, device, builds.folder(), cache_dir(), module.name)

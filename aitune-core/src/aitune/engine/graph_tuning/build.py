@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from ...backend import EXPORT_S, WAIT_S, Backend
-from ...builds import isolation
 from ...builtin.eager import TorchEagerBackend
 from ...errors import ConfigError, NotApplicableError, SerializationError
 from ...report import CandidateReport
@@ -81,7 +80,7 @@ def beside(target: Target, template: Backend) -> bool:
     """Whether ``template`` builds in a worker that runs beside the tune (a concurrent executor's
     build, sent ahead), so the process may build others meanwhile."""
     builds = target.session.builds
-    return builds is not None and builds.executor.concurrent and isolation.isolated(template)
+    return builds is not None and builds.beside(template)
 
 
 def supersede(ledger: Ledger, template: Backend, by: Candidate) -> Candidate:
