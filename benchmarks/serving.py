@@ -6,11 +6,13 @@ The same Ray Serve setup serves, one after the other: (a) the eager model, one c
 ceiling: a deployment that reads the body and answers, no model. Then ``aitune serve`` on KServe's
 ModelServer (a process of its own) serves (d) the tuned artifact and (e) the same with ``--eager``,
 and, for the BERT case, (f) the yardstick: the same graph written by hand, a kserve ``Model``
-running an ONNX Runtime session on a TorchScript export, one call per request. Both engines answer
-the Open Inference Protocol, and every setup is driven by Triton's own HTTP client with binary
-tensors: each client sends one-row requests back to back (a fixed number in all, so a run stops by
-itself) and times each; the table gives throughput, p50/p99 latency and the share of model calls
-served by a tuned backend. Then the kill run: two replicas of (c), one killed by ``ray.kill`` a
+running an ONNX Runtime session on a TorchScript export, one call per request, and, with
+``--pytriton-python``, (h) Triton Inference Server through PyTriton around the same session, its
+dynamic batcher joining up to 8 rows (PyTriton needs ``numpy<2``, so it runs in an interpreter of
+its own). Both engines answer the Open Inference Protocol, and every setup is driven by Triton's
+own HTTP client with binary tensors: each client sends one-row requests back to back (a fixed
+number in all, so a run stops by itself) and times each; the table gives throughput, p50/p99
+latency and the share of model calls served by a tuned backend. Then the kill run: two replicas of (c), one killed by ``ray.kill`` a
 third of the way through; every request is answered, or fails with an error that a retry (up to
 30 s) answers; a request neither answered nor retried to an answer is lost.
 
@@ -436,79 +438,166 @@ def serve_by_hand(onnx_path: str, port: int, threads: int) -> None:
     ModelServer(http_port=port, enable_grpc=False, workers=1, enable_latency_logging=False).start([model])
 
 
+def serve_pytriton_by_hand(onnx_path: str, port: int, threads: int) -> None:
+    """Triton Inference Server through PyTriton, written by hand around the same ONNX Runtime session:
+    its dynamic batcher joins what queued, up to 8 rows, with no queue delay (issue 51's fastest
+    Triton setup). Runs in an interpreter of its own (``--pytriton-python``): PyTriton 0.7.0 requires
+    ``numpy<2``, which kserve's environment cannot hold. Blocks."""
+    import signal
+
+    import numpy as np
+    import onnxruntime as ort
+    from pytriton.decorators import batch
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import DEFAULT_PROTECTED_ENDPOINTS, Triton, TritonConfig, TritonSecurityConfig
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+
+    @batch
+    def infer(**inputs: Any) -> dict[str, Any]:
+        return dict(zip(names, session.run(names, inputs)))
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # leaves the with block below, which stops Triton's server
+
+    signal.signal(signal.SIGTERM, stop)
+    config = TritonConfig(http_port=port, grpc_port=_free_port(), metrics_port=_free_port(), log_verbose=0)
+    # the statistics open to the benchmark, which reads the rows per model call from them
+    security = TritonSecurityConfig(restricted_endpoints=[e for e in DEFAULT_PROTECTED_ENDPOINTS if e != "statistics"])
+    with Triton(config=config, security_config=security) as triton:
+        triton.bind(
+            model_name="bert",
+            infer_func=infer,
+            inputs=[
+                Tensor(name="input_ids", dtype=np.int64, shape=(-1,)),
+                Tensor(name="attention_mask", dtype=np.int64, shape=(-1,)),
+            ],
+            outputs=[
+                Tensor(name="last_hidden_state", dtype=np.float32, shape=(-1, -1)),
+                Tensor(name="pooler_output", dtype=np.float32, shape=(-1,)),
+            ],
+            config=ModelConfig(max_batch_size=8, batcher=DynamicBatcher(max_queue_delay_microseconds=0)),
+            strict=False,
+        )
+        triton.serve()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextlib.contextmanager
-def _kserve_server(
-    case: str, artifact: Path, args: argparse.Namespace, eager: bool, by_hand: Path | None = None
+def _server(
+    case: str,
+    artifact: Path,
+    args: argparse.Namespace,
+    eager: bool = False,
+    by_hand: Path | None = None,
+    hand: str = "kserve",
 ) -> Iterator[tuple[str, str]]:
-    """``aitune serve`` (the kserve engine), or the hand-written server, in a process of its own, ready:
-    its URL and model name; SIGTERM at the end."""
+    """``aitune serve`` (the kserve engine), or a server written by hand (``hand``: "kserve" for
+    :func:`serve_by_hand`, "triton" for :func:`serve_pytriton_by_hand`), in a process group of its own, ready: its URL and model name; SIGTERM to the group at
+    the end (Triton's server is a child of PyTriton's process)."""
+    import signal
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    if by_hand is not None:
-        command = [sys.executable, "-m", "benchmarks.serving", "--serve-by-hand", str(by_hand), "--port", str(port)]
-        command += ["--threads", str(args.threads)]
-    else:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    if by_hand is None:
         command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", CASES[case][0]]
         command += ["--port", str(port), "--threads", str(args.threads), *(["--eager"] if eager else [])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    else:
+        python = sys.executable if hand == "kserve" else args.pytriton_python
+        command = [python, "-m", "benchmarks.serving", f"--serve-{hand}-by-hand", str(by_hand), "--port", str(port)]
+        command += ["--threads", str(args.threads)]
+        if hand == "triton":  # PyTriton's stub links libpython: under pyenv, the interpreter's own
+            libdir = subprocess.run(
+                [python, "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, os.environ.get("LD_LIBRARY_PATH")]))
     url, model = f"127.0.0.1:{port}", artifact.stem
     with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             _wait_ready(server, log, url, model)
             yield url, model
         finally:
-            server.terminate()
+            os.killpg(server.pid, signal.SIGTERM)
             try:
                 server.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                server.kill()
+                os.killpg(server.pid, signal.SIGKILL)
                 server.wait()
 
 
+def _triton_batches(url: str, model: str) -> tuple[int, int]:
+    """Triton's own count of rows inferred and model calls made (its statistics extension)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url)
+    try:
+        [stats] = client.get_inference_statistics(model)["model_stats"]
+    finally:
+        client.close()
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
 def run_kserve(
-    case: str, artifact: Path, args: argparse.Namespace, eager: bool, by_hand: Path | None = None
+    case: str, artifact: Path, args: argparse.Namespace, eager: bool, by_hand: Path | None = None, hand: str = "kserve"
 ) -> dict[str, Any]:
-    """``aitune serve`` (the kserve engine), or the hand-written server, in a process of its own:
-    warm-up, the counted run, SIGTERM."""
-    with _kserve_server(case, artifact, args, eager, by_hand) as (url, model):
+    """``aitune serve`` (the kserve engine), or a server written by hand, in a process of its own:
+    warm-up, the counted run, SIGTERM. Triton's rows per model call are read from its statistics."""
+    with _server(case, artifact, args, eager, by_hand, hand) as (url, model):
         load_kserve(url, model, case, args.clients, args.warmup)  # warm-up, not counted
-        return load_kserve(url, model, case, args.clients, args.requests)
+        if hand != "triton" or by_hand is None:
+            return load_kserve(url, model, case, args.clients, args.requests)
+        rows, calls = _triton_batches(url, model)
+        result = load_kserve(url, model, case, args.clients, args.requests)
+        rows_after, calls_after = _triton_batches(url, model)
+        return {**result, "mean_batch_size": (rows_after - rows) / max(calls_after - calls, 1)}
 
 
 def run_interleaved(case: str, artifact: Path, by_hand: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """(d) and (f) up at once, with a second process of (f), one client sending each request to each in
-    turn, the order rotating: all are timed under the same conditions, so a busy machine slows them
-    alike and their ratios hold where the separate runs' figures do not. The second (f) is the
-    method's floor: how far two processes of the same server drift apart (caches, placement)."""
+    """(d) and (f) up at once, with a second process of (f) (and (h), with ``--pytriton-python``), one
+    client sending each request to each in turn, the order rotating: all are timed under the same
+    conditions, so a busy machine slows them alike and their ratios hold where the separate runs'
+    figures do not. The second (f) is the method's floor: how far two processes of the same server
+    drift apart (caches, placement)."""
     import tritonclient.http as httpclient
 
-    with (
-        _kserve_server(case, artifact, args, False) as tuned,
-        _kserve_server(case, artifact, args, False, by_hand=by_hand) as hand,
-        _kserve_server(case, artifact, args, False, by_hand=by_hand) as hand_again,
-    ):
-        servers = dict(zip(INTERLEAVED, (tuned, hand, hand_again)))
+    wanted = [
+        (INTERLEAVED[0], None, "kserve"),
+        (INTERLEAVED[1], by_hand, "kserve"),
+        (INTERLEAVED[2], by_hand, "kserve"),
+    ]
+    if args.pytriton_python:
+        wanted.append((INTERLEAVED_TRITON, by_hand, "triton"))
+    with contextlib.ExitStack() as stack:
+        servers = {
+            name: stack.enter_context(_server(case, artifact, args, False, path, hand)) for name, path, hand in wanted
+        }
         clients = {
-            name: httpclient.InferenceServerClient(url, network_timeout=60) for name, (url, _) in servers.items()
+            name: stack.enter_context(contextlib.closing(httpclient.InferenceServerClient(url, network_timeout=60)))
+            for name, (url, _) in servers.items()
         }
         inputs, outputs = _triton_request(case)
         latencies: dict[str, list[float]] = {name: [] for name in servers}
         names = list(servers)
-        try:
-            for i in range(args.warmup + args.requests):
-                for name in names[i % len(names) :] + names[: i % len(names)]:
-                    start = time.perf_counter()
-                    clients[name].infer(servers[name][1], inputs, outputs=outputs)
-                    if i >= args.warmup:
-                        latencies[name].append(time.perf_counter() - start)
-        finally:
-            for client in clients.values():
-                client.close()
+        for i in range(args.warmup + args.requests):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                start = time.perf_counter()
+                clients[name].infer(servers[name][1], inputs, outputs=outputs)
+                if i >= args.warmup:
+                    latencies[name].append(time.perf_counter() - start)
     results = {}
     for name, times in latencies.items():
         results[name] = {
@@ -526,7 +615,9 @@ INTERLEAVED = (
     "(f) kserve by hand, interleaved with (d)",
     "(f) again, a second process: the method's floor",
 )
-"""The two setups of :func:`run_interleaved`, as the table names them."""
+"""The setups of :func:`run_interleaved`, as the table names them."""
+INTERLEAVED_TRITON = "(h) Triton by hand, interleaved with (d)"
+TRITON_BY_HAND = "(h) Triton (PyTriton) by hand, dynamic batcher up to 8, no queue delay"
 
 
 def _wait_ready(server: Any, log: Any, url: str, model: str, within_s: float = 300) -> None:
@@ -642,11 +733,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--engines", default="ray,kserve", help="Comma-separated engines: ray, kserve.")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--serve-by-hand", type=Path, help=argparse.SUPPRESS)  # the (f) server's own process
+    parser.add_argument(
+        "--pytriton-python",
+        help="For the BERT, also (h): Triton through PyTriton by hand, run by this interpreter (one with "
+        "nvidia-pytriton, onnxruntime and numpy<2, which kserve's environment cannot hold).",
+    )
+    parser.add_argument("--serve-kserve-by-hand", type=Path, help=argparse.SUPPRESS)  # (f)'s own process
+    parser.add_argument("--serve-triton-by-hand", type=Path, help=argparse.SUPPRESS)  # (h)'s own process
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve_by_hand:
-        serve_by_hand(str(args.serve_by_hand), args.port, args.threads)
+    if args.serve_kserve_by_hand:
+        serve_by_hand(str(args.serve_kserve_by_hand), args.port, args.threads)
+        return {}
+    if args.serve_triton_by_hand:
+        serve_pytriton_by_hand(str(args.serve_triton_by_hand), args.port, args.threads)
         return {}
     cases = [c for c in args.models.split(",") if c]
     unknown = set(cases) - set(CASES)
@@ -682,6 +782,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 result = run_kserve(case, artifacts[case], args, False, by_hand=by_hand)
                 results["setups"][case][name] = result
                 print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+                if args.pytriton_python:
+                    result = run_kserve(case, artifacts[case], args, False, by_hand=by_hand, hand="triton")
+                    results["setups"][case][TRITON_BY_HAND] = result
+                    print(
+                        case,
+                        TRITON_BY_HAND,
+                        json.dumps({k: v for k, v in result.items() if k != "failures"}),
+                        flush=True,
+                    )
                 if args.interleaved:
                     for name, result in run_interleaved(case, artifacts[case], by_hand, args).items():
                         results["setups"][case][name] = result
