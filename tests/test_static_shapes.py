@@ -64,7 +64,9 @@ def test_onnxruntime_static_builds_are_routed_saved_and_loaded(register_plugin, 
 
     register_plugin(Clock())
     profiling = ProfilingConfig(
-        measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=8, warmup=1, window=2), dispatch_cost_ms=0.0
+        measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=8, warmup=1, window=2),
+        dispatch_cost_ms=0.0,
+        extend_s=0.0,
     )
     strategy = ait.MaxThroughputStrategy([ONNXRuntimeBackend()], profiling, static_shapes=True)
     model = ait.Module(MLP().eval(), "mlp", strategy=strategy)

@@ -20,7 +20,9 @@ from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, Profiling
 
 pytestmark = pytest.mark.busy  # tuned on a busy machine: no test here may need to win a timing race
 
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5), extend_s=0.0
+)
 
 
 def build_model() -> torch.nn.Module:

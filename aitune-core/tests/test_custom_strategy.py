@@ -24,7 +24,9 @@ from aitune.torch.strategies import CandidateFigures, Choice, Strategy, Strategy
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 QUICK = ProfilingConfig(
-    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=4, warmup=1, window=2), dispatch_cost_ms=0.0
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=4, warmup=1, window=2),
+    dispatch_cost_ms=0.0,
+    extend_s=0.0,
 )
 
 

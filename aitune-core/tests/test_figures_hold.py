@@ -24,7 +24,9 @@ from aitune.render.markdown import render_markdown
 from aitune.report import TuneReport
 from aitune.testing.backends import ToyBackend, ToyConfig
 
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5), extend_s=0.0
+)
 
 
 class ScriptedClock:
@@ -198,7 +200,9 @@ class Stage(SlowModule):
 def test_a_partial_wrap_reports_the_whole_and_each_share(toy_backends, monkeypatch) -> None:
     clock = VirtualTime()
     monkeypatch.setattr(end_to_end, "time", clock)  # the whole call, timed on the same clock
-    config = ProfilingConfig(measuring_strategy=clock, measurement_stop_strategy=QUICK.measurement_stop_strategy)
+    config = ProfilingConfig(
+        measuring_strategy=clock, measurement_stop_strategy=QUICK.measurement_stop_strategy, extend_s=0.0
+    )
     strategy = ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=0.1))], config)
     pipe = torch.nn.Sequential(ait.Module(Stage(clock, 0.004), "first", strategy=strategy), Stage(clock, 0.004))
     report = ait.tune(pipe.eval(), data())
@@ -284,7 +288,9 @@ def test_inspect_predicts_the_bound_the_end_to_end_figure_respects(toy_backends,
     bound = found.max_speedup(["0"])
     assert 1.6 <= bound <= 2.5, "one of two equal stages: at most about 2x, whatever its own speed-up"
     assert found.max_speedup(["0"], module_speedup=1.0) == pytest.approx(1.0)
-    config = ProfilingConfig(measuring_strategy=clock, measurement_stop_strategy=QUICK.measurement_stop_strategy)
+    config = ProfilingConfig(
+        measuring_strategy=clock, measurement_stop_strategy=QUICK.measurement_stop_strategy, extend_s=0.0
+    )
     pipe = plain()
     pipe[0] = ait.Module(
         pipe[0], "first", strategy=ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=0.1))], config)
@@ -388,7 +394,9 @@ def test_generate_is_judged_against_the_cache_the_user_asked_for(
     clock = VirtualTime()
     monkeypatch.setattr(end_to_end, "time", clock)
     monkeypatch.setattr(tuner, "_used_a_static_cache", lambda recorded: True)  # as a real static-cache decode step
-    config = ProfilingConfig(measuring_strategy=clock, measurement_stop_strategy=QUICK.measurement_stop_strategy)
+    config = ProfilingConfig(
+        measuring_strategy=clock, measurement_stop_strategy=QUICK.measurement_stop_strategy, extend_s=0.0
+    )
     model = VirtualLM(clock, static_cost_s)
     ait.wrap(model, ["body"], strategy=ait.MaxThroughputStrategy([ToyBackend(ToyConfig(speed=0.5))], config))
     with warnings.catch_warnings(record=True) as seen:

@@ -72,7 +72,7 @@ def valid(manager, tmp_path_factory) -> bytes:
     strategy = ait.OneBackendStrategy(
         ToyBackend(ToyConfig()),
         profiling_config=ProfilingConfig(
-            measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5)
+            measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5), extend_s=0.0
         ),
     ).enable_performance_validation(False)
     model = ait.Module(SlowModule(delay_s=0.0), "m", strategy=strategy)

@@ -30,7 +30,9 @@ from aitune.report import CandidateReport, GraphReport, ProfileResult
 from aitune.testing.backends import ToyBackend, ToyConfig
 
 CONFIG = ProfilingConfig(
-    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=4, warmup=0, window=1), dispatch_cost_ms=0.0
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=4, warmup=0, window=1),
+    dispatch_cost_ms=0.0,
+    extend_s=0.0,
 )
 
 

@@ -23,7 +23,9 @@ from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5), extend_s=0.0
+)
 HOOKS = sorted(name for name, fn in vars(hookspecs).items() if name.startswith("aitune_") and callable(fn))
 
 

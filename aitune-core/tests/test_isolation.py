@@ -24,7 +24,9 @@ from aitune.testing import assert_matches_eager
 from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5), extend_s=0.0
+)
 
 
 @pytest.fixture
@@ -235,7 +237,7 @@ def test_out_of_memory_while_profiling_keeps_what_was_measured(fault_backends, c
     strategy = ait.MaxThroughputStrategy(
         backends=[backend],
         profiling_config=ProfilingConfig(
-            batch_sizes=[2, 4, 16], measurement_stop_strategy=QUICK.measurement_stop_strategy
+            batch_sizes=[2, 4, 16], measurement_stop_strategy=QUICK.measurement_stop_strategy, extend_s=0.0
         ),
     )
     model = ait.Module(SlowModule(), "m", strategy=strategy)

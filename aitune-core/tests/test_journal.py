@@ -19,7 +19,9 @@ from aitune.errors import InputError
 from aitune.testing.backends import ToyBackend, ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5), extend_s=0.0
+)
 
 SCRIPT = textwrap.dedent(
     """
@@ -43,7 +45,7 @@ SCRIPT = textwrap.dedent(
     manager = get_manager()
     manager.register(backends, name="aitune.testing.backends", distribution="aitune-core")
     manager.register(StallOnB(), name="stall")
-    quick = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+    quick = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5), extend_s=0.0)
     a = ait.Module(SlowModule(), "a", strategy=ait.OneBackendStrategy(backends.ToyBackend(), profiling_config=quick))
     other = SlowModule()
     torch.nn.init.ones_(other.fc.bias)  # other weights: its own build, not a's

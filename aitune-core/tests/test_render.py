@@ -27,7 +27,9 @@ from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, Profiling
 pytestmark = pytest.mark.busy  # tuned on a busy machine: no test here may need to win a timing race
 
 QUICK = ProfilingConfig(
-    batch_sizes=[2, 4], measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5)
+    batch_sizes=[2, 4],
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5),
+    extend_s=0.0,
 )
 
 

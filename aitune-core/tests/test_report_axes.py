@@ -17,7 +17,9 @@ from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, Profiling
 
 pytestmark = pytest.mark.busy  # only words are checked, never which candidate won
 
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5), extend_s=0.0
+)
 
 
 class Patches(torch.nn.Module):

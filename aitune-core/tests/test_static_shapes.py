@@ -24,7 +24,9 @@ from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, Profiling
 pytestmark = pytest.mark.busy
 
 CONFIG = ProfilingConfig(
-    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5), dispatch_cost_ms=0.0
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5),
+    dispatch_cost_ms=0.0,
+    extend_s=0.0,
 )
 
 

@@ -19,7 +19,9 @@ FAST = ToyConfig(speed=0.0)
 SLOW = ToyConfig(speed=2.0)
 pytestmark = pytest.mark.busy  # tuned on a busy machine: no test here may need to win a timing race
 
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5), extend_s=0.0
+)
 
 
 def data(*batches: int, features: int = 8) -> list[torch.Tensor]:
@@ -223,7 +225,9 @@ def test_diagnostic_mode_measures_eager_but_does_not_gate(toy_backends):
 
 
 def test_min_latency_always_profiles_at_batch_one(toy_backends):
-    config = ProfilingConfig(batch_sizes=[4, 8], measurement_stop_strategy=QUICK.measurement_stop_strategy)
+    config = ProfilingConfig(
+        batch_sizes=[4, 8], measurement_stop_strategy=QUICK.measurement_stop_strategy, extend_s=0.0
+    )
     model = wrap(ait.MinLatencyStrategy(backends=[ToyBackend(FAST)], profiling_config=config))
     graph = graph_report(ait.tune(model, data(1, 4, 8)))
     assert [p.batch_size for p in graph.candidates[0].profiles] == [1]
@@ -354,6 +358,7 @@ def test_per_batch_size_keeps_eager_where_nothing_beats_it(toy_backends, registe
 NO_DISPATCH = ProfilingConfig(
     measurement_stop_strategy=QUICK.measurement_stop_strategy,
     dispatch_cost_ms=0.0,
+    extend_s=0.0,
 )
 
 
@@ -476,7 +481,9 @@ def test_dispatch_cost_is_charged_before_the_gate(toy_backends, register_plugin)
     register_plugin(_clock({"torch_eager": [2.0] * 4, "toy": [1.96] * 4}))
     passes = ait.OneBackendStrategy(ToyBackend(), profiling_config=NO_DISPATCH)
     assert graph_report(ait.tune(wrap(passes), data(4, 4))).decision == "toy"
-    charged = ProfilingConfig(measurement_stop_strategy=QUICK.measurement_stop_strategy, dispatch_cost_ms=0.05)
+    charged = ProfilingConfig(
+        measurement_stop_strategy=QUICK.measurement_stop_strategy, dispatch_cost_ms=0.05, extend_s=0.0
+    )
     graph = graph_report(ait.tune(wrap(ait.OneBackendStrategy(ToyBackend(), profiling_config=charged)), data(4, 4)))
     assert graph.decision == "torch_eager"
     assert graph.candidates[0].profiles[0].dispatch_ms == 0.05

@@ -35,7 +35,9 @@ from aitune.torch.task.profiling import (
 )
 from aitune.torch.task.profiling.profiling_stop_strategy import ThroughputSaturatedProfilingStopStrategy
 
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=4, warmup=1, window=2))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=4, warmup=1, window=2), extend_s=0.0
+)
 
 Make = Callable[..., TuneStrategy]
 

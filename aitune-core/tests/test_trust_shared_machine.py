@@ -29,7 +29,9 @@ from aitune.errors import ArtifactError, ConfigError
 from aitune.testing.backends import ToyConfig
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5), extend_s=0.0
+)
 DATA = [torch.randn(2, 8), torch.randn(4, 8)]
 POSIX = pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX owners and modes only")
 AS_ROOT = pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="hands files to another user id")
@@ -274,7 +276,7 @@ def test_the_own_key_needs_nothing_beyond_the_quick_start_install(tmp_path):
         from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
         get_manager().register(hostile, name="aitune_testkit.hostile")
-        quick = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5))
+        quick = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup=1, window=5), extend_s=0.0)
         strategy = ait.OneBackendStrategy(hostile.NativeToyBackend(ToyConfig()), profiling_config=quick)
         model = ait.Module(SlowModule(delay_s=0.0), "m", strategy=strategy.enable_performance_validation(False))
         ait.tune(model, [torch.randn(2, 8), torch.randn(4, 8)])

@@ -22,7 +22,9 @@ from aitune_executor_ray import task
 from aitune_executor_ray.executor import RayExecutor, shared_dir, task_resources
 
 ray = pytest.importorskip("ray")
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5), extend_s=0.0
+)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,9 @@ from aitune.engine.module import wrapped_modules
 from aitune.plugins import get_manager
 from aitune.torch.task.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
-QUICK = ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5))
+QUICK = ProfilingConfig(
+    measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5), extend_s=0.0
+)
 ATOL, RTOL = 1e-4, 1e-3
 """Against the scale of each output (as aitune's float32 bound); loose enough for any x86 CPU."""
 

@@ -30,7 +30,7 @@ class QuickMaxThroughput(ait.MaxThroughputStrategy):
 
     def __init__(self, backends=None, profiling_config=None, **kwargs):
         quick = ProfilingConfig(
-            measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5)
+            measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=20, warmup=2, window=5), extend_s=0.0
         )
         super().__init__(backends, profiling_config or quick, **kwargs)
         self.enable_performance_validation(False)  # the tuned backend serves, whoever wins on a busy machine

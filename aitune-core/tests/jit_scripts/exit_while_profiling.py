@@ -62,6 +62,7 @@ profiling = ProfilingConfig(
     measuring_strategy=measuring_strategy(),
     measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=1000),
     behind=None,
+    extend_s=0.0,
 )
 jit.config.strategy = FirstWinsStrategy([NativeCalls()], profiling, performance_validation=True)
 jit.config.min_parameters = 0

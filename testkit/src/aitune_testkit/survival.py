@@ -56,7 +56,9 @@ def _short(text: str, limit: int = 200) -> str:
 def _quick() -> Any:
     from aitune.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig
 
-    return ProfilingConfig(measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5))
+    return ProfilingConfig(
+        measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=10, warmup=1, window=5), extend_s=0.0
+    )
 
 
 def _data() -> list[torch.Tensor]:
@@ -118,7 +120,9 @@ def _oom_profiling(manager: Any) -> Outcome:
     from .doubles import SlowModule
     from .faults import OutOfMemoryBackend
 
-    config = ProfilingConfig(batch_sizes=[2, 4, 16], measurement_stop_strategy=_quick().measurement_stop_strategy)
+    config = ProfilingConfig(
+        batch_sizes=[2, 4, 16], measurement_stop_strategy=_quick().measurement_stop_strategy, extend_s=0.0
+    )
     strategy = ait.MaxThroughputStrategy(backends=[OutOfMemoryBackend(ToyConfig(max_batch=4))], profiling_config=config)
     model = ait.Module(SlowModule(), "m", strategy=strategy)
     records: list[str] = []
