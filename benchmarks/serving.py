@@ -491,6 +491,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_command(
+    case: str,
+    artifact: Path,
+    args: argparse.Namespace,
+    port: int,
+    eager: bool = False,
+    by_hand: Path | None = None,
+    hand: str = "kserve",
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of ``aitune serve`` (the kserve engine), or of a server written
+    by hand (``hand``: "kserve" for :func:`serve_by_hand`, "triton" for :func:`serve_pytriton_by_hand`,
+    run by ``args.pytriton_python``)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    if by_hand is None:
+        command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", CASES[case][0]]
+        return [*command, "--port", str(port), "--threads", str(args.threads), *(["--eager"] if eager else [])], env
+    python = sys.executable if hand == "kserve" else args.pytriton_python
+    command = [python, "-m", "benchmarks.serving", f"--serve-{hand}-by-hand", str(by_hand), "--port", str(port)]
+    if hand == "triton":  # PyTriton's stub links libpython: under pyenv, the interpreter's own
+        libdir = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, os.environ.get("LD_LIBRARY_PATH")]))
+    return [*command, "--threads", str(args.threads)], env
+
+
 @contextlib.contextmanager
 def _server(
     case: str,
@@ -500,30 +532,13 @@ def _server(
     by_hand: Path | None = None,
     hand: str = "kserve",
 ) -> Iterator[tuple[str, str]]:
-    """``aitune serve`` (the kserve engine), or a server written by hand (``hand``: "kserve" for
-    :func:`serve_by_hand`, "triton" for :func:`serve_pytriton_by_hand`), in a process group of its own, ready: its URL and model name; SIGTERM to the group at
-    the end (Triton's server is a child of PyTriton's process)."""
+    """The server of :func:`server_command` in a process group of its own, ready: its URL and model
+    name; SIGTERM to the group at the end (Triton's server is a child of PyTriton's process)."""
     import signal
     import subprocess
-    import sys
 
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    if by_hand is None:
-        command = [sys.executable, "-m", "aitune", "serve", str(artifact), "--factory", CASES[case][0]]
-        command += ["--port", str(port), "--threads", str(args.threads), *(["--eager"] if eager else [])]
-    else:
-        python = sys.executable if hand == "kserve" else args.pytriton_python
-        command = [python, "-m", "benchmarks.serving", f"--serve-{hand}-by-hand", str(by_hand), "--port", str(port)]
-        command += ["--threads", str(args.threads)]
-        if hand == "triton":  # PyTriton's stub links libpython: under pyenv, the interpreter's own
-            libdir = subprocess.run(
-                [python, "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, os.environ.get("LD_LIBRARY_PATH")]))
+    command, env = server_command(case, artifact, args, port, eager, by_hand, hand)
     url, model = f"127.0.0.1:{port}", artifact.stem
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -132,6 +132,30 @@ def test_the_serving_table_shows_each_setup_and_what_the_kill_run_lost() -> None
     assert "2 failed and then 1 answered on retry, 1 lost" in table and "2 x `HTTP 500: x`" in table
 
 
+def test_each_serving_setup_runs_its_own_server_and_pytriton_finds_its_libpython(tmp_path) -> None:
+    """(d) and (e) are ``aitune serve`` itself, (f) this checkout's kserve server by hand, (h) PyTriton's
+    server from the interpreter given, with that interpreter's LIBDIR first on the loader's path (its
+    stub links libpython, which under pyenv is not where the system looks)."""
+    import argparse
+    import os
+    import sys
+    import sysconfig
+
+    from benchmarks.serving import server_command
+
+    args = argparse.Namespace(threads=2, pytriton_python=sys.executable)
+    artifact, onnx = tmp_path / "bert.ait", tmp_path / "bert.onnx"
+    tuned, _ = server_command("bert", artifact, args, 8123)
+    assert tuned[1:5] == ["-m", "aitune", "serve", str(artifact)] and "--eager" not in tuned
+    assert tuned[tuned.index("--port") + 1] == "8123" and tuned[tuned.index("--threads") + 1] == "2"
+    assert server_command("bert", artifact, args, 8123, eager=True)[0][-1] == "--eager"
+    kserve, _ = server_command("bert", artifact, args, 8123, by_hand=onnx)
+    assert kserve[:5] == [sys.executable, "-m", "benchmarks.serving", "--serve-kserve-by-hand", str(onnx)]
+    triton, env = server_command("bert", artifact, args, 8123, by_hand=onnx, hand="triton")
+    assert triton[:5] == [sys.executable, "-m", "benchmarks.serving", "--serve-triton-by-hand", str(onnx)]
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == sysconfig.get_config_var("LIBDIR")
+
+
 def test_overhead_benchmark_runs_the_wrapper_tuned_and_reports_the_machine() -> None:
     import torch
 
