@@ -447,7 +447,6 @@ def serve_pytriton_by_hand(onnx_path: str, port: int, threads: int) -> None:
 
     import numpy as np
     import onnxruntime as ort
-    from pytriton.decorators import batch
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import DEFAULT_PROTECTED_ENDPOINTS, Triton, TritonConfig, TritonSecurityConfig
 
@@ -456,9 +455,18 @@ def serve_pytriton_by_hand(onnx_path: str, port: int, threads: int) -> None:
     session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
 
-    @batch
-    def infer(**inputs: Any) -> dict[str, Any]:
-        return dict(zip(names, session.run(names, inputs)))
+    def infer(requests: list[Any]) -> list[dict[str, Any]]:
+        """The requests Triton's batcher joined, as one session call for only the outputs they ask for
+        (PyTriton's ``@batch`` would hand over every output), split back per request."""
+        wanted = list(dict.fromkeys(n for r in requests for n in (r.requested_output_names or names)))
+        rows = [len(r["input_ids"]) for r in requests]
+        feed = {k: np.concatenate([r[k] for r in requests]) for k in requests[0]}
+        arrays = session.run(wanted, feed)
+        answers, start = [], 0
+        for n in rows:
+            answers.append({name: a[start : start + n] for name, a in zip(wanted, arrays)})
+            start += n
+        return answers
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt  # leaves the with block below, which stops Triton's server
