@@ -706,14 +706,18 @@ KSERVE_SETUPS = {"(d) kserve, tuned artifact": False, "(e) kserve, --eager": Tru
 """The kserve engine's setups (``aitune serve``, the default engine): whether each serves eager."""
 
 
+def _keep(results: dict[str, Any], case: str, name: str, result: dict[str, Any]) -> None:
+    """One setup's figures into the results, and printed as they come (without the failures' texts)."""
+    results["setups"][case][name] = result
+    print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+
+
 def run_ray(cases: list[str], artifacts: dict[str, Path], args: argparse.Namespace, results: dict[str, Any]) -> None:
     """The Ray Serve setups (a) to (c) per case, then the replica-kill run, on one local Ray."""
     import ray
     from ray import serve
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     # the replicas import the bert factory from this checkout
     path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     ray.init(
@@ -725,12 +729,10 @@ def run_ray(cases: list[str], artifacts: dict[str, Path], args: argparse.Namespa
         for case in cases:
             for name, options in SETUPS.items():
                 result = run_setup(url, case, artifacts[case], args, **options)
-                results["setups"][case][name] = result
-                print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+                _keep(results, case, name, result)
             name = "(g) Ray Serve, a deployment that does nothing (the ceiling)"
             result = run_noop(url, case, args)
-            results["setups"][case][name] = result
-            print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+            _keep(results, case, name, result)
         if not args.no_kill and "demo" in cases:
             results["kill"] = run_kill(url, artifacts["demo"], args)
     finally:
@@ -797,27 +799,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for case in cases:
             for name, eager in KSERVE_SETUPS.items():
                 result = run_kserve(case, artifacts[case], args, eager)
-                results["setups"][case][name] = result
-                print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+                _keep(results, case, name, result)
             if case == "bert":
                 name = "(f) kserve, the same graph by hand"
                 by_hand = export_bert_by_hand(folder)
                 result = run_kserve(case, artifacts[case], args, False, by_hand=by_hand)
-                results["setups"][case][name] = result
-                print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+                _keep(results, case, name, result)
                 if args.pytriton_python:
                     result = run_kserve(case, artifacts[case], args, False, by_hand=by_hand, hand="triton")
-                    results["setups"][case][TRITON_BY_HAND] = result
-                    print(
-                        case,
-                        TRITON_BY_HAND,
-                        json.dumps({k: v for k, v in result.items() if k != "failures"}),
-                        flush=True,
-                    )
+                    _keep(results, case, TRITON_BY_HAND, result)
                 if args.interleaved:
                     for name, result in run_interleaved(case, artifacts[case], by_hand, args).items():
-                        results["setups"][case][name] = result
-                        print(case, name, json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+                        _keep(results, case, name, result)
     results["load_average_end"] = os.getloadavg()[0]
     print(markdown(results))
     if args.out:
