@@ -13,7 +13,7 @@ from aitune.graph import Sample, infer_graph
 from aitune.testing import assert_matches_eager
 from aitune_backend_onnxruntime.config import ONNXExecutionProvider, ONNXRuntimeBackendConfig
 from aitune_backend_onnxruntime.export import ExportedModel, write_refit_copy
-from aitune_backend_onnxruntime.runner import ORTRunner
+from aitune_backend_onnxruntime.runner import ORTRunner, host_array
 
 CPU = torch.device("cpu")
 
@@ -82,3 +82,16 @@ def test_a_copy_shares_onnx_runtime_until_it_opens_new_weights(linear, tmp_path)
         assert_matches_eager(runner.run([x])[0], module(x))
         assert_matches_eager(twin.run([x])[0], torch.nn.functional.linear(x, module.weight * 2, module.bias))
     assert twin.inference is not runner.inference
+
+
+def test_host_tensors_reach_onnx_runtime_as_views_where_they_can_and_as_contiguous_copies_else(linear, tmp_path):
+    module, path = linear
+    x = torch.randn(8, 3)
+    assert np.shares_memory(host_array(x), x.numpy())
+    for awkward in (x.t(), x.t().clone().requires_grad_()):  # not contiguous; needs grad (an eager caller's)
+        array = host_array(awkward)
+        assert array.flags.c_contiguous and array.tolist() == awkward.tolist()
+    runner = _runner(tmp_path)
+    runner.open(path, [path.name])
+    with torch.no_grad():
+        assert_matches_eager(runner.run([x.t()])[0], module(x.t()))

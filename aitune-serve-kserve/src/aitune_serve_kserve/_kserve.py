@@ -18,13 +18,14 @@ try:
     from kserve.errors import InvalidInput, ModelNotReady
     from kserve.model_server import app as rest_app
     from kserve.protocol.dataplane import DataPlane
-    from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+    from kserve.protocol.infer_type import InferInput, InferOutput, InferRequest, InferResponse
 finally:
     sys.argv = _argv
 
 __all__ = [
     "INFERENCE_CONTENT_LENGTH_HEADER",
     "DataPlane",
+    "InferInput",
     "InferOutput",
     "InferRequest",
     "InferResponse",

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 from prometheus_client import Counter, Histogram
 
@@ -35,7 +36,7 @@ from aitune.torch.serving import (
 from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Model, ModelNotReady
 from .batching import Batcher, Stopping
 from .limits import ROW_ELEMENTS_SLACK, row_element_caps
-from .plan import OutputSpec, datatype, input_datatype, input_metadata, output_specs
+from .plan import NUMPY_DATATYPES, OutputSpec, input_datatype, input_metadata, output_specs
 from .protocol import UnprocessableInput
 
 logger = logging.getLogger("aitune.serve")
@@ -105,6 +106,7 @@ class TunedModel(Model):
         self.batcher: Batcher | None = None
         self.row_caps: dict[str, int] = {}
         self._datatypes: dict[str, str | None] = {}  # per input, its protocol datatype (None: any), read per request
+        self._numpy_dtypes: dict[str, numpy.dtype[Any] | None] = {}  # per input, its numpy dtype (None: none)
         self._required: tuple[str, ...] = ()  # the inputs every request sends, in order
         self._warm_up: dict[str, torch.Tensor] | None = None
         self._metric_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
@@ -131,6 +133,7 @@ class TunedModel(Model):
         self.plan = BatchPlan.of(model)
         self.inputs = input_specs(model)
         self._datatypes = {n: None if spec.dtype is None else input_datatype(spec) for n, spec in self.inputs.items()}
+        self._numpy_dtypes = {n: _numpy_dtype(spec.dtype) for n, spec in self.inputs.items()}
         self._required = tuple(n for n, spec in self.inputs.items() if spec.required)
         self.row_caps = row_element_caps(model, self.inputs)
         padding = Padding.of(model, self.inputs, self.pad)
@@ -216,6 +219,7 @@ class TunedModel(Model):
     def decode(self, request: InferRequest) -> dict[str, torch.Tensor]:
         """The request's tensors, checked against the tuned inputs (InvalidInput says what to send)."""
         tensors: dict[str, torch.Tensor] = {}
+        rows: dict[str, int] = {}
         for item in request.inputs:
             spec = self.inputs.get(item.name)
             if spec is None:
@@ -236,31 +240,16 @@ class TunedModel(Model):
                 ) from None
             if array.dtype == object:
                 raise InvalidInput(f"{item.name}: this model takes numbers ({input_datatype(spec)}), not BYTES")
+            # checked on the array, torch's tensor made once: each torch call on this path costs
+            # microseconds in a server whose caches the requests between two of its own have cooled
+            rows[item.name] = self._rows(item.name, spec, array.shape, array.size)
             tensor = torch.from_numpy(array)
-            if spec.dtype is not None and tensor.dtype != spec.dtype:
-                tensor = tensor.to(spec.dtype)  # bfloat16, which the protocol sends as FP32
+            if spec.dtype is not None and array.dtype != self._numpy_dtypes[item.name]:
+                tensor = tensor.to(spec.dtype)  # bfloat16 (no numpy dtype), which the protocol sends as FP32
             tensors[item.name] = tensor
         missing = [name for name in self._required if name not in tensors]
         if missing:
             raise InvalidInput(f"missing input {', '.join(map(repr, missing))}; this model takes: {self._described()}")
-        rows = {}
-        for name, tensor in tensors.items():
-            spec = self.inputs[name]
-            shape = tensor.shape
-            if spec.rank is not None and len(shape) != spec.rank:
-                raise InvalidInput(
-                    f"{name}: shape {list(shape)} has rank {len(shape)}, this model takes {list(spec.shape or ())} "
-                    f"(-1: any size; the batch axis included: send one sample as a batch of one)"
-                )
-            if len(shape) <= spec.batch_axis or shape[spec.batch_axis] == 0:
-                raise InvalidInput(f"{name}: shape {list(shape)} holds no rows on batch axis {spec.batch_axis}")
-            rows[name] = shape[spec.batch_axis]
-            cap = self.row_caps.get(name)
-            if cap is not None and tensor.numel() > cap * rows[name]:
-                raise InvalidInput(
-                    f"{name}: shape {list(tensor.shape)} holds {tensor.numel() // rows[name]} elements per row; this "
-                    f"server takes at most {cap} ({ROW_ELEMENTS_SLACK}x the largest row it was tuned for): send shorter rows"
-                )
         if len(rows) > 1 and len(set(rows.values())) > 1:
             raise InvalidInput(f"the inputs disagree on the batch size: {rows}")
         if rows and max(rows.values()) > self.max_rows:
@@ -269,6 +258,25 @@ class TunedModel(Model):
                 f"(the largest tuned batch is {self.plan.max_batch_size}): send fewer rows per request"
             )
         return tensors
+
+    def _rows(self, name: str, spec: InputSpec, shape: tuple[int, ...], size: int) -> int:
+        """The rows of input ``name`` of ``shape`` (``size`` elements), checked against its rank,
+        batch axis and per-row cap (InvalidInput says what to send)."""
+        if spec.rank is not None and len(shape) != spec.rank:
+            raise InvalidInput(
+                f"{name}: shape {list(shape)} has rank {len(shape)}, this model takes {list(spec.shape or ())} "
+                f"(-1: any size; the batch axis included: send one sample as a batch of one)"
+            )
+        if len(shape) <= spec.batch_axis or shape[spec.batch_axis] == 0:
+            raise InvalidInput(f"{name}: shape {list(shape)} holds no rows on batch axis {spec.batch_axis}")
+        rows = shape[spec.batch_axis]
+        cap = self.row_caps.get(name)
+        if cap is not None and size > cap * rows:
+            raise InvalidInput(
+                f"{name}: shape {list(shape)} holds {size // rows} elements per row; this server takes at most "
+                f"{cap} ({ROW_ELEMENTS_SLACK}x the largest row it was tuned for): send shorter rows"
+            )
+        return rows
 
     def _requested(self, request: InferRequest) -> list[str]:
         names = [o.name for o in request.request_outputs or []]
@@ -284,8 +292,10 @@ class TunedModel(Model):
         for name, tensor in answer.outputs.items():
             if wanted and name not in wanted:
                 continue
-            array = _plain(tensor).numpy()
-            outputs.append(InferOutput(name=name, shape=list(array.shape), datatype=datatype(tensor.dtype), data=array))
+            array = _host_array(tensor)
+            outputs.append(
+                InferOutput(name=name, shape=list(array.shape), datatype=NUMPY_DATATYPES[array.dtype], data=array)
+            )
         parameters: dict[str, Any] = {
             "aitune_backend": ", ".join(answer.backends) or "eager (no tuned module ran)",
             "aitune_batch_size": max(answer.batch_sizes),
@@ -341,16 +351,25 @@ def _warm_up_request(model: torch.nn.Module, plan: BatchPlan) -> dict[str, torch
     return dict(zip([t.path for t in graph.inputs], sample.tensors()))
 
 
+def _numpy_dtype(dtype: torch.dtype | None) -> numpy.dtype[Any] | None:
+    """The numpy dtype of ``dtype``; None for none given, or one numpy lacks (bfloat16)."""
+    if dtype is None or dtype == torch.bfloat16:
+        return None
+    return numpy.dtype(str(dtype).removeprefix("torch."))
+
+
 def _answered(answer: Answer | ClientError) -> Answer:
     if isinstance(answer, ClientError):
         raise RuntimeError(f"the padding check's call failed: {answer}")
     return answer
 
 
-def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    """On the CPU in a dtype numpy and the protocol take (bfloat16 widened to float32). An output that is
-    one already (the usual case) is returned as it is: each conversion is a dispatcher call."""
-    if tensor.is_cpu and not tensor.requires_grad and tensor.dtype != torch.bfloat16 and tensor.is_contiguous():
-        return tensor
-    tensor = tensor.detach().cpu()
-    return tensor.float() if tensor.dtype == torch.bfloat16 else tensor.contiguous()
+def _host_array(tensor: torch.Tensor) -> numpy.ndarray[Any, Any]:
+    """``tensor`` as a numpy array on the host in a dtype the protocol takes (bfloat16 widened to
+    float32). An output on the host already (the usual case) is handed over by ``numpy()`` alone:
+    each torch call on this path costs microseconds in a busy server."""
+    try:
+        return tensor.numpy()  # raises for a tensor off the host, in bfloat16 or needing grad
+    except (RuntimeError, TypeError):
+        tensor = tensor.detach().cpu()
+        return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy
 import torch
 
 import aitune.torch as ait
@@ -37,6 +38,12 @@ def datatype(dtype: torch.dtype) -> str:
         return DATATYPES[dtype]
     except KeyError:
         raise ValueError(f"the Open Inference Protocol has no datatype for {dtype}") from None
+
+
+NUMPY_DATATYPES: dict[numpy.dtype[Any], str] = {
+    numpy.dtype(str(dtype).removeprefix("torch.")): name for dtype, name in DATATYPES.items() if dtype != torch.bfloat16
+}
+"""The same, for the numpy arrays an answer is sent as (bfloat16 is widened before: numpy has none)."""
 
 
 def input_datatype(spec: InputSpec) -> str:

@@ -683,7 +683,8 @@ class BatchRunner:
         call = Call(size, rows, tuple(seen))
         self.on_call(call)
         for name, tensor in outputs.items():
-            if tensor.dim() == 0 or tensor.shape[0] != size:
+            shape = tensor.shape  # one torch call per output: each is microseconds in a busy server
+            if not shape or shape[0] != size:
                 raise RuntimeError(
                     f"output {name!r} has shape {tuple(tensor.shape)}: aitune serve splits a batched call's "
                     f"outputs on axis 0, which must hold the call's {size} rows"
