@@ -15,14 +15,12 @@ from typing import Any
 
 import numpy
 import torch
-from prometheus_client import Counter, Histogram
 
 import aitune.torch as ait
 from aitune.torch.serving import (
     Answer,
     BatchPlan,
     BatchRunner,
-    Call,
     ClientError,
     Factory,
     InputSpec,
@@ -36,6 +34,7 @@ from aitune.torch.serving import (
 from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Model, ModelNotReady
 from .batching import Batcher, Stopping
 from .limits import ROW_ELEMENTS_SLACK, row_element_caps
+from .metrics import ServingCounts
 from .plan import NUMPY_DATATYPES, OutputSpec, input_datatype, input_metadata, output_specs
 from .protocol import UnprocessableInput
 
@@ -44,28 +43,6 @@ logger = logging.getLogger("aitune.serve")
 ROWS_PER_BATCH = 8
 """The default row cap of one request, in largest tuned batches: a bigger request would hold the
 requests queued behind it for that many model calls."""
-
-BATCH_ROWS = Histogram(
-    "aitune_serve_batch_rows",
-    "Rows per model call, padding included",
-    ["model_name"],
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-)
-REQUESTS_JOINED = Histogram(
-    "aitune_serve_requests_per_call",
-    "Requests joined into one model call",
-    ["model_name"],
-    buckets=(1, 2, 4, 8, 16, 32, 64),
-)
-PADDING_ROWS = Counter("aitune_serve_padding_rows", "Rows added to reach a tuned batch size", ["model_name"])
-ROUTES = Counter(
-    "aitune_serve_calls",
-    "Model calls per tuned module and the backend that served it",
-    ["model_name", "module", "backend"],
-)
-EAGER_FALLBACKS = Counter(
-    "aitune_serve_eager_fallbacks", "Calls where a tuned module ran eager", ["model_name", "module"]
-)
 
 
 class TunedModel(Model):
@@ -109,7 +86,8 @@ class TunedModel(Model):
         self._numpy_dtypes: dict[str, numpy.dtype[Any] | None] = {}  # per input, its numpy dtype (None: none)
         self._required: tuple[str, ...] = ()  # the inputs every request sends, in order
         self._warm_up: dict[str, torch.Tensor] | None = None
-        self._metric_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self.counts: ServingCounts | None = None
+        """What its calls did, for ``/metrics`` (:mod:`.metrics`); made by ``load()``."""
         self._said = ""
 
     @property
@@ -149,11 +127,12 @@ class TunedModel(Model):
             padding = padding.probe(lambda request: _answered(plain.run([request])[0]), graph, smallest)
         self.padding = padding
         self._padding_text = padding.describe()  # in every answer: made once
-        runner = BatchRunner(served, self.plan, self.inputs, on_call=self._observe, padding=padding)
+        self.counts = counts = ServingCounts(self.name)
+        runner = BatchRunner(served, self.plan, self.inputs, on_call=counts.call, padding=padding)
         self.batcher = Batcher(
             runner,
             setup_thread=lambda: torch.set_num_threads(self.threads),
-            on_batch=self._metric(REQUESTS_JOINED).observe,
+            on_batch=counts.batch,
         )
         self._warm_up = warm_up
         if warm_up is not None:
@@ -318,24 +297,6 @@ class TunedModel(Model):
             use_binary_outputs=request.use_binary_outputs and not request.from_grpc,
             requested_outputs=request.request_outputs,
         )
-
-    def _observe(self, call: Call) -> None:
-        self._metric(BATCH_ROWS).observe(call.size)
-        if call.size > call.rows:
-            self._metric(PADDING_ROWS).inc(call.size - call.rows)
-        for route in call.routes:
-            self._metric(ROUTES, route.module, route.backend).inc()
-            if route.reason:
-                self._metric(EAGER_FALLBACKS, route.module).inc()
-
-    def _metric(self, metric: Any, *labels: str) -> Any:
-        """``metric``'s child for this model and ``labels``, made once (prometheus_client's ``labels()``
-        costs more than the observation itself, on every call)."""
-        key = (metric, labels)
-        child = self._metric_children.get(key)
-        if child is None:
-            child = self._metric_children[key] = metric.labels(self.name, *labels)
-        return child
 
     def _described(self) -> str:
         return ", ".join(f"{s.name} ({input_datatype(s)} {list(s.shape or [-1])})" for s in self.inputs.values())
