@@ -65,20 +65,42 @@ class BodyLimits:
         await self.app(scope, replayed, send)
 
     async def _read(self, scope: Scope, receive: Receive) -> list[Message]:
+        """The body's messages, read within the cap and the timeout (raises :class:`_Refused`).
+
+        Each wait for bytes is registered with its deadline; one timer for the whole server
+        (:meth:`_reap`) cancels the waits past theirs, rather than a timer per wait: ``asyncio.timeout``
+        arms and cancels one on every request. One frame for the whole read, the task and loop looked
+        up once: on a served model's path every call costs more than in a loop (benchmarks/README.md,
+        "the lone request's path")."""
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
             raise _Refused(413, self._too_large(f"Content-Length {declared}"))
+        task = asyncio.current_task()
+        assert task is not None, "an ASGI app runs in a task"
+        loop = task.get_loop()
+        reading = self._reading
         messages: list[Message] = []
         size = 0
         while True:
+            reading[task] = loop.time() + self.read_timeout_s
+            if self._reaper is None or self._reaper[0] is not loop:
+                self._reaper = loop, loop.call_later(self._period(), self._reap, loop)
             try:
-                message = await self._next(receive)
-            except asyncio.TimeoutError:
+                message = await receive()
+            except asyncio.CancelledError:
+                if task not in self._expired:
+                    raise
+                self._expired.discard(task)
+                uncancel = getattr(task, "uncancel", None)  # Python 3.11+: the cancel was the reaper's
+                if uncancel is not None:
+                    uncancel()
                 raise _Refused(
                     408,
                     f"the request body stalled: no bytes for {self.read_timeout_s:g} s after {size} bytes; "
                     f"send the whole body without pausing",
                 ) from None
+            finally:
+                reading.pop(task, None)
             messages.append(message)
             if message["type"] != "http.request":
                 return messages  # the client went away: the app sees the disconnect
@@ -87,31 +109,6 @@ class BodyLimits:
                 raise _Refused(413, self._too_large(f"more than {self.max_body_bytes} bytes"))
             if not message.get("more_body", False):
                 return messages
-
-    async def _next(self, receive: Receive) -> Message:
-        """The next message within the read timeout (raises ``asyncio.TimeoutError``).
-
-        One timer for the whole server (:meth:`_reap`) cancels the reads past their deadline, rather than
-        a timer per read: ``asyncio.timeout`` arms and cancels one on every request, about 10 µs of a
-        small model's millisecond."""
-        task = asyncio.current_task()
-        assert task is not None, "an ASGI app runs in a task"
-        loop = asyncio.get_running_loop()
-        self._reading[task] = loop.time() + self.read_timeout_s
-        if self._reaper is None or self._reaper[0] is not loop:
-            self._reaper = loop, loop.call_later(self._period(), self._reap, loop)
-        try:
-            return await receive()
-        except asyncio.CancelledError:
-            if task not in self._expired:
-                raise
-            self._expired.discard(task)
-            uncancel = getattr(task, "uncancel", None)  # Python 3.11+: the cancel was ours, not the caller's
-            if uncancel is not None:
-                uncancel()
-            raise asyncio.TimeoutError from None
-        finally:
-            self._reading.pop(task, None)
 
     def _period(self) -> float:
         return min(max(self.read_timeout_s / 10, 0.01), 1.0)
