@@ -19,13 +19,7 @@ from aitune_serve_kserve.plan import DATATYPES, NUMPY_DATATYPES
 def _model(**inputs: InputSpec) -> TunedModel:
     """A TunedModel with these inputs, as ``load()`` would have set them (no artifact is read)."""
     model = TunedModel("m", "aitune.demo:build_model", "m.ait")
-    model.inputs = dict(inputs)
-    model._datatypes = {n: None if s.dtype is None else DATATYPES[s.dtype] for n, s in inputs.items()}
-    model._numpy_dtypes = {
-        n: None if s.dtype in (None, torch.bfloat16) else np.dtype(str(s.dtype)[6:]) for n, s in inputs.items()
-    }
-    model._required = tuple(n for n, s in inputs.items() if s.required)
-    model.row_caps = {n: 8 for n in inputs}
+    model._take_inputs(inputs, {n: 8 for n in inputs})
     return model
 
 

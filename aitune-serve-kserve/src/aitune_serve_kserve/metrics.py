@@ -35,7 +35,8 @@ K = TypeVar("K", bound=Hashable)
 
 
 class ServingCounts:
-    """One served model's counts since it loaded, written by its calls (:meth:`call`, :meth:`batch`)."""
+    """One served model's counts since it loaded, written by its calls (:meth:`call`, :meth:`batch`) and
+    scraped for as long as it lives."""
 
     __slots__ = ("__weakref__", "eager", "joined", "name", "padding_rows", "routes", "rows")
 

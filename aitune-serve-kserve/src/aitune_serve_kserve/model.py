@@ -35,7 +35,7 @@ from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Mod
 from .batching import Batcher, Stopping
 from .limits import ROW_ELEMENTS_SLACK, row_element_caps
 from .metrics import ServingCounts
-from .plan import NUMPY_DATATYPES, OutputSpec, input_datatype, input_metadata, output_specs
+from .plan import NUMPY_DATATYPES, OutputSpec, input_datatype, input_metadata, numpy_dtype, output_specs
 from .protocol import UnprocessableInput
 
 logger = logging.getLogger("aitune.serve")
@@ -109,11 +109,8 @@ class TunedModel(Model):
         model = ait.load(build(), self.artifact, options=self.load_options)
         model.eval()
         self.plan = BatchPlan.of(model)
-        self.inputs = input_specs(model)
-        self._datatypes = {n: None if spec.dtype is None else input_datatype(spec) for n, spec in self.inputs.items()}
-        self._numpy_dtypes = {n: _numpy_dtype(spec.dtype) for n, spec in self.inputs.items()}
-        self._required = tuple(n for n, spec in self.inputs.items() if spec.required)
-        self.row_caps = row_element_caps(model, self.inputs)
+        inputs = input_specs(model)
+        self._take_inputs(inputs, row_element_caps(model, inputs))
         padding = Padding.of(model, self.inputs, self.pad)
         warm_up = _warm_up_request(model, self.plan)
         served = model
@@ -151,6 +148,14 @@ class TunedModel(Model):
             self._padding_text,
         )
         self.ready = True
+
+    def _take_inputs(self, inputs: Mapping[str, InputSpec], row_caps: Mapping[str, int]) -> None:
+        """The inputs requests are checked against, and what each request reads of them, made once."""
+        self.inputs = dict(inputs)
+        self._datatypes = {n: None if spec.dtype is None else input_datatype(spec) for n, spec in self.inputs.items()}
+        self._numpy_dtypes = {n: numpy_dtype(spec.dtype) for n, spec in self.inputs.items()}
+        self._required = tuple(n for n, spec in self.inputs.items() if spec.required)
+        self.row_caps = dict(row_caps)
 
     async def healthy(self) -> bool:
         """Ready (kserve's readiness and health probes ask this): loaded, and the batcher's
@@ -310,13 +315,6 @@ def _warm_up_request(model: torch.nn.Module, plan: BatchPlan) -> dict[str, torch
     batch = plan.ranges[0][0] if plan.ranges else None
     sample = graph.example("opt", batch_size=batch)
     return dict(zip([t.path for t in graph.inputs], sample.tensors()))
-
-
-def _numpy_dtype(dtype: torch.dtype | None) -> numpy.dtype[Any] | None:
-    """The numpy dtype of ``dtype``; None for none given, or one numpy lacks (bfloat16)."""
-    if dtype is None or dtype == torch.bfloat16:
-        return None
-    return numpy.dtype(str(dtype).removeprefix("torch."))
 
 
 def _answered(answer: Answer | ClientError) -> Answer:
