@@ -265,6 +265,19 @@ class Backend(abc.ABC):
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         """Run one call, with the module's own calling convention and output structure."""
 
+    def runs_host_arrays(self) -> bool:
+        """True when :meth:`infer_host` runs this built payload. A server holds a request's inputs as
+        numpy arrays; a backend whose runtime takes them as they are (ONNX Runtime on the CPU) answers
+        without a torch tensor made on either side, which saves microseconds per torch call in a busy
+        server (:mod:`aitune.engine.host`). False by default."""
+        return False
+
+    def infer_host(self, arrays: Sequence[Any]) -> list[Any]:
+        """Run one call on host numpy arrays: the graph's flat inputs in its input order, each in the
+        graph's dtype and in a shape it was tuned for; returns its flat outputs, as numpy arrays in
+        the order of the graph's output structure. Only called where :meth:`runs_host_arrays` says so."""
+        raise BackendNotImplementedError(f"backend {self.name!r} does not run on host arrays")
+
     def save(self, directory: Path) -> dict[str, Any]:
         """Write the payload into ``directory``; return JSON-able metadata that ``load`` gets back."""
         raise SerializationError(f"backend {self.name!r} cannot be saved")

@@ -207,6 +207,21 @@ class ValueCheck:
                 return why
         return None
 
+    def outside_arrays(self, arrays: Sequence[Any]) -> bool:
+        """Whether host numpy ``arrays`` (the graph's inputs) hold a value outside an accepted range:
+        the caller then takes the tensor path, where :meth:`outside` says why."""
+        for i, low, high, _ in self.checks:
+            a = arrays[i]
+            if not a.size:
+                continue
+            if a.size <= SMALL_CHECK:  # Python's min and max on a list: one numpy call instead of two
+                values = a.ravel().tolist()
+                if min(values) < low or (high is not None and max(values) > high):
+                    return True
+            elif a.min() < low or (high is not None and a.max() > high):
+                return True
+        return False
+
 
 SMALL_CHECK = 256
 """Up to this many values, a host input's range is checked on a Python list: one op instead of three,
@@ -294,6 +309,18 @@ class Dispatcher:
         if _observed.get() is not None:
             _note(self.name, runner)
         return out
+
+    def keyword_routes(self, example: dict[str, torch.Tensor]) -> list[tuple[ShapeCheck, Runner]]:
+        """The routes a call by keyword of ``example``'s structure (its names in order, dtypes, ranks
+        and devices) may fit, in the order this dispatcher tries them (:mod:`aitune.engine.host`
+        reads this); empty when no tuned graph takes such a call."""
+        leaves: list[torch.Tensor] = []
+        key = (_NO_ARGS, _call_key(example, leaves))
+        entry = self._table.get(key)
+        if entry is None:
+            entry = self._resolve(key, (), example)
+        _, candidates, describable, _ = entry
+        return list(candidates) if describable else []
 
     @staticmethod
     def _fit(

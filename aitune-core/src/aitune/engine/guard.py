@@ -472,6 +472,18 @@ class Guard:
             return self._looked_again(leaves)
         return None
 
+    def blocks_host_call(self) -> bool:
+        """Whether a call made on host arrays (:mod:`aitune.engine.host`) must take the tensor path
+        instead, where :meth:`blocked` judges it and says why: the winners went stale or the weights
+        are to be looked at again, a hook may act, or training mode matters. Such a call computes no
+        gradients, so grad mode does not enter."""
+        if self.alert or self.hooks.changed:
+            return True
+        if self.training_matters:
+            module = self._module()
+            return module is None or module.training
+        return False
+
     def _looked_again(self, leaves: Sequence[torch.Tensor]) -> tuple[str, type[Exception]] | None:
         """Look at weights marked as changed (refit and check, or stale), then judge the call again:
         a new Parameter may need grad, or the winners may have gone stale."""

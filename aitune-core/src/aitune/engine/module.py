@@ -123,6 +123,18 @@ class Module(torch.nn.Module):
         """A tuned call goes straight to the dispatcher when ``nn.Module.__call__`` would add nothing
         (no hooks on this wrapper, no global module hooks, not compiled, not traced), which saves
         about a microsecond per call; else torch's path, whose :meth:`forward` dispatches the same."""
+        dispatcher = self.direct_dispatcher()
+        if dispatcher is None:
+            return super().__call__(*args, **kwargs)
+        return dispatcher(args, kwargs)
+
+    @property
+    def tuned_dispatcher(self) -> Dispatcher | None:
+        """What routes this module's calls once tuned; None while it records, or runs eager throughout."""
+        return self._dispatcher
+
+    def direct_dispatcher(self) -> Dispatcher | None:
+        """The dispatcher, when a call may go straight to it (see :meth:`__call__`); else None."""
         dispatcher = self._dispatcher
         if (
             dispatcher is None
@@ -138,8 +150,8 @@ class Module(torch.nn.Module):
             or _tracing_state()
             or recording.bypassing()
         ):
-            return super().__call__(*args, **kwargs)
-        return dispatcher(args, kwargs)
+            return None
+        return dispatcher
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         dispatcher = self._dispatcher

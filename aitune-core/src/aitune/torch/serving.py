@@ -42,6 +42,7 @@ import torch
 
 from ..artifact import manifest_of
 from ..engine.dispatch import Route, observe_routes
+from ..engine.host import HostLane, host_lane
 from ..engine.module import Module
 from ..engine.options import check_pad
 from ..errors import AituneError, ServeStartError
@@ -75,7 +76,9 @@ __all__ = [
 ]
 
 Factory = Callable[[], torch.nn.Module]
-Request = dict[str, torch.Tensor]
+Request = dict[str, Any]
+"""Input name -> a torch tensor, or a host numpy array as a server decoded it (a lone request may be
+answered from the arrays themselves, :mod:`aitune.engine.host`; any other call gets tensors)."""
 Ranges = tuple[tuple[int, int], ...]
 """Sorted, disjoint, inclusive batch-size ranges."""
 
@@ -343,7 +346,7 @@ class Padding:
             if tensor is None:
                 return None
             for axis, dim in axes.items():
-                if axis >= tensor.dim():
+                if axis >= len(tensor.shape):  # a tensor or a host array
                     return None
                 size = tensor.shape[axis]
                 high = self.ranges[dim][1]
@@ -523,7 +526,9 @@ class ClientError(ValueError):
 class Answer:
     """One request's outputs and how they were computed."""
 
-    outputs: dict[str, torch.Tensor]
+    outputs: dict[str, Any]
+    """Output name -> a torch tensor, or a host numpy array where the request was answered from its
+    host arrays (:mod:`aitune.engine.host`)."""
     backends: tuple[str, ...]
     """``module=backend`` for each tuned module that served the request's rows."""
     eager_reasons: tuple[str, ...]
@@ -568,6 +573,9 @@ class BatchRunner:
         # every input can be passed by keyword (none is positional-only): the call needs no bind(), which
         # costs tens of microseconds on a forward with many parameters
         self._by_keyword = all(p.kind != p.POSITIONAL_ONLY for p in self._signature.parameters.values())
+        self._lanes: dict[tuple[str, ...], HostLane | None] | None = {} if isinstance(model, Module) else None
+        """Per set of input names sent, in order: the lane that answers a lone request of host arrays
+        (None: none can); None for a model that is no tuned ``ait.Module``."""
 
     def client_error(self, message: str) -> ClientError:
         """The answer to a request the model cannot take (an engine's own 4xx type, in a subclass)."""
@@ -582,6 +590,11 @@ class BatchRunner:
         """One answer per request, in order: its outputs, or what was wrong with it."""
         if len(requests) == 1:  # a lone request (the common case of a lightly loaded server)
             request = requests[0]
+            if self._lanes is not None and not isinstance(next(iter(request.values()), None), torch.Tensor):
+                on_host = self._on_host(request)
+                if on_host is not None:
+                    return [on_host]
+            request = self._tensors(request)
             with torch.inference_mode():
                 if not self.padding.active:
                     rows = self.rows(request)
@@ -590,6 +603,7 @@ class BatchRunner:
                 return self._run_group([request])
         answers: list[Answer | ClientError | None] = [None] * len(requests)
         groups: dict[Any, list[int]] = collections.defaultdict(list)
+        requests = [self._tensors(r) for r in requests]
         for i, request in enumerate(requests):
             groups[self._shape_key(request)].append(i)
         with torch.inference_mode():
@@ -597,6 +611,53 @@ class BatchRunner:
                 for i, answer in zip(members, self._run_group([requests[i] for i in members])):
                     answers[i] = answer
         return [a for a in answers if a is not None]
+
+    def _tensors(self, request: Request) -> dict[str, torch.Tensor]:
+        """The request as torch tensors: a host array made into one (a copy where it is read-only, a
+        view of the request's bytes), in the input's dtype where numpy has none (bfloat16)."""
+        out = {}
+        for name, value in request.items():
+            if not isinstance(value, torch.Tensor):
+                value = torch.from_numpy(value if value.flags.writeable else value.copy())
+                if name in self.specs and self.specs[name].dtype == torch.bfloat16:  # sent as FP32
+                    value = value.to(torch.bfloat16)
+            out[name] = value
+        return out
+
+    def _on_host(self, request: Request) -> Answer | None:
+        """A lone request of host arrays answered from the arrays (:mod:`aitune.engine.host`), or None
+        where it needs more than one call as sent (rows or a length padded up to a tuned size, rows
+        split) or its lane declines it."""
+        assert self._lanes is not None
+        rows = self.rows(request)
+        if rows > self.plan.max_batch_size or self.plan.padded(rows) != rows:
+            return None
+        padded_to: dict[str, int] = {}
+        if self.padding.active:
+            own = self.padding.lengths(request)
+            if own is not None:  # (None: it runs as sent)
+                if self.padding.target([own]) != own:
+                    return None
+                padded_to = own
+        names = tuple(request)
+        lane = self._lanes.get(names, _NO_LANE)
+        if lane is _NO_LANE:
+            if len(self._lanes) >= MAX_LANES:
+                self._lanes.clear()
+            lane = self._lanes[names] = host_lane(self.model, self._tensors(request), named_outputs)
+        if lane is None:
+            return None
+        answered = lane(request)
+        if answered is None:
+            return None
+        outputs, route = answered
+        for array in outputs.values():
+            if not array.shape or array.shape[0] != rows:
+                return None  # the tensor path says what is wrong with it
+        call = Call(rows, rows, (route,))
+        self.on_call(call)
+        answer = _answer(outputs, [call], 1)
+        return attrs.evolve(answer, padded_to=padded_to) if padded_to else answer
 
     def _shape_key(self, request: Request) -> Any:
         """Everything but the batch size (and the padded lengths, with padding): requests with one key
@@ -709,6 +770,11 @@ def _rows(tensor: torch.Tensor, axis: int, start: int, take: int, size: int) -> 
         return tensor
     index = torch.arange(start, start + size).clamp(max=start + take - 1)
     return tensor.index_select(axis, index)
+
+
+_NO_LANE: Any = object()
+MAX_LANES = 64
+"""Sets of input names (in the order sent) a runner keeps a lane for."""
 
 
 class _ModelRefused(Exception):
