@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,6 +131,20 @@ def test_nested_dict_and_tuple_inputs_and_outputs_with_dynamic_batch_and_length(
     assert tree.flatten(got)[1] == tree.flatten(want)[1]
     for g_, w in zip(tree.flatten(got)[0], tree.flatten(want)[0]):
         torch.testing.assert_close(g_, w, rtol=1e-4, atol=1e-5)
+    # the same call on host arrays (a server's): flat inputs in the graph's order, flat outputs in the
+    # output structure's; a read-only array (a request's own bytes) and a transposed view are taken too
+    assert backend.runs_host_arrays()
+    call = ({"ids": torch.randint(0, 20, (2, 6)), "mask": torch.rand(2, 6)}, (torch.tensor(0.5),))
+    with torch.no_grad():
+        flat = tree.flatten(backend.infer(*call))[0]
+    arrays = [t.numpy().copy() for t in tree.flatten(call)[0]]
+    arrays[0].flags.writeable = False
+    arrays[1] = np.asfortranarray(arrays[1])
+    assert not arrays[1].flags.c_contiguous
+    on_host = backend.infer_host(arrays)
+    assert all(isinstance(a, np.ndarray) for a in on_host) and len(on_host) == len(flat)
+    for h, g_ in zip(on_host, flat):
+        np.testing.assert_array_equal(h, g_.numpy())
 
 
 def test_torchscript_exporter_is_used_when_chosen(tmp_path):

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +239,16 @@ class ONNXRuntimeBackend(Backend):
         if self.runner is None or self.exported is None:
             raise BuildError("ONNXRuntimeBackend used before build() or load()")
         return tree.unflatten(self.exported.output_structure, self.runner.run(self._leaves(args, kwargs)))
+
+    def runs_host_arrays(self) -> bool:
+        """On the CPU provider: ONNX Runtime takes numpy arrays and answers with them."""
+        runner = self.runner
+        return runner is not None and not runner.bound and runner.device.type == "cpu"
+
+    def infer_host(self, arrays: Sequence[Any]) -> list[Any]:
+        if self.runner is None:
+            raise BuildError("ONNXRuntimeBackend used before build() or load()")
+        return self.runner.run_arrays(arrays)
 
     # -- artifact -------------------------------------------------------------------------------
 
