@@ -35,7 +35,7 @@ from ._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Mod
 from .batching import Batcher, Stopping
 from .limits import ROW_ELEMENTS_SLACK, row_element_caps
 from .metrics import ServingCounts
-from .plan import NUMPY_DATATYPES, OutputSpec, input_datatype, input_metadata, numpy_dtype, output_specs
+from .plan import NUMPY_DATATYPES, OutputSpec, input_datatype, input_metadata, output_specs
 from .protocol import UnprocessableInput
 
 logger = logging.getLogger("aitune.serve")
@@ -83,7 +83,6 @@ class TunedModel(Model):
         self.batcher: Batcher | None = None
         self.row_caps: dict[str, int] = {}
         self._datatypes: dict[str, str | None] = {}  # per input, its protocol datatype (None: any), read per request
-        self._numpy_dtypes: dict[str, numpy.dtype[Any] | None] = {}  # per input, its numpy dtype (None: none)
         self._required: tuple[str, ...] = ()  # the inputs every request sends, in order
         self._warm_up: dict[str, torch.Tensor] | None = None
         self.counts: ServingCounts | None = None
@@ -137,6 +136,9 @@ class TunedModel(Model):
             if isinstance(answer, ClientError):
                 raise RuntimeError(f"the warm-up call failed: {answer}")
             self.outputs = output_specs(model, answer.outputs)
+            arrays = _arrays(warm_up)
+            if arrays is not None:  # the lane of host arrays for these inputs made (or found none) before ready
+                self.batcher.run_now([arrays])
         logger.info(
             "serving %s as %r%s: inputs %s, tuned batch sizes %s, %d threads, padding %s",
             self.artifact,
@@ -153,7 +155,6 @@ class TunedModel(Model):
         """The inputs requests are checked against, and what each request reads of them, made once."""
         self.inputs = dict(inputs)
         self._datatypes = {n: None if spec.dtype is None else input_datatype(spec) for n, spec in self.inputs.items()}
-        self._numpy_dtypes = {n: numpy_dtype(spec.dtype) for n, spec in self.inputs.items()}
         self._required = tuple(n for n, spec in self.inputs.items() if spec.required)
         self.row_caps = dict(row_caps)
 
@@ -200,9 +201,11 @@ class TunedModel(Model):
             raise ModelNotReady(self.name, "The server is stopping: send it to another replica.") from None
         return self._response(payload, answer, wanted)
 
-    def decode(self, request: InferRequest) -> dict[str, torch.Tensor]:
-        """The request's tensors, checked against the tuned inputs (InvalidInput says what to send)."""
-        tensors: dict[str, torch.Tensor] = {}
+    def decode(self, request: InferRequest) -> dict[str, numpy.ndarray[Any, Any]]:
+        """The request's arrays, checked against the tuned inputs (InvalidInput says what to send). They
+        stay numpy arrays: a lone request that fits a backend running host arrays is answered from
+        them, and the runner makes tensors of them for any other call (:class:`BatchRunner`)."""
+        tensors: dict[str, numpy.ndarray[Any, Any]] = {}
         rows: dict[str, int] = {}
         for item in request.inputs:
             spec = self.inputs.get(item.name)
@@ -215,8 +218,6 @@ class TunedModel(Model):
                 raise InvalidInput(f"{item.name}: datatype {item.datatype}, this model takes {wanted} for {item.name}")
             try:
                 array = item.as_numpy()
-                if not array.flags.writeable:  # a view of the request's bytes: torch wants its own
-                    array = array.copy()
             except (ValueError, TypeError, OverflowError) as exc:
                 raise InvalidInput(
                     f"{item.name}: the data does not make a {item.datatype} tensor of shape {list(item.shape)} ({exc}); "
@@ -224,13 +225,10 @@ class TunedModel(Model):
                 ) from None
             if array.dtype == object:
                 raise InvalidInput(f"{item.name}: this model takes numbers ({input_datatype(spec)}), not BYTES")
-            # checked on the array, torch's tensor made once: each torch call on this path costs
-            # microseconds in a server whose caches the requests between two of its own have cooled
+            # checked on the array: each torch call on this path costs microseconds in a server whose
+            # caches the requests between two of its own have cooled
             rows[item.name] = self._rows(item.name, spec, array.shape, array.size)
-            tensor = torch.from_numpy(array)
-            if spec.dtype is not None and array.dtype != self._numpy_dtypes[item.name]:
-                tensor = tensor.to(spec.dtype)  # bfloat16 (no numpy dtype), which the protocol sends as FP32
-            tensors[item.name] = tensor
+            tensors[item.name] = array
         missing = [name for name in self._required if name not in tensors]
         if missing:
             raise InvalidInput(f"missing input {', '.join(map(repr, missing))}; this model takes: {self._described()}")
@@ -317,16 +315,27 @@ def _warm_up_request(model: torch.nn.Module, plan: BatchPlan) -> dict[str, torch
     return dict(zip([t.path for t in graph.inputs], sample.tensors()))
 
 
+def _arrays(request: Mapping[str, torch.Tensor]) -> dict[str, numpy.ndarray[Any, Any]] | None:
+    """``request`` as the numpy arrays a decoded request holds; None where one has no numpy dtype."""
+    try:
+        return {name: tensor.numpy() for name, tensor in request.items()}
+    except (RuntimeError, TypeError):
+        return None
+
+
 def _answered(answer: Answer | ClientError) -> Answer:
     if isinstance(answer, ClientError):
         raise RuntimeError(f"the padding check's call failed: {answer}")
     return answer
 
 
-def _host_array(tensor: torch.Tensor) -> numpy.ndarray[Any, Any]:
+def _host_array(tensor: torch.Tensor | numpy.ndarray[Any, Any]) -> numpy.ndarray[Any, Any]:
     """``tensor`` as a numpy array on the host in a dtype the protocol takes (bfloat16 widened to
-    float32). An output on the host already (the usual case) is handed over by ``numpy()`` alone:
-    each torch call on this path costs microseconds in a busy server."""
+    float32). An array (an answer from host arrays) is taken as it is, and a tensor on the host (the
+    usual case) handed over by ``numpy()`` alone: each torch call on this path costs microseconds in
+    a busy server."""
+    if isinstance(tensor, numpy.ndarray):
+        return tensor
     try:
         return tensor.numpy()  # raises for a tensor off the host, in bfloat16 or needing grad
     except (RuntimeError, TypeError):
