@@ -33,10 +33,10 @@ from aitune.torch.serving import (
 
 
 class HostToyBackend(ToyBackend):
-    """The toy backend, which also runs host arrays (``fail_host``: raising there)."""
+    """The toy backend, which also runs host arrays (raising there once it made ``fail_after`` calls)."""
 
     name = "toy_host"
-    fail_host = False
+    fail_after: int | None = None
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)
@@ -46,7 +46,7 @@ class HostToyBackend(ToyBackend):
         return True
 
     def infer_host(self, arrays: Sequence[Any]) -> list[Any]:
-        if self.fail_host:
+        if self.fail_after is not None and self.host_calls >= self.fail_after:
             raise RuntimeError("the host path failed on purpose")
         assert self.module is not None and all(isinstance(a, np.ndarray) for a in arrays)
         self.host_calls += 1
@@ -163,21 +163,20 @@ def test_sizes_outside_every_tuned_range_take_the_tensor_path(tuned):
     assert backend.host_calls == 0 and "mlp: it is outside what was tuned" in answer.eager_reasons[0]
 
 
-def test_a_request_padded_or_split_into_tuned_sizes_takes_the_tensor_path(tuned):
+def test_a_request_padded_or_split_into_tuned_sizes_is_answered_from_its_arrays_too(tuned):
     model, backend = tuned
-    for rows in (1, 7):
+    for rows, calls_made in ((1, [(2, 1)]), (7, [(4, 4), (3, 3)])):  # 1 padded to 2; 7 cut into 4 and 3
         x = np.random.default_rng(rows).standard_normal((rows, 8)).astype(np.float32)
-        x.flags.writeable = False  # torch gets a copy: a tensor of the request's own bytes could be written
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            answer = _declined(model, backend, x)
-        np.testing.assert_allclose(answer.outputs["output"].numpy(), _eager(x), atol=1e-6)
-    assert backend.calls == 3  # 1 padded to 2; 7 as 4 and 3
+        answer, calls = _run(model, {"x": x})
+        assert isinstance(answer.outputs["output"], np.ndarray) and answer.outputs["output"].shape == (rows, 8)
+        np.testing.assert_allclose(answer.outputs["output"], _eager(x), atol=1e-6)
+        assert [(c.size, c.rows) for c in calls] == calls_made
+    assert backend.host_calls == 3 and backend.calls == 0
 
 
 def test_a_backend_failing_on_arrays_leaves_the_call_to_the_tensor_path(tuned):
     model, backend = tuned
-    backend.fail_host = True
+    backend.fail_after = 0
     answer = _declined(model, backend, np.ones((2, 8), np.float32))
     assert answer.backends == ("mlp=toy_host",) and backend.calls == 1
 
@@ -200,15 +199,27 @@ def test_no_lane_for_an_untuned_model_or_a_call_no_graph_takes_by_keyword(tuned)
     assert lane is not None and lane.paths == ("x",)
 
 
-def test_a_lane_is_only_used_where_the_runner_would_call_the_model_alone(tuned):
-    """Two requests that arrive together are joined into one call on the tensor path."""
+def test_requests_that_arrive_together_are_joined_from_their_arrays(tuned):
     model, backend = tuned
     runner = BatchRunner(model, BatchPlan.of(model), input_specs(model))
+    xs = [np.random.default_rng(seed).standard_normal((1, 8)).astype(np.float32) for seed in (1, 2)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        first, second = runner.run([{"x": np.ones((1, 8), np.float32)}, {"x": np.zeros((1, 8), np.float32)}])
-    assert not isinstance(first, ClientError) and not isinstance(second, ClientError)
-    assert first.joined == 2 and backend.host_calls == 0 and backend.calls == 1
+        answers = runner.run([{"x": x} for x in xs])
+    for x, answer in zip(xs, answers):
+        assert not isinstance(answer, ClientError) and answer.joined == 2 and answer.batch_sizes == (2,)
+        np.testing.assert_allclose(answer.outputs["output"], _eager(x), atol=1e-6)
+    assert backend.host_calls == 1 and backend.calls == 0
+
+
+def test_a_call_declined_midway_sends_the_whole_group_down_the_tensor_path_each_call_counted_once(tuned):
+    model, backend = tuned
+    backend.fail_after = 1  # the first of the two calls runs on arrays, the second fails there
+    x = np.random.default_rng(7).standard_normal((7, 8)).astype(np.float32)
+    answer, calls = _run(model, {"x": x})
+    assert isinstance(answer.outputs["output"], torch.Tensor)
+    np.testing.assert_allclose(answer.outputs["output"].numpy(), _eager(x), atol=1e-6)
+    assert [(c.size, c.rows) for c in calls] == [(4, 4), (3, 3)] and backend.calls == 2
 
 
 class Tokens(torch.nn.Module):
@@ -264,13 +275,13 @@ class Encoder(torch.nn.Module):
         return {"tokens": h, "pooled": (h * m).sum(1) / m.sum(1).clamp(min=1)}
 
 
-def test_with_padding_known_a_lone_request_of_a_tuned_length_is_answered_from_its_arrays():
-    """One at a length inside the tuned range runs as sent, from its arrays (its answer says the length
-    it ran at, as a padded call's does); one shorter than the range is padded up, on the tensor path."""
+def test_with_padding_known_requests_of_any_tuned_length_are_padded_joined_and_cut_back_on_their_arrays():
+    """A lone request inside the tuned lengths runs as sent, one shorter is padded up to them, and two
+    of different lengths join one call padded to the longer; each answer is cut back to its own length
+    and says the length its call ran at."""
     backend = HostToyBackend()
-    model = ait.Module(
-        Encoder().eval(), "encoder", strategy=ait.FirstWinsStrategy([backend], performance_validation=False)
-    )
+    strategy = ait.FirstWinsStrategy([backend], performance_validation=False)
+    model = ait.Module(Encoder().eval(), "encoder", strategy=strategy)
     g = torch.Generator().manual_seed(0)
     data = [
         {"input_ids": torch.randint(1, 50, (b, n), generator=g), "attention_mask": torch.ones(b, n, dtype=torch.long)}
@@ -283,17 +294,24 @@ def test_with_padding_known_a_lone_request_of_a_tuned_length_is_answered_from_it
     plain = BatchRunner(model, plan, specs)
     padding = Padding.of(model, specs).probe(lambda r: plain.run([r])[0], model_graph(model), plan.ranges[0][0])  # type: ignore[arg-type, return-value]
     assert padding.active and padding.cuts == {"tokens": {1: next(iter(padding.ranges))}}
-    runner = BatchRunner(model, plan, specs, padding=padding)
+    backend.calls = 0  # those of tuning and of the padding's check
+    calls: list[Any] = []
+    runner = BatchRunner(model, plan, specs, on_call=calls.append, padding=padding)
     eager = Encoder().eval()
-    for length, on_host in ((7, True), (2, False)):  # 2: below the tuned 4..12
+    for lengths, ran_at in (((7,), 7), ((2,), 4), ((5, 9), 9)):  # 2: below the tuned 4..12
         before = backend.host_calls
-        ids = np.random.default_rng(length).integers(1, 50, (1, length))
-        [answer] = runner.run([{"input_ids": ids, "attention_mask": np.ones((1, length), np.int64)}])
-        assert isinstance(answer, Answer) and answer.eager_reasons == ()
-        assert (backend.host_calls == before + 1) == on_host, length
-        assert list(answer.padded_to.values()) == [max(length, 4)]
-        with torch.no_grad():
-            expected = eager(torch.from_numpy(ids), torch.ones(1, length, dtype=torch.long))
-        for name, value in expected.items():
-            got = answer.outputs[name]
-            np.testing.assert_allclose(got if on_host else got.numpy(), value.numpy(), atol=1e-6)
+        requests = [
+            {"input_ids": np.random.default_rng(n).integers(1, 50, (1, n)), "attention_mask": np.ones((1, n), np.int64)}
+            for n in lengths
+        ]
+        answers = runner.run(requests)
+        assert backend.host_calls == before + 1 and calls[-1].rows == len(lengths)
+        for request, answer in zip(requests, answers):
+            assert isinstance(answer, Answer) and answer.eager_reasons == ()
+            assert list(answer.padded_to.values()) == [ran_at] and answer.joined == len(lengths)
+            with torch.no_grad():
+                expected = eager(**{k: torch.from_numpy(v) for k, v in request.items()})
+            for name, value in expected.items():
+                assert isinstance(answer.outputs[name], np.ndarray)
+                np.testing.assert_allclose(answer.outputs[name], value.numpy(), atol=1e-6)
+    assert backend.calls == 0

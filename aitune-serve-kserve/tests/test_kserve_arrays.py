@@ -12,7 +12,7 @@ CHECKS = (
     "test_a_request_is_checked_on_its_arrays_and_a_bfloat16_input_made_from_fp32",
     "test_every_protocol_datatype_has_its_numpy_dtype",
     "test_an_answer_on_the_host_is_handed_over_without_a_copy_and_any_other_made_into_one",
-    "test_a_lone_request_to_a_tuned_onnx_runtime_graph_is_answered_from_its_arrays",
+    "test_a_request_to_a_tuned_onnx_runtime_graph_is_answered_from_its_arrays",
 )
 
 

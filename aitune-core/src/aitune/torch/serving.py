@@ -363,7 +363,8 @@ class Padding:
         return out
 
     def pad(self, request: Request, target: Mapping[str, int]) -> Request:
-        """``request`` with its padded inputs extended at the end of each padded axis to ``target``."""
+        """``request`` with its padded inputs (tensors or host arrays) extended at the end of each
+        padded axis to ``target``."""
         out = dict(request)
         for name, axes in self.axes.items():
             tensor = out[name]
@@ -373,18 +374,25 @@ class Padding:
                     shape = list(tensor.shape)
                     shape[axis] = extra
                     value = self.values[name]
+                    if not isinstance(tensor, torch.Tensor):
+                        import numpy  # a host array came in: numpy is loaded already
+
+                        fill_value = value if tensor.dtype.kind in "fc" else int(value)
+                        tensor = numpy.concatenate([tensor, numpy.full(shape, fill_value, tensor.dtype)], axis=axis)
+                        continue
                     fill = torch.full(shape, value if tensor.is_floating_point() else int(value), dtype=tensor.dtype)
                     tensor = torch.cat([tensor, fill.to(tensor.device)], dim=axis)
             out[name] = tensor
         return out
 
-    def cut(self, outputs: Mapping[str, torch.Tensor], lengths: Mapping[str, int]) -> dict[str, torch.Tensor]:
-        """Each output cut back to the request's own lengths on the axes that follow them."""
+    def cut(self, outputs: Mapping[str, Any], lengths: Mapping[str, int]) -> dict[str, Any]:
+        """Each output (a tensor or a host array) cut back to the request's own lengths on the axes that
+        follow them."""
         out = dict(outputs)
         for name, axes in self.cuts.items():
             if name in out:
                 for axis, dim in axes.items():
-                    out[name] = out[name].narrow(axis, 0, lengths[dim])
+                    out[name] = out[name][(slice(None),) * axis + (slice(0, lengths[dim]),)]
         return out
 
     def probe(self, call: Callable[[Request], Answer], graph: GraphSpec, batch: int | None) -> Padding:
@@ -591,9 +599,9 @@ class BatchRunner:
         if len(requests) == 1:  # a lone request (the common case of a lightly loaded server)
             request = requests[0]
             if self._lanes is not None and not isinstance(next(iter(request.values()), None), torch.Tensor):
-                on_host = self._on_host(request)
+                on_host = self._on_host([request])
                 if on_host is not None:
-                    return [on_host]
+                    return list(on_host)
             request = self._tensors(request)
             with torch.inference_mode():
                 if not self.padding.active:
@@ -603,13 +611,18 @@ class BatchRunner:
                 return self._run_group([request])
         answers: list[Answer | ClientError | None] = [None] * len(requests)
         groups: dict[Any, list[int]] = collections.defaultdict(list)
-        requests = [self._tensors(r) for r in requests]
         for i, request in enumerate(requests):
             groups[self._shape_key(request)].append(i)
-        with torch.inference_mode():
-            for members in groups.values():
-                for i, answer in zip(members, self._run_group([requests[i] for i in members])):
-                    answers[i] = answer
+        for members in groups.values():
+            group = [requests[i] for i in members]
+            done: Sequence[Answer | ClientError] | None = None
+            if self._lanes is not None and not isinstance(next(iter(group[0].values()), None), torch.Tensor):
+                done = self._on_host(group)
+            if done is None:
+                with torch.inference_mode():
+                    done = self._run_group([self._tensors(r) for r in group])
+            for i, answer in zip(members, done):
+                answers[i] = answer
         return [a for a in answers if a is not None]
 
     def _tensors(self, request: Request) -> dict[str, torch.Tensor]:
@@ -624,40 +637,48 @@ class BatchRunner:
             out[name] = value
         return out
 
-    def _on_host(self, request: Request) -> Answer | None:
-        """A lone request of host arrays answered from the arrays (:mod:`aitune.engine.host`), or None
-        where it needs more than one call as sent (rows or a length padded up to a tuned size, rows
-        split) or its lane declines it."""
-        assert self._lanes is not None
-        rows = self.rows(request)
-        if rows > self.plan.max_batch_size or self.plan.padded(rows) != rows:
+    def _on_host(self, requests: list[Request]) -> list[Answer] | None:
+        """Requests of host arrays that may share calls, answered from the arrays (padded, joined, cut
+        into calls of tuned sizes and split back as the tensor path does, each call through the lane of
+        :mod:`aitune.engine.host`); None where a lane declines a call: then they all take the tensor
+        path, and no call made here is counted."""
+        padding = self.padding
+        lengths = [padding.lengths(r) for r in requests] if padding.active else []
+        known = [own for own in lengths if own is not None]
+        target = padding.target(known) if known and len(known) == len(requests) else None
+        try:
+            if target is None:  # no padding known, or they run as sent
+                answers, calls = self._joined(requests, self._call_host)
+            else:
+                answers, calls = self._joined([padding.pad(r, target) for r in requests], self._call_host)
+                answers = [
+                    attrs.evolve(a, outputs=padding.cut(a.outputs, own), padded_to=target)
+                    for a, own in zip(answers, known)
+                ]
+        except _Declined:
             return None
-        padded_to: dict[str, int] = {}
-        if self.padding.active:
-            own = self.padding.lengths(request)
-            if own is not None:  # (None: it runs as sent)
-                if self.padding.target([own]) != own:
-                    return None
-                padded_to = own
-        names = tuple(request)
+        for call in calls:
+            self.on_call(call)
+        return answers
+
+    def _call_host(self, part: Request, size: int, rows: int) -> tuple[dict[str, Any], Call]:
+        """One call of host arrays through its lane (raises :class:`_Declined` where there is none,
+        or it declines)."""
+        assert self._lanes is not None
+        names = tuple(part)
         lane = self._lanes.get(names, _NO_LANE)
         if lane is _NO_LANE:
             if len(self._lanes) >= MAX_LANES:
                 self._lanes.clear()
-            lane = self._lanes[names] = host_lane(self.model, self._tensors(request), named_outputs)
-        if lane is None:
-            return None
-        answered = lane(request)
+            lane = self._lanes[names] = host_lane(self.model, self._tensors(part), named_outputs)
+        answered = lane(part) if lane is not None else None
         if answered is None:
-            return None
+            raise _Declined
         outputs, route = answered
         for array in outputs.values():
-            if not array.shape or array.shape[0] != rows:
-                return None  # the tensor path says what is wrong with it
-        call = Call(rows, rows, (route,))
-        self.on_call(call)
-        answer = _answer(outputs, [call], 1)
-        return attrs.evolve(answer, padded_to=padded_to) if padded_to else answer
+            if not array.shape or array.shape[0] != size:
+                raise _Declined  # the tensor path says what is wrong with it
+        return outputs, Call(size, rows, (route,))
 
     def _shape_key(self, request: Request) -> Any:
         """Everything but the batch size (and the padded lengths, with padding): requests with one key
@@ -685,12 +706,16 @@ class BatchRunner:
 
     def _run_joined(self, requests: list[Request]) -> list[Answer | ClientError]:
         try:
-            return self._joined(requests)
+            answers, calls = self._joined(requests, self._call)
         except _ModelRefused as refused:
             if len(requests) == 1:
                 if not refused.outside:  # it fits what was tuned: the server's failure, not the request's
                     raise refused.error from None
                 return [self.client_error(refused.message())]
+        else:
+            for call in calls:
+                self.on_call(call)
+            return list(answers)
         # one request the model cannot take must not fail the others: each one alone
         return [answer for request in requests for answer in self._run_joined([request])]
 
@@ -703,33 +728,37 @@ class BatchRunner:
             if not refused.outside:
                 raise refused.error from None
             return self.client_error(refused.message())
+        self.on_call(call)
         return _answer(outputs, [call], 1)
 
-    def _joined(self, requests: list[Request]) -> list[Answer | ClientError]:
+    def _joined(self, requests: list[Request], call: _Caller) -> tuple[list[Answer], list[Call]]:
+        """The requests joined, cut into calls of tuned sizes made by ``call`` (the last padded by
+        repeating its last row), and each one's answer cut back out; tensors or host arrays alike.
+        The calls are counted by the caller, once their answers are used."""
         counts = [self.rows(r) for r in requests]
         names = list(requests[0])
         if len(requests) == 1:
             joined = requests[0]
         else:
-            joined = {n: torch.cat([r[n] for r in requests], dim=self.specs[n].batch_axis) for n in names}
-        pieces: list[dict[str, torch.Tensor]] = []
+            joined = {n: _cat([r[n] for r in requests], self.specs[n].batch_axis) for n in names}
+        pieces: list[dict[str, Any]] = []
         spans: list[tuple[int, int, Call]] = []  # (first row, end row, call) per model call
         start = 0
         for take, size in self.plan.chunks(sum(counts)):
             part = {n: _rows(t, self.specs[n].batch_axis, start, take, size) for n, t in joined.items()}
-            outputs, call = self._call(part, size, take)
-            pieces.append(outputs if take == size else {n: o.narrow(0, 0, take) for n, o in outputs.items()})
-            spans.append((start, start + take, call))
+            outputs, made = call(part, size, take)
+            pieces.append(outputs if take == size else {n: o[:take] for n, o in outputs.items()})
+            spans.append((start, start + take, made))
             start += take
-        merged = pieces[0] if len(pieces) == 1 else {n: torch.cat([p[n] for p in pieces]) for n in pieces[0]}
-        answers: list[Answer | ClientError] = []
+        merged = pieces[0] if len(pieces) == 1 else {n: _cat([p[n] for p in pieces], 0) for n in pieces[0]}
+        answers = []
         first = 0
         for count in counts:
             calls = [c for lo, hi, c in spans if lo < first + count and first < hi]
-            outputs = merged if len(counts) == 1 else {n: o.narrow(0, first, count) for n, o in merged.items()}
+            outputs = merged if len(counts) == 1 else {n: o[first : first + count] for n, o in merged.items()}
             answers.append(_answer(outputs, calls, len(requests)))
             first += count
-        return answers
+        return answers, [c for _, _, c in spans]
 
     def _call(self, part: Request, size: int, rows: int) -> tuple[dict[str, torch.Tensor], Call]:
         with observe_routes() as seen:
@@ -741,8 +770,6 @@ class BatchRunner:
                     outputs = named_outputs(self.model(*bound.args, **bound.kwargs))
             except Exception as exc:
                 raise _ModelRefused(exc, seen) from exc
-        call = Call(size, rows, tuple(seen))
-        self.on_call(call)
         for name, tensor in outputs.items():
             shape = tensor.shape  # one torch call per output: each is microseconds in a busy server
             if not shape or shape[0] != size:
@@ -750,7 +777,7 @@ class BatchRunner:
                     f"output {name!r} has shape {tuple(tensor.shape)}: aitune serve splits a batched call's "
                     f"outputs on axis 0, which must hold the call's {size} rows"
                 )
-        return outputs, call
+        return outputs, Call(size, rows, tuple(seen))
 
 
 def _answer(outputs: dict[str, torch.Tensor], calls: Sequence[Call], joined: int) -> Answer:
@@ -764,12 +791,32 @@ def _answer(outputs: dict[str, torch.Tensor], calls: Sequence[Call], joined: int
     )
 
 
-def _rows(tensor: torch.Tensor, axis: int, start: int, take: int, size: int) -> torch.Tensor:
-    """Rows ``start .. start+take`` on ``axis``, padded to ``size`` rows by repeating the last one."""
+def _rows(tensor: Any, axis: int, start: int, take: int, size: int) -> Any:
+    """Rows ``start .. start+take`` on ``axis`` of a tensor or a host array, padded to ``size`` rows by
+    repeating the last one."""
     if size == take and start == 0 and tensor.shape[axis] == take:
         return tensor
-    index = torch.arange(start, start + size).clamp(max=start + take - 1)
-    return tensor.index_select(axis, index)
+    if isinstance(tensor, torch.Tensor):
+        index = torch.arange(start, start + size).clamp(max=start + take - 1)
+        return tensor.index_select(axis, index)
+    return tensor.take([min(i, start + take - 1) for i in range(start, start + size)], axis=axis)
+
+
+def _cat(parts: list[Any], axis: int) -> Any:
+    """Tensors or host arrays joined on ``axis``."""
+    if isinstance(parts[0], torch.Tensor):
+        return torch.cat(parts, dim=axis)
+    import numpy  # a host array came in: numpy is loaded already
+
+    return numpy.concatenate(parts, axis=axis)
+
+
+_Caller = Callable[[Request, int, int], tuple[dict[str, Any], Call]]
+"""One model call of a part of joined requests, its size and its real rows: its outputs and the call."""
+
+
+class _Declined(Exception):
+    """A lane declined a call of host arrays: the requests take the tensor path instead."""
 
 
 _NO_LANE: Any = object()
