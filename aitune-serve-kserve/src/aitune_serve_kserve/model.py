@@ -192,9 +192,9 @@ class TunedModel(Model):
             )
         assert self.batcher is not None, "load() runs before the server starts"
         wanted = self._requested(payload)
-        tensors = self.decode(payload)
+        arrays = self.decode(payload)
         try:
-            answer = await self.batcher.submit(tensors)
+            answer = await self.batcher.submit(arrays)
         except ClientError as exc:  # the model (eager) refused the values of a request that fits its inputs
             raise UnprocessableInput(str(exc)) from None
         except Stopping:
@@ -203,15 +203,15 @@ class TunedModel(Model):
 
     def decode(self, request: InferRequest) -> dict[str, numpy.ndarray[Any, Any]]:
         """The request's arrays, checked against the tuned inputs (InvalidInput says what to send). They
-        stay numpy arrays: a lone request that fits a backend running host arrays is answered from
-        them, and the runner makes tensors of them for any other call (:class:`BatchRunner`)."""
-        tensors: dict[str, numpy.ndarray[Any, Any]] = {}
+        stay numpy arrays: calls that fit a backend running host arrays are answered from them, and
+        the runner makes tensors of them for any other call (:class:`BatchRunner`)."""
+        arrays: dict[str, numpy.ndarray[Any, Any]] = {}
         rows: dict[str, int] = {}
         for item in request.inputs:
             spec = self.inputs.get(item.name)
             if spec is None:
                 raise InvalidInput(f"unknown input {item.name!r}; this model takes: {self._described()}")
-            if item.name in tensors:
+            if item.name in arrays:
                 raise InvalidInput(f"input {item.name!r} is sent twice; send each input once")
             wanted = self._datatypes[item.name]
             if wanted is not None and item.datatype != wanted:
@@ -228,8 +228,8 @@ class TunedModel(Model):
             # checked on the array: each torch call on this path costs microseconds in a server whose
             # caches the requests between two of its own have cooled
             rows[item.name] = self._rows(item.name, spec, array.shape, array.size)
-            tensors[item.name] = array
-        missing = [name for name in self._required if name not in tensors]
+            arrays[item.name] = array
+        missing = [name for name in self._required if name not in arrays]
         if missing:
             raise InvalidInput(f"missing input {', '.join(map(repr, missing))}; this model takes: {self._described()}")
         if len(rows) > 1 and len(set(rows.values())) > 1:
@@ -239,7 +239,7 @@ class TunedModel(Model):
                 f"{max(rows.values())} rows in one request; this server takes at most {self.max_rows} "
                 f"(the largest tuned batch is {self.plan.max_batch_size}): send fewer rows per request"
             )
-        return tensors
+        return arrays
 
     def _rows(self, name: str, spec: InputSpec, shape: tuple[int, ...], size: int) -> int:
         """The rows of input ``name`` of ``shape`` (``size`` elements), checked against its rank,

@@ -780,7 +780,7 @@ class BatchRunner:
         return outputs, Call(size, rows, tuple(seen))
 
 
-def _answer(outputs: dict[str, torch.Tensor], calls: Sequence[Call], joined: int) -> Answer:
+def _answer(outputs: dict[str, Any], calls: Sequence[Call], joined: int) -> Answer:
     """A request's answer from its outputs and the model calls that served its rows."""
     return Answer(
         outputs,
