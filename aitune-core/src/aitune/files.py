@@ -4,13 +4,18 @@ Under umask 000 ``mkdir -p`` makes every parent 0777 and ``open(..., "w")`` a 06
 account could then put its own folder in the path or rewrite the file in place. So every folder
 aitune makes is 0700, a missing parent is made only inside a folder of the user's own, an existing
 folder above that another account owns draws a warning, and every file aitune writes is 0644 at most.
+A process's private folders for payload files (:func:`owned_folder`) are reclaimed by the next
+process when it dies without removing them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import warnings
+import weakref
 from pathlib import Path
 
 from .errors import ConfigError
@@ -78,3 +83,77 @@ def _warn_foreign_parents(folder: Path, what: str) -> None:
             stacklevel=4,
         )
         return
+
+
+OWNER_FILE = ".aitune-owner"
+"""The file inside an :func:`owned_folder` that its process holds an exclusive lock on while it lives."""
+_RECLAIMED: set[str] = set()  # prefixes this process has looked for dead owners' folders under
+
+
+def owned_folder(prefix: str, owner: object) -> Path:
+    """A private folder (0700) in the temporary folder for ``owner``'s files (a backend's payload
+    opened by its runtime), removed when ``owner`` is garbage collected or the process exits.
+
+    A process killed outright (SIGKILL, the OOM killer, Ray stopping a replica) runs neither, and a
+    server restarted that way would leave a payload copy behind each time. So the process holds an
+    exclusive ``flock`` on a file inside while the folder is in use (the kernel lets it go when the
+    process dies, whatever its death), and the first ``owned_folder`` of a prefix in each process
+    removes this user's folders of that prefix whose lock it can take: their owner is gone.
+    """
+    _reclaim(prefix)
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    fd = _lock_owner(folder)
+    weakref.finalize(owner, _release, str(folder), fd)
+    return folder
+
+
+def _lock_owner(folder: Path) -> int | None:
+    """Lock a new owner file in ``folder``; it gets its final name only once locked, so another process
+    never finds it unlocked while this one lives. None where the platform has no ``flock``."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: nothing is reclaimed there
+        return None
+    staging = folder / f"{OWNER_FILE}.new"
+    fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.replace(staging, folder / OWNER_FILE)
+    return fd
+
+
+def _release(folder: str, fd: int | None) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    if fd is not None:
+        os.close(fd)
+
+
+def _reclaim(prefix: str) -> None:
+    """Remove this user's folders named ``prefix*`` in the temporary folder whose owner file is not
+    locked (their process died); once per prefix and process. Folders without an owner file (another
+    aitune's, or one being made) and anything not a plain folder of this user's are left alone."""
+    if prefix in _RECLAIMED:
+        return
+    _RECLAIMED.add(prefix)
+    try:
+        import fcntl
+    except ImportError:
+        return
+    root = Path(tempfile.gettempdir())
+    try:
+        entries = [e for e in os.scandir(root) if e.name.startswith(prefix)]
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != uid():
+                continue
+            fd = os.open(Path(entry.path) / OWNER_FILE, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its owner lives
+            os.close(fd)
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        os.close(fd)

@@ -21,7 +21,9 @@ The groups:
   :class:`BuildContext` and :class:`LoadContext` its ``build`` and ``load`` get, its
   :class:`Tolerance` and the dtype defaults ``DEFAULT_TOLERANCES``, and the helpers
   ``exported_file`` and ``payload_file`` (file names from notes and metadata, checked),
-  ``machine_cores`` and ``torch_allows_tf32``; ``EXPORT_S``, the ``build_info`` key under which a
+  ``machine_cores`` and ``torch_allows_tf32``; ``owned_folder``, a private folder for the files a
+  payload's runtime opens, removed with its owner and reclaimed after a process killed outright (its
+  lock file, ``OWNER_FILE``, is left out of a copy); ``EXPORT_S``, the ``build_info`` key under which a
   backend states its export's seconds (the report's time breakdown);
 * the graph a backend builds for: :class:`GraphSpec` (with its :class:`TensorSpec` inputs and
   their :class:`DimRange` dynamic sizes), a recorded call :class:`Sample`, ``resize`` (a sample at
@@ -86,6 +88,7 @@ from .executor import (
     run_job,
     worker_job,
 )
+from .files import OWNER_FILE, owned_folder
 from .graph import DimRange, FlatModule, GraphSpec, Sample, TensorSpec, resize
 from .onnx_export import EXPORTER_MODULES, MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
 from .registry import BackendRegistrar, BackendSpec, module_importable
@@ -98,6 +101,7 @@ __all__ = [  # grouped in the docstring above
     "EXPORT_S",
     "INDUCTOR_MODULES",
     "MODEL_FILE",
+    "OWNER_FILE",
     "ArtifactError",
     "Backend",
     "BackendConfig",
@@ -138,6 +142,7 @@ __all__ = [  # grouped in the docstring above
     "machine_cores",
     "model_files",
     "module_importable",
+    "owned_folder",
     "payload_file",
     "resize",
     "run_job",
