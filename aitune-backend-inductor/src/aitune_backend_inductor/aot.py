@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import time
-import weakref
 from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
@@ -29,6 +27,7 @@ from aitune.plugin import (
     exported_file,
     inductor_cache,
     inductor_options,
+    owned_folder,
     resize,
 )
 
@@ -224,9 +223,7 @@ class TorchInductorAotBackend(Backend):
 
     def _workspace(self) -> Path:
         """A folder owned by this backend (the build's workdir is removed before ``save`` may run)."""
-        folder = Path(tempfile.mkdtemp(prefix="aitune-aoti-"))
-        weakref.finalize(self, shutil.rmtree, folder, True)
-        return folder
+        return owned_folder("aitune-aoti-", self)
 
 
 def _export(module: torch.nn.Module, context: BuildContext, strict: bool) -> tuple[Any, dict[str, Any]]:

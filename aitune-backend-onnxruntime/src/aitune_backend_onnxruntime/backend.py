@@ -11,7 +11,6 @@ import copy
 import shutil
 import tempfile
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import torch
 
 from aitune.plugin import (
     EXPORTER_MODULES,
+    OWNER_FILE,
     Backend,
     BackendUnavailableError,
     BuildContext,
@@ -30,6 +30,7 @@ from aitune.plugin import (
     SerializationError,
     Tolerance,
     model_files,
+    owned_folder,
     payload_file,
     tree,
 )
@@ -219,7 +220,7 @@ class ONNXRuntimeBackend(Backend):
         if self._dir is not None:
             new._dir = None
             folder = new._own_folder()
-            shutil.copytree(self._dir, folder, dirs_exist_ok=True)
+            shutil.copytree(self._dir, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns(f"{OWNER_FILE}*"))
             if new.exported is not None:
                 new.exported.folder = folder
             if self._refit_dir is not None:
@@ -227,10 +228,10 @@ class ONNXRuntimeBackend(Backend):
         return new
 
     def _own_folder(self) -> Path:
-        """A folder this object owns, so the payload outlives the build's scratch folder."""
+        """A folder this object owns, so the payload outlives the build's scratch folder (and does not
+        outlive a process killed outright by long: :func:`aitune.plugin.owned_folder`)."""
         if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="aitune-onnxruntime-"))
-            weakref.finalize(self, shutil.rmtree, str(self._dir), True)
+            self._dir = owned_folder("aitune-onnxruntime-", self)
         return self._dir
 
     # -- run ------------------------------------------------------------------------------------
