@@ -19,7 +19,9 @@ here, and each engine keeps only its own side:
   the padded lengths) joined, cut into calls of tuned sizes (the last one padded by repeating its last
   row, the padding's answers dropped) and split back per request; each call observed
   (:func:`observe_routes`), so every answer says which backend served it and why a tuned module ran
-  eager; a request the model cannot take fails alone;
+  eager; a request the model cannot take fails alone; requests of host numpy arrays (as a server
+  decodes them) go through all of it on the arrays, each call through :mod:`aitune.engine.host`'s
+  lane where the tuned module's backend runs arrays, so no torch tensor is made on either side;
 - :func:`tuned_graphs`, :func:`named_outputs`, :func:`resolve_factory`, :func:`tuned_threads`: every
   tuned graph (what a request is bounded by), outputs as named tensors, the user's model factory, the
   torch threads the artifact was tuned with (read from its manifest by :func:`aitune.artifact.manifest_of`).
