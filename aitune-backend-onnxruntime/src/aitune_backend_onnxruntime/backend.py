@@ -228,8 +228,8 @@ class ONNXRuntimeBackend(Backend):
         return new
 
     def _own_folder(self) -> Path:
-        """A folder this object owns, so the payload outlives the build's scratch folder (and does not
-        outlive a process killed outright by long: :func:`aitune.plugin.owned_folder`)."""
+        """A folder this object owns, so the payload outlives the build's scratch folder (and not for long
+        the process, if it is killed outright: :func:`aitune.plugin.owned_folder`)."""
         if self._dir is None:
             self._dir = owned_folder("aitune-onnxruntime-", self)
         return self._dir

@@ -218,15 +218,14 @@ class ORTRunner:
         return self._run_bound(tensors) if self.bound else self._run_host(tensors)
 
     def _run_host(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        feed = {name: host_array(t) for name, t in zip(self.input_names, tensors)}
-        arrays = self.inference.run(self.output_names, feed)
+        arrays = self.run_arrays([host_array(t) for t in tensors])
         if self.device.type == "cpu":
             return [torch.from_numpy(a) for a in arrays]
         return [torch.from_numpy(a).to(self.device) for a in arrays]
 
     def run_arrays(self, arrays: Sequence[Any]) -> list[Any]:
-        """The graph's flat outputs (numpy arrays) for its flat inputs as host numpy arrays, on the CPU
-        provider: what :meth:`_run_host` does without a torch tensor on either side."""
+        """The graph's flat outputs (numpy arrays) for its flat inputs as host numpy arrays (a
+        C-contiguous copy of one that is not): :meth:`_run_host` without a torch tensor on either side."""
         feed = {
             name: a if a.flags.c_contiguous else numpy.ascontiguousarray(a) for name, a in zip(self.input_names, arrays)
         }

@@ -20,6 +20,11 @@ from pathlib import Path
 
 from .errors import ConfigError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, so owned folders are not reclaimed there
+    fcntl = None  # type: ignore[assignment]
+
 
 def uid() -> int:
     """The user aitune runs as: whose alone its folders must be."""
@@ -110,9 +115,7 @@ def owned_folder(prefix: str, owner: object) -> Path:
 def _lock_owner(folder: Path) -> int | None:
     """Lock a new owner file in ``folder``; it gets its final name only once locked, so another process
     never finds it unlocked while this one lives. None where the platform has no ``flock``."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: nothing is reclaimed there
+    if fcntl is None:
         return None
     staging = folder / f"{OWNER_FILE}.new"
     fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -134,9 +137,7 @@ def _reclaim(prefix: str) -> None:
     if prefix in _RECLAIMED:
         return
     _RECLAIMED.add(prefix)
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return
     root = Path(tempfile.gettempdir())
     try:

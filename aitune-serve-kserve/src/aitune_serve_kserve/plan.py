@@ -40,15 +40,8 @@ def datatype(dtype: torch.dtype) -> str:
         raise ValueError(f"the Open Inference Protocol has no datatype for {dtype}") from None
 
 
-def numpy_dtype(dtype: torch.dtype | None) -> numpy.dtype[Any] | None:
-    """The numpy dtype of ``dtype``; None for none given, or one numpy lacks (bfloat16)."""
-    if dtype is None or dtype == torch.bfloat16:
-        return None
-    return numpy.dtype(str(dtype).removeprefix("torch."))
-
-
 NUMPY_DATATYPES: dict[numpy.dtype[Any], str] = {
-    np_dtype: name for dtype, name in DATATYPES.items() if (np_dtype := numpy_dtype(dtype)) is not None
+    numpy.dtype(str(dtype).removeprefix("torch.")): name for dtype, name in DATATYPES.items() if dtype != torch.bfloat16
 }
 """The same, for the numpy arrays an answer is sent as (bfloat16 is widened before: numpy has none)."""
 

@@ -600,7 +600,7 @@ class BatchRunner:
         """One answer per request, in order: its outputs, or what was wrong with it."""
         if len(requests) == 1:  # a lone request (the common case of a lightly loaded server)
             request = requests[0]
-            if self._lanes is not None and not isinstance(next(iter(request.values()), None), torch.Tensor):
+            if self._on_arrays(request):
                 on_host = self._on_host([request])
                 if on_host is not None:
                     return list(on_host)
@@ -618,7 +618,7 @@ class BatchRunner:
         for members in groups.values():
             group = [requests[i] for i in members]
             done: Sequence[Answer | ClientError] | None = None
-            if self._lanes is not None and not isinstance(next(iter(group[0].values()), None), torch.Tensor):
+            if self._on_arrays(group[0]):
                 done = self._on_host(group)
             if done is None:
                 with torch.inference_mode():
@@ -626,6 +626,11 @@ class BatchRunner:
             for i, answer in zip(members, done):
                 answers[i] = answer
         return [a for a in answers if a is not None]
+
+    def _on_arrays(self, request: Request) -> bool:
+        """Whether ``request`` holds host arrays that a lane may answer from (the model is a tuned
+        ``ait.Module``); its inputs are all of one kind, so its first tells."""
+        return self._lanes is not None and not isinstance(next(iter(request.values()), None), torch.Tensor)
 
     def _tensors(self, request: Request) -> dict[str, torch.Tensor]:
         """The request as torch tensors: a host array made into one (a copy where it is read-only, a
