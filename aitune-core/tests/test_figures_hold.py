@@ -17,7 +17,7 @@ from aitune_testkit.doubles import SlowModule
 import aitune.torch as ait
 from aitune import hookimpl
 from aitune.engine import end_to_end, inspection
-from aitune.engine.figures import compare
+from aitune.engine.figures import T_90, compare, lead
 from aitune.errors import InputError
 from aitune.profiling import NumStepsMeasuringStopStrategy, ProfilingConfig, profile_runners, summarize
 from aitune.render.markdown import render_markdown
@@ -84,6 +84,41 @@ def test_steady_noise_runs_out_of_budget_and_shows_only_the_bound_it_clears() ->
 def windows(*p50s: float) -> Any:
     """A runner whose measuring windows (5 calls each) take these latencies in turn, forever."""
     return itertools.cycle([v for v in p50s for _ in range(5)])
+
+
+def test_a_steady_lead_the_quartiles_call_spread_has_a_confident_bound() -> None:
+    # 3% ahead in four windows of six, 1% behind in two: the lower quartile sits at 1.00x
+    slower = [1.0] * 6
+    faster = [1 / r for r in (1.03, 1.03, 0.99, 1.03, 1.03, 0.99)]
+    assert compare(summarize(faster, 1, 1), summarize(slower, 1, 1)).low_speedup <= 1.0
+    ahead = lead(faster, slower)
+    assert ahead is not None and ahead.windows == 6
+    assert 1.0 < ahead.low < ahead.ratio < 1.03
+    assert "at 90% confidence over 6 paired windows" in ahead.describe()
+
+
+def test_a_lead_inside_the_noise_has_no_bound_above_1() -> None:
+    ratios = (1.04, 0.96, 1.03, 0.97, 1.05, 0.95)
+    ahead = lead([1 / r for r in ratios], [1.0] * 6)
+    assert ahead is not None and ahead.low < 1.0
+
+
+def test_more_windows_narrow_the_bound_where_quartiles_stay() -> None:
+    ratios = [1.03, 1.03, 0.99] * 6
+    few, many = lead([1 / r for r in ratios[:3]], [1.0] * 3), lead([1 / r for r in ratios], [1.0] * 18)
+    assert few is not None and many is not None
+    assert few.low < 1.0 < many.low  # the same scatter, six times the windows
+    assert compare(summarize([1 / r for r in ratios], 1, 1), summarize([1.0] * 18, 1, 1)).low_speedup <= 1.0
+
+
+def test_under_three_pairs_there_is_no_bound() -> None:
+    assert lead([1.0, 1.0], [2.0, 2.0]) is None
+    assert lead([1.0, 0.0, 1.0], [2.0, 2.0, 2.0]) is None  # a window without a figure is left out
+
+
+def test_the_t_table_is_students() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    assert [round(float(stats.t.ppf(0.9, df)), 3) for df in range(1, len(T_90) + 1)] == list(T_90)
 
 
 def test_a_noisy_figure_whose_interval_clears_1_states_its_lower_bound() -> None:

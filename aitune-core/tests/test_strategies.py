@@ -592,6 +592,42 @@ def test_per_batch_routing_stays_off_when_one_backend_wins_everywhere(toy_backen
     assert [c.status for c in graph.candidates] == ["rejected", "selected"]
 
 
+def _lead_at_1_clock(ratios: tuple[float, ...]):
+    """Backend 1 ahead of backend 2 at batch 1 by ``ratios`` window for window; backend 2 ahead at 8 and 32."""
+
+    def table(name, index, batch, session):
+        if name == "torch_eager":
+            return [{1: 2.0, 8: 8.0, 32: 30.0}[batch]] * len(ratios)
+        if batch == 1:
+            return [1.0 / r for r in ratios] if index == "1" else [1.0] * len(ratios)
+        return [{8: 6.0, 32: 25.0}[batch] if index == "1" else {8: 2.0, 32: 5.0}[batch]] * len(ratios)
+
+    return SessionClock(table).plugin
+
+
+def test_per_batch_routing_follows_a_steady_lead_even_when_one_window_in_three_goes_the_other_way(
+    toy_backends, register_plugin
+):
+    register_plugin(_lead_at_1_clock((1.03, 1.03, 0.99, 1.03, 1.03, 0.99)))
+    strategy = ait.MaxThroughputStrategy(
+        backends=[ToyBackend(ToyConfig(speed=0.1)), ToyBackend(ToyConfig(speed=0.2))], profiling_config=NO_DISPATCH
+    )
+    graph = graph_report(ait.tune(wrap(strategy), data(1, 8, 32)))
+    assert [(r.batch_min, r.batch_max) for r in graph.routes] == [(1, 2), (3, 32)]
+    assert any("routing by batch size pays at batch 1" in n and "at 90% confidence over 6 paired windows" in n
+               for n in graph.notes)  # fmt: skip
+
+
+def test_per_batch_routing_keeps_one_winner_for_a_lead_inside_the_noise(toy_backends, register_plugin):
+    register_plugin(_lead_at_1_clock((1.04, 0.96, 1.03, 0.97, 1.05, 0.95)))
+    strategy = ait.MaxThroughputStrategy(
+        backends=[ToyBackend(ToyConfig(speed=0.1)), ToyBackend(ToyConfig(speed=0.2))], profiling_config=NO_DISPATCH
+    )
+    graph = graph_report(ait.tune(wrap(strategy), data(1, 8, 32)))
+    assert graph.routes == [] and graph.decision == "toy"
+    assert "no batch size where another backend beats it" in graph.reason
+
+
 def test_per_batch_size_false_forces_one_winner(toy_backends, register_plugin):
     register_plugin(_per_size_clock({1: 1.5, 8: 2.0, 32: 5.0}))
     strategy = ait.MaxThroughputStrategy(

@@ -45,7 +45,7 @@ from ..errors import BuildError, TuningError, ValidationError
 from ..profiling import ProfilingConfig
 from ..report import CandidateStatus, measured_at
 from ..session import Session
-from .figures import Comparison, compare
+from .figures import Comparison, lead
 from .graph_tuning import Candidate, GraphTuning, Route
 from .graph_tuning import build as building
 from .progress import TuneProgress
@@ -588,7 +588,8 @@ class MaxThroughputStrategy(_ProfilingStrategy):
     ``per_batch_size`` routes calls by batch range to each profiled size's own winner (eager
     where none beats it; ranges split at the geometric mean of neighbouring sizes). ``None``
     (default) routes only where it pays: when at some profiled size another backend (or eager)
-    beats the single winner beyond the measured spread. ``True`` always routes, ``False`` always
+    leads the single winner beyond doubt (the 90% confidence bound of its lead over their paired
+    windows above 1, see :func:`~aitune.engine.figures.lead`). ``True`` always routes, ``False`` always
     keeps one winner. With one profiled size there is one winner either way.
 
     ``static_shapes=True`` then builds the winner of each profiled batch size again for that size
@@ -674,8 +675,9 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         pays = []
         for size in measured:
             best, _, why = self._choose(tuning, ok, [size])
-            if best is not single and _clearly_faster(best, single, size, tuning):
-                pays.append(size)
+            ahead = _clearly_faster(best, single, size, tuning) if best is not single else None
+            if ahead is not None:
+                pays.append(f"{size} ({ahead})")
             elif self.per_batch_size is None:  # not worth another backend here: the single winner serves it
                 best, why = single, f"the single winner; {why}"
             winners.append(
@@ -694,25 +696,38 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         if self.per_batch_size is None:
             tuning.note(
                 "routing by batch size pays at batch "
-                + ", ".join(map(str, pays))
+                + ", ".join(pays)
                 + f": the single winner would be {single.name if single else 'eager'}"
             )
         tuning.note(_extra_size(routes, single, tuning.session))
         return routes
 
 
-def _clearly_faster(best: Candidate | None, other: Candidate | None, size: int, tuning: GraphTuning) -> bool:
-    """Whether ``best`` (None: eager) beats ``other`` at ``size`` beyond the spread of their paired windows."""
-    if other is None:
-        return best is not None  # a per-size winner already beat eager beyond the spread
+def _clearly_faster(best: Candidate | None, other: Candidate | None, size: int, tuning: GraphTuning) -> str | None:
+    """How ``best`` (None: eager) beats ``other`` (None: eager) at ``size`` where that is beyond doubt, else None.
+
+    Both are correct and profiled side by side, so a wrong split costs one more backend kept (which
+    the report states) and a missed one costs the lead on every call: between two runners the split
+    asks for the lead's 90% confidence bound above 1 (:func:`lead`), which more windows narrow,
+    rather than the quartiles that gate a candidate against eager.
+    """
+    if other is None:  # the per-size winner passed the gate: it beats eager beyond the spread
+        if best is None:
+            return None
+        cmp = tuning.versus_eager(best, size)
+        return f"{best.name} {cmp.describe(tuning.max_noise)} eager" if cmp is not None else None
     theirs = other.profile_at(size)
     if theirs is None:
-        return False
-    if best is None:  # eager wins here: the single winner is clearly slower than eager
-        cmp = tuning.versus_eager(other, size)
-        return cmp is not None and cmp.high_speedup < 1.0
-    mine = best.profile_at(size)
-    return mine is not None and compare(mine, theirs).low_speedup > 1.0
+        return None
+    if best is None:  # eager against the single winner, in the winner's own paired eager windows where it has them
+        eager = theirs.baseline_window_p50_ms or getattr(tuning.eager_profile(size), "window_p50_ms", [])
+        ahead = lead(eager, theirs.window_p50_ms)
+    else:
+        mine = best.profile_at(size)
+        ahead = lead(mine.window_p50_ms, theirs.window_p50_ms) if mine is not None else None
+    if ahead is None or ahead.low <= 1.0:
+        return None
+    return f"{best.name if best else 'eager'} {ahead.describe()} against {other.name}"
 
 
 def _extra_size(routes: list[Route], single: Candidate | None, session: Session) -> str:
