@@ -715,7 +715,7 @@ def _clearly_faster(best: Candidate | None, other: Candidate | None, size: int, 
         if best is None:
             return None
         cmp = tuning.versus_eager(best, size)
-        return f"{best.name} {cmp.describe(tuning.max_noise)} eager" if cmp is not None else None
+        return f"{best.label} {cmp.describe(tuning.max_noise)} eager" if cmp is not None else None
     theirs = other.profile_at(size)
     if theirs is None:
         return None
@@ -727,7 +727,7 @@ def _clearly_faster(best: Candidate | None, other: Candidate | None, size: int, 
         ahead = lead(mine.window_p50_ms, theirs.window_p50_ms) if mine is not None else None
     if ahead is None or ahead.low <= 1.0:
         return None
-    return f"{best.name if best else 'eager'} {ahead.describe()} against {other.name}"
+    return f"{best.label if best else 'eager'} {ahead.describe()} against {other.label}"
 
 
 def _extra_size(routes: list[Route], single: Candidate | None, session: Session) -> str:
