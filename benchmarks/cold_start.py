@@ -27,6 +27,7 @@ import time
 T0, CPU0 = time.perf_counter(), time.process_time()  # before anything else the child imports
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
@@ -52,6 +53,8 @@ PHASES = (
 )
 """In process order: ``python`` is the interpreter's start up to this module (site, runpy);
 ``weights`` is eager's ``load_state_dict`` of a safetensors file."""
+FULL_GC = "of which full GC"
+"""Seconds in full garbage collections, already inside the phases (see :class:`_FullCollections`)."""
 
 
 @contextmanager
@@ -109,8 +112,28 @@ class _DeserializeTimer:
         manager.register(Plugin(), name="benchmarks.cold_start.timer", distribution="benchmarks")
 
 
+class _FullCollections:
+    """Seconds (wall, CPU) the garbage collector spends in full (generation 2) collections: a cost
+    that lands inside whichever phase allocates the object that crosses CPython's threshold."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self._start = (0.0, 0.0)
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = (time.perf_counter(), time.process_time())
+        else:
+            self.wall += time.perf_counter() - self._start[0]
+            self.cpu += time.process_time() - self._start[1]
+
+
 def child(kind: str, spec: dict[str, Any]) -> dict[str, float]:
     """One cold start, measured from inside; returns seconds per phase (``python`` is the parent's to fill)."""
+    collections = _FullCollections()
     import torch
 
     from .models import get
@@ -157,6 +180,7 @@ def child(kind: str, spec: dict[str, Any]) -> dict[str, float]:
         model(case.inputs(1, "cpu"))
     lap("first answer")
     out["answered_at"], cpu["answered_at"] = mark, cpu_mark
+    out[FULL_GC], cpu[FULL_GC] = collections.wall, collections.cpu
     out["started_at"], cpu["python"] = T0, CPU0
     out["modules"] = float(len(sys.modules))
     out["imported"] = [m for m in HEAVY if m in sys.modules]  # type: ignore[assignment]
@@ -263,11 +287,11 @@ def table(results: dict[str, Any], cpu: bool = False) -> str:
         return inside["cpu"] if cpu else inside
 
     eager = statistics.median(figures(i)["answer"] for _, i in runs["eager"])
-    head = ["contender", *PHASES, "to first answer (min-max)", "vs eager", "exit", "modules", "imported"]
+    head = ["contender", *PHASES, FULL_GC, "to first answer (min-max)", "vs eager", "exit", "modules", "imported"]
     rows = []
     for name, done in runs.items():
         cells = [name]
-        for p in PHASES:
+        for p in (*PHASES, FULL_GC):
             seen = [figures(i)[p] for _, i in done if p in figures(i)]
             cells.append(f"{statistics.median(seen):.3f}" if seen else "")
         answers = [figures(i)["answer"] for _, i in done]

@@ -195,7 +195,7 @@ def test_the_peers_table_gives_the_default_picks_miss_against_the_fastest_fp32_c
 
 
 def test_the_cold_start_table_gives_each_phase_and_the_first_answer_against_eagers() -> None:
-    from benchmarks.cold_start import table
+    from benchmarks.cold_start import FULL_GC, table
 
     def run(answer: float, cpu_answer: float, **phases: float) -> tuple[float, dict]:
         return answer + 0.5, {"answer": answer, "python": 0.02, **phases, "modules": 1000.0, "imported": ["x"],
@@ -203,12 +203,15 @@ def test_the_cold_start_table_gives_each_phase_and_the_first_answer_against_eage
 
     results = {"runs": {
         "eager": [run(1.0, 0.9, weights=0.02), run(1.2, 1.1, weights=0.02), run(1.1, 1.0, weights=0.02)],
-        "ait.load (x)": [run(1.3, 1.2, plugins=0.01), run(1.4, 1.2, plugins=0.01), run(1.2, 1.1, plugins=0.01)],
+        "ait.load (x)": [run(1.3, 1.2, plugins=0.01, **{FULL_GC: 0.07}) for _ in range(2)]
+        + [run(1.2, 1.1, plugins=0.01, **{FULL_GC: 0.0})],
     }}  # fmt: skip
     wall, cpu = table(results).splitlines(), table(results, cpu=True).splitlines()
     assert "| eager | 0.020 |" in wall[2] and "**1.100** (1.000-1.200) | 1.00x | 0.500 |" in wall[2]
-    assert "**1.300** (1.200-1.400) | 1.18x |" in wall[3] and "| 0.010 |" in wall[3]
+    assert "**1.300** (1.200-1.300) | 1.18x |" in wall[3] and "| 0.010 |" in wall[3]
     assert "| ait.load (x) | 0.010 |" in cpu[3] and "**1.200** (1.100-1.200) | 1.20x |" in cpu[3]
+    assert wall[0].split(" | ").index(FULL_GC) == wall[3].split(" | ").index("0.070"), "the collections' own column"
+    assert "|  | **1.000**" in cpu[2], "no figure for the collections: an empty cell"
 
 
 def test_the_generation_split_times_each_wrapped_call_and_puts_the_model_back() -> None:
