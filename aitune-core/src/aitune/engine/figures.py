@@ -82,7 +82,7 @@ class Lead:
 
     Unlike the quartiles of :class:`Comparison`, which describe how the windows spread, the bound
     narrows as windows are added: a steady 3% lead over six windows that scatter by 3% is a lead,
-    even where one window in four went the other way.
+    even where one window in three went the other way.
     """
 
     ratio: float

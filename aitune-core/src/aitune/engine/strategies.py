@@ -675,7 +675,7 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         pays = []
         for size in measured:
             best, _, why = self._choose(tuning, ok, [size])
-            ahead = _clearly_faster(best, single, size, tuning) if best is not single else None
+            ahead = _pays(best, single, size, tuning) if best is not single else None
             if ahead is not None:
                 pays.append(f"{size} ({ahead})")
             elif self.per_batch_size is None:  # not worth another backend here: the single winner serves it
@@ -703,8 +703,9 @@ class MaxThroughputStrategy(_ProfilingStrategy):
         return routes
 
 
-def _clearly_faster(best: Candidate | None, other: Candidate | None, size: int, tuning: GraphTuning) -> str | None:
-    """How ``best`` (None: eager) beats ``other`` (None: eager) at ``size`` where that is beyond doubt, else None.
+def _pays(best: Candidate | None, other: Candidate | None, size: int, tuning: GraphTuning) -> str | None:
+    """Why routing ``size`` to ``best`` (None: eager) pays over ``other`` (None: eager): its lead where
+    that is beyond doubt, else None.
 
     Both are correct and profiled side by side, so a wrong split costs one more backend kept (which
     the report states) and a missed one costs the lead on every call: between two runners the split
