@@ -342,6 +342,16 @@ def test_a_decision_leaves_nothing_pending_and_tells_observers_of_each_once(sess
     assert observer.results == {"toy": 2} and books.report.decision == "torch_eager"
 
 
+def test_two_variants_of_one_backend_serving_two_ranges_read_apart_in_the_decision(session):
+    books = ledger(session, 1, 8)
+    eager = building.eager(books.target)
+    first = Candidate(ToyBackend(), CandidateReport("toy", {}, variant="torchscript export"))
+    second = Candidate(ToyBackend(), CandidateReport("toy", {}, variant="eager attention"))
+    decide.finish_routes(books, eager, [Route(1, 2, first), Route(3, 8, second)], "per size")
+    assert books.report.decision == "toy (torchscript export) (batch 1..2), toy (eager attention) (batch 3..8)"
+    assert [r.backend for r in books.report.routes] == ["toy", "toy"], "the routes keep the backend's name"
+
+
 def test_routes_are_recorded_as_batch_ranges(session):
     books = ledger(session, 1, 8)
     eager = building.eager(books.target)

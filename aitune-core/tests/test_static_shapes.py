@@ -128,7 +128,9 @@ def test_a_static_build_per_recorded_batch_serves_exactly_its_shape(toys, regist
     ]
     assert graph.candidates[2].reason.startswith("2.00x [2.00-2.00] against the dynamic build at batch 8; adds ")
     assert "MB to the artifact and" in graph.candidates[2].reason and "s to ait.load" in graph.candidates[2].reason
-    assert graph.decision.startswith("toy_static static (batch 1..1), toy_static static (batch 8..8)")
+    assert graph.decision.startswith(
+        "toy_static (static batch 1) (batch 1..1), toy_static (static batch 8) (batch 8..8)"
+    )
     assert any(n.startswith("static shapes: toy_static for batch 1") for n in graph.notes)
     assert [b.pinned for _, b in model.tuned_graphs] == [1, 8, None]
     assert [p.batch_size for p in graph.eager_profiles] == [1, 8], "one eager figure per batch size, as before"

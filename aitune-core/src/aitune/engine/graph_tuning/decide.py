@@ -46,9 +46,16 @@ def finish_routes(ledger: Ledger, eager: Candidate, routes: list[Route], reason:
         for r in routes
     ]
     finish(ledger, eager, None, reason, None)
-    report.decision = ", ".join(
-        f"{r.backend}{' static' if r.static else ''} (batch {r.batch_min}..{r.batch_max})" for r in report.routes
-    )
+    report.decision = ", ".join(_served(route, kept) for route, kept in zip(routes, report.routes))
+
+
+def _served(route: Route, kept: RouteReport) -> str:
+    """``onnxruntime (torchscript export) (batch 1..2)``: by label, since two variants of one backend
+    may serve two ranges; a static build is marked (its variant says so where it has one)."""
+    if route.candidate is None:
+        return f"{kept.backend} (batch {kept.batch_min}..{kept.batch_max})"
+    static = " static" if kept.static and not route.candidate.report.variant else ""
+    return f"{route.candidate.label}{static} (batch {kept.batch_min}..{kept.batch_max})"
 
 
 def annotate(ledger: Ledger, batch_size: int | None, max_noise: float) -> None:
