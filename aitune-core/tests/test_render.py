@@ -259,7 +259,14 @@ def test_inspect_prefers_children_of_a_module_with_graph_breaks():
                 h = h * 2
             return h
 
-    result = ait.inspect(Breaky().eval(), [torch.randn(64, 64)])
-    assert result.modules[""].graph_breaks >= 1 and not result.modules[""].recommended
-    assert result.recommended == ["enc"]
-    assert "enc" in result.describe()
+    for sign in (1.0, -1.0):  # the branch taken and not taken: after an untaken one no graph follows the break
+        torch.manual_seed(0)
+        model = Breaky().eval()
+        x = torch.randn(64, 64)
+        with torch.no_grad():
+            model.enc[2].bias.fill_(10.0 * sign)  # the sum's sign, whatever the input
+            assert (model.enc(x).sum() > 0) == (sign > 0), "the input takes the branch it is meant to"
+        result = ait.inspect(model, [x])
+        assert result.modules[""].graph_breaks >= 1 and not result.modules[""].recommended, sign
+        assert result.recommended == ["enc"]
+        assert "enc" in result.describe()

@@ -237,5 +237,7 @@ def _graph_breaks(
     except Exception as exc:  # explain itself failing is a reason not to compile this module whole
         info.graph_breaks, info.break_reasons = 1, [f"torch._dynamo.explain failed: {type(exc).__name__}: {exc}"]
         return
-    info.graph_breaks = int(explanation.graph_break_count)
+    # explain counts graphs less one, so a break whose code after it runs no tensor op (a branch not
+    # taken) is not counted; each break it records a reason for is one
+    info.graph_breaks = max(int(explanation.graph_break_count), len(explanation.break_reasons))
     info.break_reasons = [str(getattr(b, "reason", b)) for b in explanation.break_reasons][:5]
