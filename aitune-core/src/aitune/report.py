@@ -253,6 +253,16 @@ class RouteReport:
     static: bool = False
     """Served by a build for this one batch size (``MaxThroughputStrategy(static_shapes=True)``); such a
     route comes before the ranges it overlaps, which serve every other call."""
+    variant: str | None = None
+    """The serving candidate's :attr:`CandidateReport.variant`, where its backend has several."""
+
+    @property
+    def label(self) -> str:
+        """``onnxruntime (torchscript export)``, ``toy static``: who serves the range, told apart from
+        another variant of the same backend (a static build's variant says it is one)."""
+        if self.variant:
+            return f"{self.backend} ({self.variant})"
+        return f"{self.backend} static" if self.static else self.backend
 
 
 @attrs.define

@@ -589,7 +589,7 @@ def _install_eager(module: Module, entry: ModuleReport | None, reason: str) -> N
             candidate.status = CandidateStatus.REJECTED
             candidate.reason = reason
         for route in graph.routes:
-            route.backend = TorchEagerBackend.name
+            route.backend, route.variant = TorchEagerBackend.name, None
         if chosen or graph.routes:
             graph.decision = TorchEagerBackend.name
             graph.reason = reason
@@ -721,12 +721,7 @@ def summarize(report: ModuleReport) -> str:
     parts = []
     for g in report.graphs:
         if g.routes:
-            parts.append(
-                ", ".join(
-                    f"{r.backend}{' static' if r.static else ''} for batch {r.batch_min}..{r.batch_max}"
-                    for r in g.routes
-                )
-            )
+            parts.append(", ".join(f"{r.label} for batch {r.batch_min}..{r.batch_max}" for r in g.routes))
             continue
         chosen = next((c for c in g.candidates if c.status == "selected"), None)
         if chosen is None:

@@ -42,20 +42,13 @@ def finish_routes(ledger: Ledger, eager: Candidate, routes: list[Route], reason:
             r.batch_max,
             r.candidate.name if r.candidate else "torch_eager",
             static=r.candidate is not None and r.candidate.static_batch is not None,
+            variant=r.candidate.report.variant if r.candidate else None,
         )
         for r in routes
     ]
     finish(ledger, eager, None, reason, None)
-    report.decision = ", ".join(_served(route, kept) for route, kept in zip(routes, report.routes))
-
-
-def _served(route: Route, kept: RouteReport) -> str:
-    """``onnxruntime (torchscript export) (batch 1..2)``: by label, since two variants of one backend
-    may serve two ranges; a static build is marked (its variant says so where it has one)."""
-    if route.candidate is None:
-        return f"{kept.backend} (batch {kept.batch_min}..{kept.batch_max})"
-    static = " static" if kept.static and not route.candidate.report.variant else ""
-    return f"{route.candidate.label}{static} (batch {kept.batch_min}..{kept.batch_max})"
+    # by label: two variants of one backend may serve two ranges
+    report.decision = ", ".join(f"{r.label} (batch {r.batch_min}..{r.batch_max})" for r in report.routes)
 
 
 def annotate(ledger: Ledger, batch_size: int | None, max_noise: float) -> None:
