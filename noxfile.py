@@ -35,10 +35,10 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 """Every install passes these: torch and the torchvision built for it (constraints.txt), so nothing a
 session installs (transformers, diffusers, timm) replaces torch or pairs it with another torchvision."""
 DEV = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "grimp>=3.4"]
-WORKERS = ["-n", "2", "--dist", "loadgroup"]
-"""The whole suite on two pytest-xdist workers (the CI machine's two cores), test by test, the
-serving and Ray folders whole on one of them (the repository's ``conftest.py``); a trailing ``-n 0``
-in the session's arguments runs it in one process."""
+"""pytest-xdist: ``nox -s tests -- -n 2 --dist loadgroup`` runs the suite on two workers, the serving
+and Ray folders whole on one of them (the repository's ``conftest.py``). CI runs it in one process:
+on two workers two timing tests failed once in three fresh-clone runs (a figure's interval and an
+end-to-end speed gate, each under the other worker's load)."""
 GPU_MEMBERS = ("aitune-backend-tensorrt", "aitune-backend-torchtrt")
 """Members whose GPU runtimes are real dependencies (TensorRT and ModelOpt; Torch-TensorRT through its
 per-torch extras): CPU sessions install them with ``--no-deps``, then their requirements that carry
@@ -108,7 +108,7 @@ def tests(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, *MODELS)
     # the cross-distribution tests first: their real models are the slowest tests, started while there is work to pair them with
     paths = ["tests"] + [f"{m}/tests" for m in MEMBERS] + [f"{EXAMPLE}/tests", "benchmarks/test_benchmarks.py"]
-    session.run("pytest", *WORKERS, *paths, *session.posargs, env=_test_env(session))
+    session.run("pytest", *paths, *session.posargs, env=_test_env(session))
 
 
 @nox.session
