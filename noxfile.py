@@ -106,7 +106,7 @@ def tests(session: nox.Session) -> None:
     _install(session, *MEMBERS)
     _install_example(session)
     session.install(*CONSTRAINTS, *MODELS)
-    # the cross-distribution tests first: their real models are the slowest tests, started while there is work to pair them with
+    # the cross-distribution tests first: on two workers (-n 2) their real models, the slowest tests, start while there is work to pair them with
     paths = ["tests"] + [f"{m}/tests" for m in MEMBERS] + [f"{EXAMPLE}/tests", "benchmarks/test_benchmarks.py"]
     session.run("pytest", *paths, *session.posargs, env=_test_env(session))
 
