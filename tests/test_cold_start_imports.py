@@ -26,8 +26,17 @@ NEVER_AT_LOAD = (
     "packaging",  # the backend's requirements are plain releases, checked without it
 )
 """What no load of these artifacts needs: quantizers, exporters, compilers, servers, a version parser."""
-TUNER = ("aitune.engine.tuner", "aitune.engine.strategies", "aitune.engine.graph_tuning", "aitune.artifact.writer")
-"""aitune's own modules a load never needs: the tuner, its strategies and steps, the writer."""
+TUNER = (
+    "aitune.engine.tuner",
+    "aitune.engine.strategies",
+    "aitune.engine.graph_tuning",
+    "aitune.artifact.writer",
+    "aitune.report",
+    "aitune.validation",
+    "aitune.profiling",
+)
+"""aitune's own modules a load never needs: the tuner, its strategies and steps, the writer, the tuning
+report's classes, the candidate check and the profiler (a load's own check imports them when it runs)."""
 
 
 def _model() -> torch.nn.Module:

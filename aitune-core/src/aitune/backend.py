@@ -49,6 +49,15 @@ class Tolerance:
     min_cosine: float = attrs.field(default=0.999, validator=[attrs.validators.ge(-1.0), attrs.validators.le(1.0)])
 
 
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(atol=1e-7, rtol=1e-5, min_cosine=0.99999),
+    "float32": Tolerance(atol=1e-5, rtol=1e-3, min_cosine=0.9999),
+    "float16": Tolerance(atol=1e-3, rtol=1e-2, min_cosine=0.999),
+    "bfloat16": Tolerance(atol=1e-2, rtol=5e-2, min_cosine=0.99),
+}
+"""Bounds for floating outputs by dtype; integer and bool outputs must match exactly."""
+
+
 @attrs.define
 class BuildContext:
     """What a backend gets to build one graph of one module."""

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from . import envvars, hookimpl, tree
 from .backend import (
+    DEFAULT_TOLERANCES,
     EXPORT_S,
     Backend,
     BackendConfig,
@@ -93,7 +94,6 @@ from .graph import DimRange, FlatModule, GraphSpec, Sample, TensorSpec, resize
 from .onnx_export import EXPORTER_MODULES, MODEL_FILE, ONNXExport, ONNXExportConfig, export_onnx, model_files
 from .registry import BackendRegistrar, BackendSpec, module_importable
 from .tracing import exclusive
-from .validation import DEFAULT_TOLERANCES
 
 __all__ = [  # grouped in the docstring above
     "DEFAULT_TOLERANCES",

@@ -28,17 +28,10 @@ import attrs
 import torch
 
 from . import tree
-from .backend import Backend, Tolerance
+from .backend import DEFAULT_TOLERANCES, Backend, Tolerance
 from .graph import GraphSpec, Sample, assemble
 from .report import OutputComparison, ValidationReport
 
-DEFAULT_TOLERANCES: dict[str, Tolerance] = {
-    "float64": Tolerance(atol=1e-7, rtol=1e-5, min_cosine=0.99999),
-    "float32": Tolerance(atol=1e-5, rtol=1e-3, min_cosine=0.9999),
-    "float16": Tolerance(atol=1e-3, rtol=1e-2, min_cosine=0.999),
-    "bfloat16": Tolerance(atol=1e-2, rtol=5e-2, min_cosine=0.99),
-}
-"""Bounds for floating outputs by dtype; integer and bool outputs must match exactly."""
 TF32_TOLERANCE = Tolerance(atol=1e-4, rtol=5e-3, min_cosine=0.9999)
 """The fp32 bound on a GPU of a candidate that computes in TF32 (10 mantissa bits)."""
 _TF32_FLAGS = threading.Lock()

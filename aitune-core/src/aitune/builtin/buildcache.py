@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,8 +34,10 @@ from ..envvars import BUILD_CACHE
 from ..errors import SerializationError
 from ..module_code import module_digest
 from ..registry import BackendRegistry
-from ..report import CandidateReport, CandidateStatus
 from ..session import Session
+
+if TYPE_CHECKING:  # the tuner's report: a load registers this plugin and never imports it
+    from ..report import CandidateReport
 
 logger = logging.getLogger("aitune")
 
@@ -92,6 +94,8 @@ def evict(key: str | None) -> None:
 def drop_rejected(candidate: CandidateReport) -> None:
     """A cached build that no longer matches eager is dropped, so the next tune builds it afresh
     (one the user's metric judged is kept: the metric, not the cache, rejected it)."""
+    from ..report import CandidateStatus
+
     validation = candidate.validation
     if (
         candidate.status == CandidateStatus.FAILED

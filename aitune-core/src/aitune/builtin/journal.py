@@ -19,14 +19,16 @@ import logging
 import os
 from collections.abc import Generator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .. import hookimpl
 from ..converter import structure, unstructure
 from ..errors import InputError
 from ..files import make_folders
-from ..report import CandidateReport, GraphReport, ModuleReport, ModuleStatus, TuneReport
 from ..session import Session
+
+if TYPE_CHECKING:  # the tuner's report: a load registers this plugin and never imports it
+    from ..report import CandidateReport, TuneReport
 
 logger = logging.getLogger("aitune")
 SUFFIX = ".journal.jsonl"
@@ -141,6 +143,8 @@ def partial_report(path: str | Path) -> TuneReport:
     under a module with status ``interrupted``. A torn last line (the process died mid-write)
     is ignored.
     """
+    from ..report import CandidateReport, GraphReport, ModuleReport, ModuleStatus, TuneReport
+
     path = Path(path)
     if not path.name.endswith(SUFFIX):
         path = journal_path(path)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import hookimpl
 from ..backend import Backend, BuildContext, LoadContext
 from ..graph import GraphSpec, Sample
-from ..report import ProfileResult, ValidationReport
+
+if TYPE_CHECKING:  # the report's classes are the tuner's: a load, which registers these hooks, never imports them
+    from ..report import ProfileResult, ValidationReport
 
 
 @hookimpl(trylast=True)
