@@ -139,6 +139,23 @@ def test_a_flipped_byte_is_refused(artifact, tmp_path):
         ait.load(fresh(), bad)
 
 
+def test_a_local_header_that_moves_a_members_bytes_is_refused(artifact, tmp_path):
+    """Members are read where their local header says their bytes start: a header whose extra-field
+    length was changed points at other bytes, which fail the layout check or the member's SHA-256."""
+    _, path = artifact
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("modules/0/weights.safetensors")
+    at = info.header_offset + 28
+    extra = int.from_bytes(data[at : at + 2], "little") + 2
+    data[at : at + 2] = extra.to_bytes(2, "little")
+    bad = tmp_path / "moved.ait"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="overlaps the one before it") as refused:
+        ait.load(fresh(), bad)
+    assert "weights.safetensors" not in str(refused.value), "the member after it is the one overlapped"
+
+
 def test_an_altered_payload_is_refused_even_with_fallback_eager(artifact, tmp_path):
     """fallback="eager" covers payloads that cannot run here, never bytes that were changed."""
     _, path = artifact
