@@ -125,3 +125,22 @@ def test_reading_a_p256_key_imports_no_serialization_package(tmp_path: Path) -> 
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_members_larger_than_a_read_block_and_empty_ones_read_back_whole(tmp_path: Path) -> None:
+    """Members are read by position in 1 MiB blocks: one of 2.5 MiB comes back whole, read and
+    extracted, and an empty one reads as empty."""
+    big = bytes(range(256)) * (10 * 1024 + 7)  # 2.5 MiB and a bit: three blocks, the last one short
+    writer = Writer(tmp_path / "m.ait")
+    writer.add_bytes("empty.txt", b"")
+    writer.add_bytes("payload/0/model.bin", big)
+    writer.add_bytes("weights.safetensors", big[::-1])
+    writer.commit()
+    reader = Reader(tmp_path / "m.ait")
+    try:
+        assert reader.read("weights.safetensors") == big[::-1]
+        assert reader.read("empty.txt") == b""
+        reader.verify_all(extract={"payload/0": [tmp_path / "out"]})
+        assert (tmp_path / "out" / "model.bin").read_bytes() == big
+    finally:
+        reader.close()
