@@ -1,6 +1,6 @@
 """The whole repository's test run: which tests share one pytest-xdist worker.
 
-``nox -s tests -- -n 2 --dist loadgroup`` runs the suite on two workers (CI runs one process). The serving and Ray
+``nox -s tests`` runs the suite on two workers (``-n 2 --dist loadgroup``, as CI does). The serving and Ray
 folders start servers and local Ray clusters of their own and stop them after their folder's last
 test (``aitune-serve-ray/tests/conftest.py``), so each folder runs whole, in collection order, on one
 worker: they form one group, and the rest is shared out test by test.

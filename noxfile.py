@@ -35,10 +35,12 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 """Every install passes these: torch and the torchvision built for it (constraints.txt), so nothing a
 session installs (transformers, diffusers, timm) replaces torch or pairs it with another torchvision."""
 DEV = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "grimp>=3.4"]
-"""pytest-xdist: ``nox -s tests -- -n 2 --dist loadgroup`` runs the suite on two workers, the serving
-and Ray folders whole on one of them (the repository's ``conftest.py``). CI runs it in one process:
-on two workers two timing tests failed once in three fresh-clone runs (a figure's interval and an
-end-to-end speed gate, each under the other worker's load)."""
+"""pytest-xdist: the ``tests`` session runs the suite on two workers (:data:`WORKERS`), the serving
+and Ray folders whole on one of them (the repository's ``conftest.py``)."""
+WORKERS = ("-n", "2", "--dist", "loadgroup")
+"""The ``tests`` session's default: two workers for CI's two cores (17-21 minutes from a fresh clone
+in four runs, against 25 in one process). Arguments after ``--`` come after these, so ``nox -s tests
+-- -n 0`` runs one process."""
 GPU_MEMBERS = ("aitune-backend-tensorrt", "aitune-backend-torchtrt")
 """Members whose GPU runtimes are real dependencies (TensorRT and ModelOpt; Torch-TensorRT through its
 per-torch extras): CPU sessions install them with ``--no-deps``, then their requirements that carry
@@ -106,9 +108,9 @@ def tests(session: nox.Session) -> None:
     _install(session, *MEMBERS)
     _install_example(session)
     session.install(*CONSTRAINTS, *MODELS)
-    # the cross-distribution tests first: on two workers (-n 2) their real models, the slowest tests, start while there is work to pair them with
+    # the cross-distribution tests first: their real models, the slowest tests, start while there is work to pair them with
     paths = ["tests"] + [f"{m}/tests" for m in MEMBERS] + [f"{EXAMPLE}/tests", "benchmarks/test_benchmarks.py"]
-    session.run("pytest", *paths, *session.posargs, env=_test_env(session))
+    session.run("pytest", *paths, *WORKERS, *session.posargs, env=_test_env(session))
 
 
 @nox.session
