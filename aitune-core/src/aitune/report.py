@@ -150,6 +150,11 @@ def slower_beyond_interval(speedup: float | None, high: float | None) -> bool:
     return speedup is not None and high is not None and high < 1.0
 
 
+def _label(backend: str, variant: str | None) -> str:
+    """How every view names a candidate: the backend and, when it has several, its variant."""
+    return f"{backend} ({variant})" if variant else backend
+
+
 class _Status(str, enum.Enum):
     """A status that is its own JSON string, so reports read and compare as plain text."""
 
@@ -234,7 +239,7 @@ class CandidateReport:
     @property
     def label(self) -> str:
         """``onnxruntime (torchscript export)``: the backend and, when it has several, its variant."""
-        return f"{self.backend} ({self.variant})" if self.variant else self.backend
+        return _label(self.backend, self.variant)
 
     def speedup_text(self) -> str:
         """The speed-up as every view shows it ("" when there is none)."""
@@ -260,9 +265,9 @@ class RouteReport:
     def label(self) -> str:
         """``onnxruntime (torchscript export)``, ``toy static``: who serves the range, told apart from
         another variant of the same backend (a static build's variant says it is one)."""
-        if self.variant:
-            return f"{self.backend} ({self.variant})"
-        return f"{self.backend} static" if self.static else self.backend
+        if self.static and not self.variant:
+            return f"{self.backend} static"
+        return _label(self.backend, self.variant)
 
 
 @attrs.define
