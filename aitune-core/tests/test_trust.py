@@ -434,6 +434,28 @@ def test_an_artifact_signed_by_another_users_key_is_refused(native, own_config):
     assert "not established" in verify(native)["trust"]
 
 
+def test_your_own_artifact_changed_since_you_saved_it_warns_and_is_checked(toy_backends, tmp_path, own_config):
+    """Edited and summed again, the file still carries your signature, which no longer checks: you are
+    told (not only the trust quietly dropped), and the load falls back to the check against eager."""
+    path = ait.save(_tuned(), tmp_path / "mine.ait")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # untouched, it loads with no word
+        assert ait.load(_fresh(), path).state == "tuned"
+    edited = _rewrite(path, tmp_path / "edited.ait", lambda m: m.update(created_at="then"))
+    assert _sealed(edited)
+    with pytest.warns(RuntimeWarning, match="signed by your own key .* and was changed since it was signed"):
+        assert ait.load(_fresh(), edited).state == "tuned", "a toy payload that matches eager passes the check"
+
+
+def test_another_users_signature_is_not_taken_for_a_change_to_yours(native, own_config):
+    ait.save(_tuned(), own_config.parent / "makes-my-key.ait")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(ArtifactError, match="native code"):
+            ait.load(_fresh(), native)
+    assert not [w for w in seen if "changed since it was signed" in str(w.message)]
+
+
 @pytest.mark.parametrize("opt_out", ["sign=False", "AITUNE_OWN_KEY=0"])
 def test_saving_unsigned_is_an_opt_out(toy_backends, register_plugin, tmp_path, own_config, monkeypatch, opt_out):
     register_plugin(hostile, name="aitune_testkit.hostile", distribution="aitune-testkit")
@@ -795,7 +817,8 @@ def test_a_model_holding_the_artifacts_weights_is_restored_without_a_copy_of_the
     model = SlowModule(delay_s=0.0)
     model.load_state_dict(own)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # equal weights: no "differ" warning
+        # equal weights: no "differ" warning (the edited file's own signature no longer checks: that one is said)
+        warnings.filterwarnings("error", message=".*weights of .* differ")
         with pytest.raises(ArtifactError, match="does not answer as eager does"):
             ait.load(model, bad)
     after = model.state_dict()

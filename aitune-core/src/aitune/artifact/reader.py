@@ -243,8 +243,25 @@ class Asked:
         except ArtifactError:  # a malformed record: not the user's own
             mine = False
         if not mine:  # signed by someone else, or changed since
+            if _names_key(reader.seal, own.public_pem):
+                warnings.warn(
+                    f"{reader.path} is signed by your own key ({own.public}) and was changed since it was signed: "
+                    "its digest list no longer matches the signature, so it is not trusted (ait.load checks it "
+                    "against eager unless check=False, and refuses native payloads); save it again from the "
+                    "model if the change was yours, else get it again from where you saved it",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
             return Trust(False, "")
         return Trust(True, f"signed by your own key ({own.public})", vouched=True)
+
+
+def _names_key(member: bytes, public_pem: bytes) -> bool:
+    """The signature record says it was made by this key (what it says, not whether it checks)."""
+    try:
+        return bool(seal.parse(member)["key"] == seal.key_id(public_pem))
+    except (ArtifactError, ValueError):
+        return False
 
 
 def _read_public_key(path: Path) -> bytes:
